@@ -1,0 +1,60 @@
+"""Members: one model + its tokenizer each, behind one interface (see base.Member)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from ensemble_bench.cache import cache_dir
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.members.local import LocalMember
+from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
+
+__all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _gguf_tokenizer_cache(source: ModelSource) -> Path:
+    gguf = Path(source.location) / source.gguf_file
+    stamp = f"{gguf.resolve()}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}"
+    return cache_dir() / "tokenizers" / hashlib.sha256(stamp.encode()).hexdigest()[:16]
+
+
+def load_tokenizer(source: ModelSource):
+    """Load a fast tokenizer; a GGUF's converted tokenizer is cached (conversion takes 5-30 s)."""
+    from transformers import AutoTokenizer
+
+    if source.gguf_file is None:
+        return AutoTokenizer.from_pretrained(source.location)
+    cached = _gguf_tokenizer_cache(source)
+    if (cached / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(cached)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+    tokenizer.save_pretrained(cached)
+    return tokenizer
+
+
+def load_member(model: str, dtype: str = "float32", device: str = "cpu",
+                chat_template: bool = True, name: str | None = None) -> LocalMember:
+    """Load one member from a packaged name, a .gguf file, a directory or a hub id."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    source = resolve(model)
+    try:
+        tokenizer = load_tokenizer(source)
+        weights = AutoModelForCausalLM.from_pretrained(
+            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, ImportError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"cannot load model '{model}': {first}") from None
+    try:
+        weights.to(device)
+    except (RuntimeError, AssertionError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"model '{model}' does not fit on device '{device}': {first}") from None
+    return LocalMember(weights, tokenizer, name or model, chat_template=chat_template)

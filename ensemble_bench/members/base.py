@@ -1,0 +1,124 @@
+"""The Member interface: one causal LM and its tokenizer, driven step by step by a method.
+
+Plain data in and out (token id lists, float32 CPU tensors, frozen dataclasses) so that a remote
+implementation (a Ray actor) can stand behind the same interface.
+
+Batched decoding state lives inside the member: ``prefill`` starts a batch of rows, ``extend``
+appends tokens to rows and returns each row's next-token log-probabilities, ``crop`` rolls rows
+back, ``keep`` drops finished rows. KV caches are kept across calls, never recomputed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ensemble_bench.vocab import VocabView
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a request asks: plain text, or chat messages that each member renders itself."""
+
+    text: str = ""
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs
+
+    @property
+    def is_chat(self) -> bool:
+        return bool(self.messages)
+
+
+@dataclass(frozen=True)
+class Score:
+    """Log-likelihood of a continuation: summed log-prob and whether greedy decoding yields it."""
+
+    logprob: float
+    is_greedy: bool
+
+
+class Member(ABC):
+    """One model. Row indices refer to the current batch (after the last ``keep``)."""
+
+    name: str
+    vocab: VocabView
+    stop_ids: frozenset[int]
+    max_length: int
+    prefix_token_id: int  # conditions a continuation whose context is empty (BOS, else EOS)
+
+    # --- text <-> ids -------------------------------------------------------------------------
+    @abstractmethod
+    def render(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat template if enabled and available, else plain text."""
+
+    @abstractmethod
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        """Tokenise text (None: the tokenizer's default, unless the text starts with BOS)."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The tokenizer's own decode."""
+
+    @abstractmethod
+    def render_text(self, prompt: Prompt) -> str:
+        """The prompt as text, after this member's chat template (if any)."""
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Split ``context + continuation`` into ids the way lm-eval's HFLM does.
+
+        Trailing spaces of the context move to the continuation; the whole string is encoded
+        and the context's own encoding length decides the split. An empty context becomes the
+        prefix token (BOS, else EOS).
+        """
+        if not context:
+            cont = self.encode(continuation, add_special_tokens=False)
+            if cont and cont[0] == self.prefix_token_id:
+                return cont[:1], cont[1:]
+            return [self.prefix_token_id], cont
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = self.encode(context + continuation)
+        context_ids = self.encode(context)
+        return context_ids, whole[len(context_ids):]
+
+    def rolling_pairs(self, text: str) -> list[tuple[list[int], list[int]]]:
+        """Disjoint windows covering every token of ``text`` (perplexity tasks).
+
+        Each window predicts up to ``max_length`` tokens given everything before them (the
+        first given the prefix token); ``score`` keeps the last ``max_length`` inputs.
+        """
+        ids = self.encode(text, add_special_tokens=False)
+        pairs = []
+        for start in range(0, len(ids), self.max_length):
+            context = [self.prefix_token_id] + ids[:start]
+            pairs.append((context, ids[start:start + self.max_length]))
+        return pairs
+
+    # --- batched, KV-cached stepping --------------------------------------------------------
+    @abstractmethod
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Start a batch (left padded); return next-token log-probs, float32 [rows, head]."""
+
+    @abstractmethod
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Append ``tokens[r]`` to row r (may be empty); return next-token log-probs of all rows."""
+
+    @abstractmethod
+    def crop(self, lengths: Sequence[int]) -> None:
+        """Roll each row back to ``lengths[r]`` tokens; the next ``extend`` must give it tokens."""
+
+    @abstractmethod
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these rows, in this order (finished rows leave the batch)."""
+
+    @abstractmethod
+    def row_ids(self) -> list[list[int]]:
+        """The token ids currently held by each row."""
+
+    # --- scoring --------------------------------------------------------------------------------
+    @abstractmethod
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
+        """Score each continuation given its context (token ids), batched, no shared state."""

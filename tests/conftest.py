@@ -1,0 +1,32 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from tests.tiny import byte_bpe_tokenizer, sentencepiece_tokenizer, tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer():
+    return byte_bpe_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def sp_tokenizer():
+    return sentencepiece_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def bpe_model(bpe_tokenizer):
+    return tiny_llama(len(bpe_tokenizer), seed=1)
+
+
+@pytest.fixture(scope="session")
+def sp_model(sp_tokenizer):
+    return tiny_llama(len(sp_tokenizer), seed=2)
