@@ -57,6 +57,7 @@ class VocabView:
     pieces: tuple[bytes | None, ...]
     special_ids: frozenset[int]
     spelling: str  # "byte-level" | "sentencepiece" | "text"
+    strips_leading_space: bool = False  # the tokenizer's decode drops one space at the very start
 
     @property
     def size(self) -> int:
@@ -86,6 +87,22 @@ def _decoder_types(tokenizer_json: dict) -> set[str]:
     return found
 
 
+def _strips_leading_space(tokenizer_json: dict) -> bool:
+    """SentencePiece decoders remove the dummy-prefix space: a Strip step, or Metaspace prepending."""
+    stack = [tokenizer_json.get("decoder")]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "Strip" and node.get("start", node.get("left", 0)):
+                return True
+            if node.get("type") == "Metaspace" and node.get("prepend_scheme", "always") != "never":
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _spelling(tokenizer_json: dict) -> str:
     types = _decoder_types(tokenizer_json)
     if "ByteLevel" in types:
@@ -113,7 +130,8 @@ def piece_bytes(piece: str, spelling: str) -> bytes:
 def build_vocab_view(tokenizer, head_size: int | None = None) -> VocabView:
     """Build the byte view of a transformers fast tokenizer for a head of ``head_size`` rows."""
     backend = tokenizer.backend_tokenizer
-    spelling = _spelling(json.loads(backend.to_str()))
+    described = json.loads(backend.to_str())
+    spelling = _spelling(described)
     vocab = backend.get_vocab(with_added_tokens=False)
     added = {i: tok for i, tok in tokenizer.added_tokens_decoder.items()}
     size = max(head_size or 0, len(tokenizer), max(vocab.values(), default=-1) + 1)
@@ -130,4 +148,5 @@ def build_vocab_view(tokenizer, head_size: int | None = None) -> VocabView:
             special.add(idx)
     if head_size is not None:
         pieces = pieces[:head_size] + [None] * (head_size - len(pieces[:head_size]))
-    return VocabView(tuple(pieces), frozenset(i for i in special if i < len(pieces)), spelling)
+    return VocabView(tuple(pieces), frozenset(i for i in special if i < len(pieces)), spelling,
+                     _strips_leading_space(described))

@@ -1,0 +1,133 @@
+"""The ``ensbench`` command line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ensemble_bench.errors import UserError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Benchmark training-free ensembles of LLMs with different tokenizers.")
+console = Console()
+
+
+def _table(title: str, frame) -> Table:
+    table = Table(title=title)
+    for column in frame.columns:
+        table.add_column(str(column))
+    for values in frame.itertuples(index=False):
+        table.add_row(*["" if v is None or v != v else str(v) for v in values])
+    return table
+
+
+def _plan_table(recipe) -> Table:
+    from ensemble_bench.runner import plan_rows, selected_benchmarks
+
+    table = Table(title=f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
+    for column in ("row", "method", "members", "benchmark", "lm-eval task", "shots", "limit"):
+        table.add_column(column)
+    rows = plan_rows(recipe)
+    chosen = selected_benchmarks(recipe)
+    for k in range(max(len(rows), len(chosen))):
+        row = rows[k] if k < len(rows) else None
+        bench = chosen[k] if k < len(chosen) else None
+        table.add_row(
+            row.label if row else "", row.method if row else "",
+            ", ".join(recipe.members[i].label for i in row.members) if row else "",
+            bench[0].name if bench else "", bench[0].task if bench else "",
+            str(bench[1] if bench[1] is not None else bench[0].default_shots) if bench else "",
+            str(bench[2] or "all") if bench else "")
+    return table
+
+
+@app.command()
+def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan; load nothing."),
+        fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists."),
+        threads: int = typer.Option(int(os.environ.get("ENSBENCH_THREADS", "0")), help="torch CPU threads (0: default).")):
+    """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
+    from ensemble_bench.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    console.print(_plan_table(loaded))
+    if dry_run:
+        return
+    import torch
+
+    from ensemble_bench.runner import run_recipe
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bars: dict[str, int] = {}
+
+        def on_row(row, state):
+            if row.label not in bars:
+                bars[row.label] = progress.add_task(f"{row.label}", total=None)
+            progress.update(bars[row.label], description=f"{row.label}: {state}")
+
+        def on_progress(label, done, total):
+            progress.update(bars[label], advance=done, total=total or None)
+
+        run_dir = run_recipe(loaded, fresh=fresh, progress=on_progress, on_row=on_row)
+    import pandas as pd
+
+    frame = pd.read_csv(run_dir / "summary.csv")
+    console.print(_table(loaded.name, frame))
+    console.print(f"results: {run_dir}")
+
+
+@app.command("list")
+def list_things():
+    """Methods, packaged offline models and benchmarks."""
+    from ensemble_bench.members.sources import PACKAGED
+    from ensemble_bench.methods import METHODS
+    from ensemble_bench.tasks import list_benchmarks
+
+    methods = Table(title="methods")
+    methods.add_column("name")
+    methods.add_column("members")
+    methods.add_column("parameters")
+    for name, cls in sorted(METHODS.items()):
+        count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
+        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(cls.Params.model_fields) or "-")
+    models = Table(title="packaged offline models (fetched from PyPI on first use)")
+    models.add_column("name")
+    models.add_column("what")
+    for model in PACKAGED.values():
+        models.add_row(model.name, model.description)
+    benches = Table(title="benchmarks")
+    for column in ("name", "variant", "lm-eval task", "shots", "metric", "offline", "status"):
+        benches.add_column(column)
+    for b in list_benchmarks():
+        benches.add_row(b.name, b.variant, b.task, str(b.default_shots), b.primary_metric,
+                        "yes" if b.offline else "no", b.needs or "ready")
+    for table in (methods, models, benches):
+        console.print(table)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.ClickException as err:
+        err.show()
+        sys.exit(2)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        Console(stderr=True).print("interrupted: run the same command again to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The lm-eval adapter: every method is an lm-eval ``LM`` registered under its own name.
+
+This is the only module that imports lm-eval's model API. Requests arrive as lm-eval
+``Instance`` objects and leave as the method's plain dataclasses; answers go back in order and
+into lm-eval's response cache one by one (so an interrupted run resumes where it stopped).
+
+Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
+returns the messages themselves (JSON behind a marker) and each member renders them with its
+own template, or as plain text when it has none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from lm_eval.api.model import LM
+
+from ensemble_bench.members import Prompt
+from ensemble_bench.methods import (GenerationRequest, LoglikelihoodRequest, Method)
+
+CHAT_MARK = "\u0000ensbench-chat\u0000"
+DEFAULT_MAX_GEN_TOKS = 256
+log = logging.getLogger(__name__)
+
+
+def to_prompt(context: str) -> Prompt:
+    """An lm-eval context string -> Prompt (chat messages if it came from apply_chat_template)."""
+    if context.startswith(CHAT_MARK):
+        messages = json.loads(context[len(CHAT_MARK):])
+        return Prompt(messages=tuple((m["role"], m["content"]) for m in messages))
+    return Prompt(text=context)
+
+
+def stop_strings(until) -> tuple[str, ...]:
+    if until is None:
+        return ()
+    return (until,) if isinstance(until, str) else tuple(until)
+
+
+class EnsembleLM(LM):
+    """An lm-eval model around one Method instance (members already loaded)."""
+
+    method_name: str | None = None  # set on the per-method subclasses registered below
+
+    def __init__(self, method: Method, label: str, progress: Callable[[int], None] | None = None,
+                 chunk_size: int | None = None):
+        super().__init__()
+        self.method = method
+        self.label = label
+        self.progress = progress
+        self.chunk_size = chunk_size or max(1, method.batch_size) * 4
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
+        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n}."""
+        from ensemble_bench.runner import build_lm_from_json
+
+        return build_lm_from_json(arg_string, cls.method_name, additional_config or {})
+
+    # --- lm-eval hooks ---------------------------------------------------------------------------
+    @property
+    def tokenizer_name(self) -> str:
+        return "+".join(m.name for m in self.method.members)
+
+    def chat_template(self, chat_template=False) -> str:
+        return "per-member chat templates: " + ", ".join(
+            f"{m.name}={'own' if getattr(m, 'uses_chat_template', False) else 'plain'}"
+            for m in self.method.members)
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        return CHAT_MARK + json.dumps(chat_history, ensure_ascii=False)
+
+    def get_model_info(self) -> dict:
+        return {"ensbench": {"label": self.label, **self.method.info(),
+                             "members": [m.name for m in self.method.members]}}
+
+    # --- requests -------------------------------------------------------------------------------
+    def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
+        """Answer requests in chunks (longest first), caching each answer as soon as it exists."""
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i].args[0]))
+        answers: list = [None] * len(requests)
+        for start in range(0, len(order), self.chunk_size):
+            chunk = order[start:start + self.chunk_size]
+            for i, answer in zip(chunk, call([convert(requests[i].args) for i in chunk])):
+                answers[i] = answer
+                self.cache_hook.add_partial(kind, requests[i].args, answer)
+            if self.progress:
+                self.progress(len(chunk))
+        return answers
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        def convert(args) -> GenerationRequest:
+            context, gen_kwargs = args
+            gen_kwargs = dict(gen_kwargs or {})
+            if gen_kwargs.get("do_sample") or (gen_kwargs.get("temperature") or 0) > 0:
+                log.warning("ensbench decodes greedily; ignoring sampling settings %s", gen_kwargs)
+            return GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
+                                     int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)))
+
+        def call(batch):
+            return [g.text for g in self.method.generate(batch)]
+
+        return self._run_in_chunks("generate_until", requests, convert, call)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        def convert(args) -> LoglikelihoodRequest:
+            context, continuation = args
+            return LoglikelihoodRequest(to_prompt(context), continuation)
+
+        def call(batch):
+            return [(s.logprob, s.is_greedy) for s in self.method.loglikelihood(batch)]
+
+        return self._run_in_chunks("loglikelihood", requests, convert, call)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0],
+                                   self.method.loglikelihood_rolling)
+
+
+def _subclass_for(method_name: str) -> type[EnsembleLM]:
+    class_name = "".join(part.capitalize() for part in method_name.replace("-", "_").split("_")) + "LM"
+    return type(class_name, (EnsembleLM,), {"method_name": method_name, "__module__": __name__})
+
+
+def _build_subclasses() -> dict[str, type[EnsembleLM]]:
+    from ensemble_bench.methods import METHODS
+
+    return {name: _subclass_for(name) for name in METHODS}
+
+
+LM_CLASSES = _build_subclasses()
+globals().update({cls.__name__: cls for cls in LM_CLASSES.values()})
+
+
+def register_all() -> None:
+    """Register each method under its own lm-eval model name, as a lazy "module:Class" target.
+
+    Must run after ``lm_eval.models`` is imported (that import fills the registry first).
+    """
+    import lm_eval.models  # noqa: F401
+    from lm_eval.api.registry import model_registry
+
+    for name, cls in LM_CLASSES.items():
+        model_registry.register(name, target=f"{__name__}:{cls.__name__}")

@@ -1,0 +1,112 @@
+"""What every method is: a decoding strategy over Members. Knows nothing of lm-eval."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from ensemble_bench.members import Member, Prompt, Score
+
+
+class MethodParams(BaseModel):
+    """A method's hyper-parameters, validated from the recipe's ``method`` block."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: Prompt
+    until: tuple[str, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    new_tokens: int
+    finish: str  # "stop_id" | "until" | "length"
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    prompt: Prompt
+    continuation: str
+
+
+@dataclass
+class Timing:
+    """Wall-clock accounting of generation, the way the papers report latency.
+
+    ``decode_ms_per_token`` is decode time per decoding step (one token for every live row);
+    at batch size 1 it is the papers' ms/token. Time to first token is the prefill of a batch
+    plus the choice of its first token.
+    """
+
+    first_token_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_steps: int = 0
+    batches: int = 0
+    tokens_generated: int = 0
+    _mark: float = field(default=0.0, repr=False)
+
+    def start_batch(self) -> None:
+        self.batches += 1
+        self._mark = time.perf_counter()
+
+    def first_token(self) -> None:
+        now = time.perf_counter()
+        self.first_token_seconds += now - self._mark
+        self._mark = now
+
+    def step(self) -> None:
+        now = time.perf_counter()
+        self.decode_seconds += now - self._mark
+        self.decode_steps += 1
+        self._mark = now
+
+    def summary(self) -> dict:
+        return {
+            "decode_ms_per_token": 1000 * self.decode_seconds / self.decode_steps if self.decode_steps else None,
+            "time_to_first_token_ms": 1000 * self.first_token_seconds / self.batches if self.batches else None,
+            "tokens_generated": self.tokens_generated,
+            "decode_steps": self.decode_steps,
+            "generation_batches": self.batches,
+        }
+
+
+class Method(ABC):
+    """A decoding strategy over one or more members."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    min_members: ClassVar[int] = 1
+    max_members: ClassVar[int | None] = None
+
+    def __init__(self, members: Sequence[Member], params: MethodParams, batch_size: int = 1):
+        self.members = list(members)
+        self.params = params
+        self.batch_size = batch_size
+        self.timing = Timing()
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Greedy generation for every request (each with its own stop strings and budget)."""
+
+    @abstractmethod
+    def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
+        """Log-likelihood of each continuation and whether it is the greedy choice."""
+
+    @abstractmethod
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        """Total log-likelihood of each whole text (perplexity tasks)."""
+
+    def info(self) -> dict:
+        """Hyper-parameters and timing, for the results file."""
+        return {"method": self.name, "params": self.params.model_dump(), "batch_size": self.batch_size,
+                **self.timing.summary()}

@@ -1,0 +1,77 @@
+"""The summary table of one run: a row per evaluated model, a column per benchmark, latency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.tasks import Benchmark, get_benchmark
+
+
+def _leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
+    children = group_subtasks.get(name)
+    if children is None:
+        return [name]
+    return [leaf for child in children for leaf in _leaf_tasks(group_subtasks, child)]
+
+
+def metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
+    """(score, examples) of a benchmark's primary metric; groups fall back to a size-weighted mean."""
+    scores = results.get("results", {})
+    counts = results.get("n-samples", {})
+    metric = bench.primary_metric
+    leaves = _leaf_tasks(results.get("group_subtasks", {}), bench.task)
+    found = [(scores[t][metric], counts.get(t, {}).get("effective", 0)) for t in leaves
+             if t in scores and isinstance(scores[t].get(metric), (int, float))]
+    total = sum(n for _, n in found)
+    if bench.task in scores and isinstance(scores[bench.task].get(metric), (int, float)):
+        return float(scores[bench.task][metric]), total
+    if not found or total == 0:
+        return None
+    return sum(v * n for v, n in found) / total, total
+
+
+def _row_results(row_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(row_dir.rglob("results_*.json"))]
+
+
+def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
+    from ensemble_bench.runner import plan_rows
+
+    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    records = []
+    for row in plan_rows(recipe):
+        row_dir = run_dir / row.label
+        timing = json.loads((row_dir / "timing.json").read_text())
+        record = {"model": row.label, "method": row.method}
+        values = []
+        for bench in benches:
+            value = None
+            for results in _row_results(row_dir):
+                value = metric_value(results, bench) or value
+            column = f"{bench.name} ({bench.primary_metric.split(',')[0]})"
+            record[column] = round(100 * value[0], 1) if value else None
+            record[f"n {bench.name}"] = value[1] if value else 0
+            if value:
+                values.append(100 * value[0])
+        record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
+        ms = timing.get("decode_ms_per_token")
+        ttft = timing.get("time_to_first_token_ms")
+        record["ms/token"] = round(ms, 1) if ms else None
+        record["ttft ms"] = round(ttft, 1) if ttft else None
+        record["tokens"] = timing.get("tokens_generated", 0)
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
+    frame = summary_frame(run_dir, recipe)
+    atomic_write_text(run_dir / "summary.csv", frame.to_csv(index=False))
+    notes = [f"- {b.name}: {b.note}" for b in {get_benchmark(t.name, t.variant) for t in recipe.tasks} if b.note]
+    header = f"# {recipe.name}\n\nScores in %, greedy; ms/token = decode time per step at batch size {recipe.batch_size}.\n\n"
+    body = frame.to_markdown(index=False) + "\n"
+    atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else ""))
+    return frame

@@ -1,0 +1,217 @@
+"""Recipe -> lm-eval ``simple_evaluate`` -> results/<recipe>/<run id>/, atomically and resumably.
+
+Layout of one run::
+
+    results/<recipe>/<run id>/
+      recipe.yaml            the recipe as run (with its fingerprint)
+      tasks/                 generated lm-eval task configs
+      cache/<row>.db         lm-eval's response cache: every answered request, committed at once
+      <row>/                 lm-eval's own files for one row (results_*.json, samples_*.jsonl)
+                             + timing.json; appears only when the row is complete
+      summary.md / .csv      the table, written last
+
+A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
+recipe whose last run did not finish resumes it: finished rows are kept and the response cache
+answers every request already computed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.errors import UserError
+from ensemble_bench.recipe import Recipe, parse_recipe, validate_method
+from ensemble_bench.tasks import Benchmark, get_benchmark
+
+DONE = "summary.md"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One evaluated model of a run."""
+
+    label: str
+    method: str
+    members: tuple[int, ...]  # indices into recipe.members
+
+
+def plan_rows(recipe: Recipe) -> list[Row]:
+    singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
+    if recipe.method.name == "single":
+        return singles
+    ensemble = Row(recipe.method.name, recipe.method.name, tuple(range(len(recipe.members))))
+    return (singles if recipe.singles else []) + [ensemble]
+
+
+def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
+    """(benchmark, shots, limit) per recipe task; refuses benchmarks that cannot run yet."""
+    chosen = []
+    for task in recipe.tasks:
+        bench = get_benchmark(task.name, task.variant)
+        if bench.needs:
+            raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
+        if recipe.data == "offline" and not bench.offline:
+            raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
+        chosen.append((bench, task.shots, recipe.task_limit(task)))
+    return chosen
+
+
+# --- run directories ---------------------------------------------------------------------------
+def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
+    """The unfinished run of this exact recipe to resume, or a new run directory."""
+    base = Path(recipe.output) / recipe.name
+    fingerprint = recipe.fingerprint()
+    if not fresh and base.is_dir():
+        for old in sorted(base.iterdir(), reverse=True):
+            if old.name.endswith(fingerprint) and not (old / DONE).exists():
+                return old, True
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return base / f"{stamp}-{fingerprint}", False
+
+
+def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
+    dumped = recipe.model_dump(mode="json", exclude_none=True)
+    atomic_write_text(run_dir / "recipe.yaml", yaml.safe_dump(dumped, sort_keys=False))
+
+
+# --- building models ------------------------------------------------------------------------------
+class MemberPool:
+    """Loads each recipe member once and shares it between rows."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self._loaded: dict[int, object] = {}
+
+    def get(self, index: int):
+        if index not in self._loaded:
+            from ensemble_bench.members import load_member
+
+            spec = self.recipe.members[index]
+            self._loaded[index] = load_member(spec.model, spec.dtype, spec.device, spec.chat_template, spec.label)
+        return self._loaded[index]
+
+
+def build_method(recipe: Recipe, row: Row, pool: MemberPool):
+    from ensemble_bench.methods import get_method
+
+    method_cls = get_method(row.method)
+    params = validate_method(recipe, "recipe")[1] if row.method == recipe.method.name else method_cls.Params()
+    members = [pool.get(i) for i in row.members]
+    return method_cls(members, params, batch_size=recipe.batch_size)
+
+
+def build_lm_from_json(arg_string: str, method_name: str | None, extra: dict):
+    """For the stock lm-eval CLI: ``--model_args`` holds a JSON recipe fragment."""
+    from ensemble_bench.lm import LM_CLASSES
+
+    try:
+        data = json.loads(arg_string) if arg_string.strip() else {}
+    except json.JSONDecodeError as err:
+        raise UserError(f"--model_args must be JSON: {err}") from None
+    data.setdefault("name", "cli")
+    data.setdefault("tasks", ["piqa"])
+    data.setdefault("method", method_name or "single")
+    if extra.get("batch_size") and "batch_size" not in data:
+        data["batch_size"] = int(extra["batch_size"])
+    recipe = parse_recipe(data, "--model_args")
+    row = plan_rows(recipe)[-1]
+    return LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label)
+
+
+# --- evaluation -----------------------------------------------------------------------------------
+def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager_for) -> None:
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+
+    partial = run_dir / f".{row.label}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    cache = run_dir / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    chat = any(recipe.members[i].chat_template for i in row.members)
+    for limit, group, include_path, include_defaults in groups:
+        tracker = EvaluationTracker(output_path=str(partial))
+        results = simple_evaluate(
+            model=lm, tasks=[group], task_manager=task_manager_for(include_path, include_defaults),
+            limit=limit, log_samples=True, bootstrap_iters=0, evaluation_tracker=tracker,
+            use_cache=str(cache / row.label), apply_chat_template=chat,
+            fewshot_as_multiturn=recipe.fewshot_as_multiturn and chat,
+            random_seed=recipe.seed, numpy_random_seed=recipe.seed, torch_random_seed=recipe.seed,
+            fewshot_random_seed=recipe.seed, verbosity="ERROR",
+        )
+        if results is None:
+            raise RuntimeError("lm-eval returned no results")
+        samples = results.pop("samples", {})
+        tracker.general_config_tracker.model_name = row.label
+        tracker.general_config_tracker.model_name_sanitized = ""  # files go straight into the row dir
+        tracker.save_results_aggregated(results=results, samples=samples)
+        for task_name in results["configs"]:
+            if task_name in samples:
+                tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
+    timing = {"label": row.label, "method": row.method,
+              "members": [recipe.members[i].label for i in row.members], **lm.method.info()}
+    atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
+    final = run_dir / row.label
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+
+
+def _task_groups(recipe: Recipe, run_dir: Path):
+    """One lm-eval group per distinct limit: (limit, group name, include path, include defaults)."""
+    from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
+
+    chosen = selected_benchmarks(recipe)
+    if recipe.data == "offline":
+        ensure_offline_data([b for b, _, _ in chosen])
+    by_limit: dict[int | None, list] = {}
+    for bench, shots, limit in chosen:
+        by_limit.setdefault(limit, []).append((bench, shots))
+    groups = []
+    for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0)):
+        dest = run_dir / "tasks" / f"set{k}"
+        group = write_task_configs(selection, dest, recipe.data)
+        groups.append((limit, group, str(dest), include_defaults_needed(recipe.data)))
+    return groups
+
+
+def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
+               on_row: Callable[[Row, str], None] | None = None) -> Path:
+    """Run every row of the recipe; return the run directory (with summary.md when done)."""
+    from lm_eval.tasks import TaskManager
+
+    from ensemble_bench.lm import LM_CLASSES
+    from ensemble_bench.report.summary import write_summary
+
+    run_dir, resumed = _run_dir(recipe, fresh)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_recipe(run_dir, recipe)
+    groups = _task_groups(recipe, run_dir)
+    managers: dict = {}
+
+    def task_manager_for(include_path: str, include_defaults: bool):
+        key = (include_path, include_defaults)
+        if key not in managers:
+            managers[key] = TaskManager(include_path=include_path, include_defaults=include_defaults)
+        return managers[key]
+
+    pool = MemberPool(recipe)
+    for row in plan_rows(recipe):
+        if (run_dir / row.label / "timing.json").exists():
+            on_row and on_row(row, "kept from the interrupted run")
+            continue
+        on_row and on_row(row, "loading")
+        method = build_method(recipe, row, pool)
+        lm = LM_CLASSES[row.method](method, row.label,
+                                    progress=(lambda n, label=row.label: progress(label, n, None)) if progress else None)
+        on_row and on_row(row, "evaluating")
+        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager_for)
+    write_summary(run_dir, recipe)
+    return run_dir
