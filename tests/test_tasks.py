@@ -6,21 +6,16 @@ its default here so CI reuses it); later runs only rebuild what is missing.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+import pytest
+import yaml
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-
-from ensemble_bench.errors import UserError  # noqa: E402
-from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
-from ensemble_bench.tasks import offline  # noqa: E402
+from ensemble_bench.errors import UserError
+from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks, offline
 
 HAS_BBH = bool(os.environ.get(offline.BBH_ENV))
 NO_BBH = f"{offline.BBH_ENV} is not set (CI sets it to /work/shared/data/bbh)"
@@ -50,6 +45,13 @@ def tasks_of(loaded: dict, bench: Benchmark) -> list:
     if bench.is_group:
         return loaded["groups"][bench.task].get_all_tasks()
     return [loaded["tasks"][bench.task]]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_hub():
+    """Never reach for the model hub (these machines have none); set before datasets is imported."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

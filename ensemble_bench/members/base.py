@@ -90,7 +90,7 @@ class Member(ABC):
         Each window predicts up to ``max_length`` tokens given everything before them (the
         first given the prefix token); ``score`` keeps the last ``max_length`` inputs.
         """
-        ids = self.encode(text, add_special_tokens=False)
+        ids = self.encode(text)
         pairs = []
         for start in range(0, len(ids), self.max_length):
             context = [self.prefix_token_id] + ids[:start]

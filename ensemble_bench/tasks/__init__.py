@@ -101,4 +101,4 @@ def list_benchmarks() -> list[Benchmark]:
     return sorted(_BENCHMARKS, key=lambda bench: (bench.name, bench.variant))
 
 
-__all__ = ["Benchmark", "DEFAULT_VARIANT", "REGISTRY", "get_benchmark", "list_benchmarks"]
+__all__ = ["DEFAULT_VARIANT", "REGISTRY", "Benchmark", "get_benchmark", "list_benchmarks"]

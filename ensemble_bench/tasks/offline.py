@@ -333,8 +333,7 @@ def _write_jsonl(path: Path, rows: Rows) -> None:
     """Write ``rows`` as JSON lines."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
 def _install(staging: Path, target: Path) -> None:

@@ -1,0 +1,85 @@
+"""Every bad recipe gives one clear line naming the file and the field, exit code 2, no traceback."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ensemble_bench.cli import main
+
+GOOD = textwrap.dedent("""\
+    name: good
+    members:
+      - model: smollm2-135m
+    method: single
+    tasks:
+      - name: piqa
+        limit: 5
+    data: offline
+""")
+
+
+def run_cli(monkeypatch, capsys, *args):
+    monkeypatch.setattr(sys, "argv", ["ensbench", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code
+    return code, capsys.readouterr()
+
+
+def write(tmp_path, text, name="recipe.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+CASES = {
+    "unknown method": (GOOD.replace("method: single", "method: blend"), "method.name: unknown method 'blend'"),
+    "missing model": (GOOD.replace("model: smollm2-135m", "model: no-such-model"), "members[0].model: unknown model 'no-such-model'"),
+    "missing model file": (GOOD.replace("model: smollm2-135m", "model: /nowhere/model.gguf"), "members[0].model: model file not found"),
+    "negative limit": (GOOD.replace("limit: 5", "limit: -3"), "tasks[0].limit: Input should be greater than 0"),
+    "wrong type": (GOOD + "batch_size: eight\n", "batch_size: Input should be a valid integer"),
+    "string number": (GOOD.replace("limit: 5", "limit: '5'"), "tasks[0].limit: Input should be a valid integer"),
+    "bad dtype": (GOOD.replace("- model: smollm2-135m", "- model: smollm2-135m\n    dtype: fp8"), "members[0].dtype: Input should be"),
+    "unknown field": (GOOD + "temperature: 0.7\n", "temperature: unknown field"),
+    "unknown benchmark": (GOOD.replace("name: piqa", "name: hellaswagz"), "tasks[0].name: unknown benchmark 'hellaswagz'"),
+    "missing members": (GOOD.replace("members:\n  - model: smollm2-135m\n", ""), "members: Field required"),
+    "not a mapping": ("- just\n- a list\n", "a recipe must be a YAML mapping"),
+    "malformed yaml": ("name: [unclosed\n", "not valid YAML"),
+    "bad method parameter": (GOOD.replace("method: single", "method:\n  name: single\n  k: 3"), "method.k: unknown field"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_recipe_is_one_line_exit_2(case, tmp_path, monkeypatch, capsys):
+    text, expected = CASES[case]
+    path = write(tmp_path, text)
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert str(path) in lines[0] and expected in lines[0], lines[0]
+    assert "Traceback" not in out.err + out.out
+
+
+def test_unreadable_file(tmp_path, monkeypatch, capsys):
+    code, out = run_cli(monkeypatch, capsys, "run", str(tmp_path / "absent.yaml"), "--dry-run")
+    assert code == 2 and "cannot read recipe" in out.err and len(out.err.strip().splitlines()) == 1
+    code, out = run_cli(monkeypatch, capsys, "run", str(tmp_path), "--dry-run")  # a directory
+    assert code == 2 and "cannot read recipe" in out.err
+
+
+def test_good_recipe_dry_run_prints_plan(tmp_path, monkeypatch, capsys):
+    code, out = run_cli(monkeypatch, capsys, "run", str(write(tmp_path, GOOD)), "--dry-run")
+    assert code == 0 and "piqa" in out.out and "smollm2" in out.out
+
+
+def test_subprocess_error_has_no_traceback(tmp_path):
+    path = write(tmp_path, GOOD.replace("method: single", "method: blend"))
+    done = subprocess.run([sys.executable, "-m", "ensemble_bench.cli", "run", str(path), "--dry-run"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
