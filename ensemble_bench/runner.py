@@ -128,7 +128,7 @@ def build_lm_from_json(arg_string: str, method_name: str | None, extra: dict):
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager_for) -> None:
+def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
@@ -137,10 +137,10 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     cache = run_dir / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     chat = any(recipe.members[i].chat_template for i in row.members)
-    for limit, group, include_path, include_defaults in groups:
+    for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
         results = simple_evaluate(
-            model=lm, tasks=[group], task_manager=task_manager_for(include_path, include_defaults),
+            model=lm, tasks=[group], task_manager=task_manager,
             limit=limit, log_samples=True, bootstrap_iters=0, evaluation_tracker=tracker,
             use_cache=str(cache / row.label), apply_chat_template=chat,
             fewshot_as_multiturn=recipe.fewshot_as_multiturn and chat,
@@ -164,9 +164,9 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     os.replace(partial, final)
 
 
-def _task_groups(recipe: Recipe, run_dir: Path):
-    """One lm-eval group per distinct limit: (limit, group name, include path, include defaults)."""
-    from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
+def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | None, str]]]:
+    """Task configs for the run: one lm-eval group per distinct limit, all in one folder."""
+    from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
 
     chosen = selected_benchmarks(recipe)
     if recipe.data == "offline":
@@ -174,12 +174,10 @@ def _task_groups(recipe: Recipe, run_dir: Path):
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
-    groups = []
-    for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0)):
-        dest = run_dir / "tasks" / f"set{k}"
-        group = write_task_configs(selection, dest, recipe.data)
-        groups.append((limit, group, str(dest), include_defaults_needed(recipe.data)))
-    return groups
+    dest = run_dir / "tasks"
+    groups = [(limit, write_task_configs(selection, dest, recipe.data, suffix=f"_{k}"))
+              for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
+    return str(dest), groups
 
 
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
@@ -189,18 +187,13 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
 
     from ensemble_bench.lm import LM_CLASSES
     from ensemble_bench.report.summary import write_summary
+    from ensemble_bench.tasks.offline import include_defaults_needed
 
     run_dir, resumed = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_recipe(run_dir, recipe)
-    groups = _task_groups(recipe, run_dir)
-    managers: dict = {}
-
-    def task_manager_for(include_path: str, include_defaults: bool):
-        key = (include_path, include_defaults)
-        if key not in managers:
-            managers[key] = TaskManager(include_path=include_path, include_defaults=include_defaults)
-        return managers[key]
+    include_path, groups = _task_groups(recipe, run_dir)
+    task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults_needed(recipe.data))
 
     pool = MemberPool(recipe)
     for row in plan_rows(recipe):
@@ -212,6 +205,6 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
         lm = LM_CLASSES[row.method](method, row.label,
                                     progress=(lambda n, label=row.label: progress(label, n, None)) if progress else None)
         on_row and on_row(row, "evaluating")
-        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager_for)
+        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager)
     write_summary(run_dir, recipe)
     return run_dir

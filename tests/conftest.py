@@ -30,3 +30,12 @@ def bpe_model(bpe_tokenizer):
 @pytest.fixture(scope="session")
 def sp_model(sp_tokenizer):
     return tiny_llama(len(sp_tokenizer), seed=2)
+
+
+@pytest.fixture(scope="session")
+def offline_data():
+    """The offline benchmark copies (built once, cached under $ENSBENCH_CACHE)."""
+    from ensemble_bench.tasks import get_benchmark
+    from ensemble_bench.tasks.offline import ensure_offline_data
+
+    return ensure_offline_data([get_benchmark("piqa"), get_benchmark("gsm8k")])

