@@ -140,10 +140,18 @@ def validate_method(recipe: Recipe, source: str):
         method = get_method(recipe.method.name)
     except UserError as err:
         raise UserError(f"{source}: method.name: {err}") from None
+    given = recipe.method.params
+    if "weights" in method.Params.model_fields and "weights" not in given and any(
+            m.weight is not None for m in recipe.members):
+        given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in recipe.members]}
     try:
-        params = method.Params.model_validate(recipe.method.params)
+        params = method.Params.model_validate(given)
     except ValidationError as err:
         raise UserError(_pydantic_line(source, err).replace(f"{source}: ", f"{source}: method.", 1)) from None
+    try:
+        method.check_members(params, [m.label for m in recipe.members])
+    except UserError as err:
+        raise UserError(f"{source}: {err}") from None
     count = len(recipe.members)
     if method.name != "single" and (count < method.min_members or
                                     (method.max_members is not None and count > method.max_members)):

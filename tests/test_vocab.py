@@ -78,7 +78,7 @@ def test_specials_and_byte_fallback(sp_tokenizer, bpe_tokenizer):
     sp = build_vocab_view(sp_tokenizer)
     assert sp.spelling == "sentencepiece" and sp.strips_leading_space
     assert {sp_tokenizer.convert_tokens_to_ids(t) for t in ("<s>", "</s>", "<unk>")} <= sp.special_ids
-    assert sp.pieces[sp_tokenizer.convert_tokens_to_ids("<0x41>")] == b"A"
+    assert sp.pieces[sp_tokenizer.convert_tokens_to_ids("<0xE6>")] == b"\xe6"
     bpe = build_vocab_view(bpe_tokenizer)
     assert bpe.spelling == "byte-level" and not bpe.strips_leading_space
     assert bpe.pieces[bpe_tokenizer.convert_tokens_to_ids("<|im_end|>")] == b"<|im_end|>"
@@ -90,3 +90,11 @@ def test_padded_head_rows_have_no_bytes(bpe_tokenizer):
     assert view.size == len(bpe_tokenizer) + 16
     assert all(p is None for p in view.pieces[len(bpe_tokenizer):])
     assert all(view.pieces[i] is not None for i in range(len(bpe_tokenizer)))
+
+
+@pytest.mark.parametrize("fixture", ["bpe_tokenizer", "sp_tokenizer"])
+def test_tiny_fixtures_have_no_duplicate_byte_strings(fixture, request):
+    """The identity invariant is exact only without duplicates; the fixtures are built that way."""
+    view = build_vocab_view(request.getfixturevalue(fixture))
+    pieces = [view.pieces[i] for i in view.text_ids()]
+    assert len(pieces) == len(set(pieces))

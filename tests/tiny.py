@@ -49,9 +49,10 @@ def sentencepiece_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     import json
     merges = json.loads(trainer_tok.to_str())["model"]["merges"]
     vocab = {t: i for t, i in sorted(learned.items(), key=lambda kv: kv[1])}
-    for byte in range(256):
-        piece = f"<0x{byte:02X}>"
-        vocab.setdefault(piece, len(vocab))
+    spelled = {t.replace("▁", " ").encode() for t in vocab}
+    for byte in range(256):  # byte fallback for every byte no piece spells already (no duplicates)
+        if bytes([byte]) not in spelled:
+            vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])

@@ -16,7 +16,7 @@ from ensemble_bench.members import Member, Prompt, Score
 class MethodParams(BaseModel):
     """A method's hyper-parameters, validated from the recipe's ``method`` block."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,10 @@ class Method(ABC):
     Params: ClassVar[type[MethodParams]] = MethodParams
     min_members: ClassVar[int] = 1
     max_members: ClassVar[int | None] = None
+
+    @classmethod
+    def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:
+        """Checks that need the member list (counts of weights, gate names); raise UserError."""
 
     def __init__(self, members: Sequence[Member], params: MethodParams, batch_size: int = 1):
         self.members = list(members)

@@ -1,0 +1,314 @@
+"""GaC — "Breaking the Ceiling of the LLM Community by Treating Token Generation as a
+Classification for Ensembling" (shared/papers/000_*.txt).
+
+Each step every member's next-token distribution is projected onto the union vocabulary and
+averaged (Eq. 3, weighted as in Sec. 4.3); the chosen union entry's bytes are appended to every
+member (Eq. 4; see vocab/append.py for how each member takes them). With a gate model and a
+threshold t (Eq. 5) only steps where the gate's top probability is <= t are ensembled; other
+steps take the gate's own token and the other members skip the forward pass, catching up in one
+call the next time they are needed. KV caches stay warm for every member throughout.
+
+Log-likelihood of a continuation (multiple-choice tasks): each member scores the continuation
+with its own tokenisation, and the ensemble's probability is the weighted average of the
+members' sequence probabilities, log(sum_i w_i exp(logp_i) / sum_i w_i); it is greedy when it is
+greedy for every member. Thresholds do not apply to scoring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from ensemble_bench.cache import cache_dir
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import Member, Score
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
+                                         MethodParams)
+from ensemble_bench.methods.single import batches
+from ensemble_bench.methods.stopping import StopRule, cut_at_until
+from ensemble_bench.vocab.append import TextAppender, single_byte_ids
+from ensemble_bench.vocab.union import UnionVocab, cached_union
+
+
+class GacParams(MethodParams):
+    weights: Literal["average", "score", "score_minus_ece"] | list[float] = "average"
+    scores: list[float] | None = None  # per-member benchmark score, for weights: score / score_minus_ece
+    ece: list[float] | None = None     # per-member expected calibration error, for score_minus_ece
+    gate: int | str | None = None      # member index or name; with threshold, Eq. 5
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.weights in ("score", "score_minus_ece") and self.scores is None:
+            raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
+        if self.weights == "score_minus_ece" and self.ece is None:
+            raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
+        if isinstance(self.weights, list) and any(w <= 0 for w in self.weights):
+            raise ValueError("weights must all be > 0")
+        if self.gate is not None and self.threshold is None:
+            raise ValueError("a gate needs a threshold (0..1)")
+        return self
+
+
+def resolve_weights(params: GacParams, count: int) -> list[float]:
+    if isinstance(params.weights, list):
+        weights = params.weights
+    elif params.weights == "average":
+        weights = [1.0] * count
+    elif params.weights == "score":
+        weights = list(params.scores or [])
+    else:
+        weights = [s - e for s, e in zip(params.scores or [], params.ece or [])]
+    lists = [("weights", weights), ("scores", params.scores), ("ece", params.ece)]
+    for name, values in lists:
+        if values is not None and len(values) != count:
+            raise UserError(f"method.{name}: expected {count} values (one per member), got {len(values)}")
+    if any(w <= 0 for w in weights):
+        raise UserError(f"method.weights: resolved weights must be > 0, got {weights}")
+    return weights
+
+
+def resolve_gate(params: GacParams, labels: Sequence[str]) -> int | None:
+    if params.threshold is None:
+        return None
+    gate = 0 if params.gate is None else params.gate
+    if isinstance(gate, str):
+        if gate not in labels:
+            raise UserError(f"method.gate: '{gate}' is not a member (members: {', '.join(labels)})")
+        return list(labels).index(gate)
+    if not 0 <= gate < len(labels):
+        raise UserError(f"method.gate: index {gate} out of range for {len(labels)} members")
+    return gate
+
+
+def encode_continuation(member: Member, text: str) -> list[int]:
+    """Ids for text that continues a sequence: encoded behind an anchor, the anchor's ids removed
+    (no BOS, no SentencePiece dummy-prefix space)."""
+    anchor = member.encode("\n", add_special_tokens=False)
+    ids = member.encode("\n" + text, add_special_tokens=False)
+    if ids[:len(anchor)] == anchor:
+        return ids[len(anchor):]
+    return member.encode(text, add_special_tokens=False)
+
+
+@dataclass
+class Row:
+    """Generation state of one request."""
+
+    rule: StopRule
+    text: bytearray = field(default_factory=bytearray)
+    count: int = 0
+    finish: str | None = None
+    pending: dict[int, bytes] = field(default_factory=dict)  # member -> bytes it has not been given
+    ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
+    reference_ids: list[int] | None = field(default_factory=list)  # the text as reference-member ids
+
+
+@dataclass
+class GacStats:
+    steps: int = 0
+    ensembled: int = 0
+    position_deciles: list[int] = field(default_factory=lambda: [0] * 10)  # where ensembled steps fall
+
+    def summary(self) -> dict:
+        return {"tokens_ensembled": self.ensembled, "ensemble_steps_total": self.steps,
+                "ensembled_fraction": self.ensembled / self.steps if self.steps else None,
+                "ensembled_position_deciles": self.position_deciles}
+
+
+class Gac(Method):
+    name = "gac"
+    Params = GacParams
+    min_members = 2
+
+    def __init__(self, members: Sequence[Member], params: GacParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.weights = torch.tensor(resolve_weights(params, len(members)), dtype=torch.float32)
+        self.gate = resolve_gate(params, [m.name for m in members])
+        self.union: UnionVocab = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
+                                              cache_dir() / "union")
+        self.appenders = [self._appender(i, m) for i, m in enumerate(members)]
+        self.reference = self.gate if self.gate is not None else 0  # whose decode renders the text
+        self.stats = GacStats()
+
+    @classmethod
+    def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
+        resolve_weights(params, len(labels))
+        resolve_gate(params, labels)
+
+    def _appender(self, index: int, member: Member) -> TextAppender:
+        return TextAppender(member.vocab.pieces, self.union.maps[index].by_bytes,
+                            single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
+                            lambda text, m=member: encode_continuation(m, text), self.params.window)
+
+    def info(self) -> dict:
+        return {**super().info(), "union_size": self.union.size, "gate_index": self.gate,
+                "weights_resolved": self.weights.tolist(), **self.stats.summary()}
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
+        order = sorted(range(len(requests)), key=lambda i: -max(len(p[i]) for p in prompts))
+        results: list[Generation | None] = [None] * len(requests)
+        for batch in batches(order, self.batch_size):
+            batch_prompts = [[p[i] for i in batch] for p in prompts]
+            for i, generation in zip(batch, self._generate_batch(batch_prompts, [requests[i] for i in batch])):
+                results[i] = generation
+        return results
+
+    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
+        rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset())) for r in requests]
+        self.timing.start_batch()
+        logprobs = [m.prefill([p[-(m.max_length - r.max_new_tokens):] for p, r in zip(mp, requests)])
+                    for m, mp in zip(self.members, prompts)]
+        live = list(range(len(rows)))
+        first = True
+        while live:
+            confident = self._gate_confident(logprobs)
+            logprobs = self._catch_up(live, rows, confident, logprobs)
+            picks = self._choose(logprobs, confident)
+            self._advance(live, rows, confident, picks)
+            self.timing.tokens_generated += len(live)
+            self.timing.first_token() if first else self.timing.step()
+            first = False
+            still = [k for k, i in enumerate(live) if rows[i].finish is None]
+            if len(still) < len(live):
+                for member in self.members:
+                    member.keep(still)
+                logprobs = [lp[still] for lp in logprobs]
+                confident = confident[still]
+                picks = [picks[k] for k in still]
+                live = [live[k] for k in still]
+            if live:
+                logprobs = self._feed(live, rows, confident, picks, logprobs)
+        return [self._result(row, request) for row, request in zip(rows, requests)]
+
+    def _gate_confident(self, logprobs: list[torch.Tensor]) -> torch.Tensor:
+        """Eq. 5: rows whose gate max probability exceeds t take the gate's token alone."""
+        rows = logprobs[0].shape[0]
+        if self.gate is None:
+            return torch.zeros(rows, dtype=torch.bool)
+        return logprobs[self.gate].max(dim=-1).values.exp() > self.params.threshold
+
+    def _catch_up(self, live, rows, confident, logprobs) -> list[torch.Tensor]:
+        """Members that skipped steps receive their pending text where this step ensembles."""
+        updated = list(logprobs)
+        for index, member in enumerate(self.members):
+            needs = [(k, rows[i].pending.pop(index)) if not confident[k] and index in rows[i].pending else (k, b"")
+                     for k, i in enumerate(live)]
+            if any(data for _, data in needs):
+                updated[index] = self._give_bytes(index, member, [data for _, data in needs])
+        return updated
+
+    def _choose(self, logprobs, confident) -> list[tuple[int, bytes | None]]:
+        """(union index or gate id, bytes or None for stop) per live row."""
+        picks: list[tuple[int, bytes | None]] = [(-1, None)] * confident.shape[0]
+        if confident.any():
+            gate_member = self.members[self.gate]
+            for k in confident.nonzero().flatten().tolist():
+                token = int(logprobs[self.gate][k].argmax())
+                stop = token in gate_member.stop_ids
+                picks[k] = (token, None if stop else (gate_member.vocab.pieces[token] or b""))
+        ensemble_rows = (~confident).nonzero().flatten()
+        if len(ensemble_rows):
+            mixed = torch.zeros((len(ensemble_rows), self.union.size), dtype=torch.float32)
+            for lp, weight, mapping in zip(logprobs, self.weights, self.union.maps):
+                mixed += weight * mapping.project(lp[ensemble_rows].exp(), self.union.size)  # Eq. 3 (Sec. 4.3)
+            chosen = (mixed / self.weights.sum()).argmax(dim=-1).tolist()
+            for k, index in zip(ensemble_rows.tolist(), chosen):
+                picks[k] = (index, None if self.union.is_stop(index) else self.union.entries[index])
+        return picks
+
+    def _advance(self, live, rows, confident, picks) -> None:
+        to_reference = self.union.maps[self.reference].to_member
+        for k, i in enumerate(live):
+            row = rows[i]
+            chosen, data = picks[k]
+            if not confident[k]:
+                row.ensembled.append(row.count)
+            if data is None:
+                row.finish = "stop_id"
+                continue
+            row.text += data
+            row.count += 1
+            if row.reference_ids is not None:
+                token = chosen if confident[k] else int(to_reference[chosen])
+                row.reference_ids = row.reference_ids + [token] if token >= 0 else None
+            row.finish = row.rule.finish(-1, self._text(row), row.count)
+
+    def _feed(self, live, rows, confident, picks, logprobs) -> list[torch.Tensor]:
+        updated = list(logprobs)
+        for index, member in enumerate(self.members):
+            given: list[bytes] = []
+            direct: list[list[int]] = []
+            for k, i in enumerate(live):
+                token, data = picks[k]
+                if confident[k] and index == self.gate:
+                    direct.append([token])  # the gate's own token, as the gate would continue alone
+                    given.append(b"")
+                elif confident[k]:
+                    rows[i].pending[index] = rows[i].pending.get(index, b"") + data
+                    direct.append([])
+                    given.append(b"")
+                else:
+                    direct.append([])
+                    given.append(data)
+            if any(given):
+                updated[index] = self._give_bytes(index, member, given, direct)
+            elif any(direct):
+                updated[index] = member.extend(direct)
+        return updated
+
+    def _give_bytes(self, index: int, member: Member, data: list[bytes],
+                    direct: list[list[int]] | None = None) -> torch.Tensor:
+        """Append bytes to each row (re-tokenising a look-behind window where needed)."""
+        tails = member.row_ids()
+        plans = [self.appenders[index].plan(tail, chunk) if chunk else None for tail, chunk in zip(tails, data)]
+        if any(p is not None and p.drop for p in plans):
+            member.crop([len(t) - (p.drop if p else 0) for t, p in zip(tails, plans)])
+        tokens = [list(p.ids) if p else (direct[k] if direct else []) for k, p in enumerate(plans)]
+        return member.extend(tokens)
+
+    def _text(self, row: Row) -> str:
+        """The reference member's own decode of the text when every piece is one of its tokens
+        (so a member ensembled with itself renders exactly as alone), else UTF-8 of the bytes."""
+        reference = self.members[self.reference]
+        if row.reference_ids is not None:
+            return reference.decode(row.reference_ids)
+        text = bytes(row.text).decode("utf-8", errors="replace")
+        if reference.vocab.strips_leading_space and text.startswith(" "):
+            text = text[1:]  # the SentencePiece dummy-prefix convention
+        return text
+
+    def _result(self, row: Row, request: GenerationRequest) -> Generation:
+        self.stats.steps += row.count + (row.finish == "stop_id")
+        self.stats.ensembled += len(row.ensembled)
+        for position in row.ensembled:
+            self.stats.position_deciles[min(9, 10 * position // max(1, row.count + 1))] += 1
+        return Generation(cut_at_until(self._text(row), request.until), row.count, row.finish or "length")
+
+    # --- scoring --------------------------------------------------------------------------------
+    def _combine(self, per_member: list[list[float]]) -> list[float]:
+        log_w = [math.log(w) for w in self.weights.tolist()]
+        log_total = math.log(sum(self.weights.tolist()))
+        return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
+                for values in zip(*per_member)]
+
+    def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
+        per_member = []
+        for member in self.members:
+            pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
+            per_member.append(member.score(pairs, batch_size=self.batch_size))
+        combined = self._combine([[s.logprob for s in scores] for scores in per_member])
+        return [Score(lp, all(scores[k].is_greedy for scores in per_member)) for k, lp in enumerate(combined)]
+
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        per_member = [[sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts]
+                      for m in self.members]
+        return self._combine(per_member)
