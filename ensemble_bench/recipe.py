@@ -95,14 +95,14 @@ class Recipe(BaseModel):
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _field_path(loc) -> str:
-    path = ""
+def _field_path(loc, prefix: str = "") -> str:
+    path = prefix
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "recipe"
 
 
-def _pydantic_line(source: str, err: ValidationError) -> str:
+def _pydantic_line(source: str, err: ValidationError, prefix: str = "") -> str:
     first = err.errors()[0]
     loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
     message = first["msg"].removeprefix("Value error, ")
@@ -110,7 +110,7 @@ def _pydantic_line(source: str, err: ValidationError) -> str:
         message = "unknown field"
     given = first.get("input")
     shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else f" (got {given!r})"
-    return f"{source}: {_field_path(loc)}: {message}{shown}"
+    return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"
 
 
 def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
@@ -147,7 +147,7 @@ def validate_method(recipe: Recipe, source: str):
     try:
         params = method.Params.model_validate(given)
     except ValidationError as err:
-        raise UserError(_pydantic_line(source, err).replace(f"{source}: ", f"{source}: method.", 1)) from None
+        raise UserError(_pydantic_line(source, err, prefix="method")) from None
     try:
         method.check_members(params, [m.label for m in recipe.members])
     except UserError as err:

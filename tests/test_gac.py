@@ -129,7 +129,7 @@ def naive_gac(members, models, request, weights, gate=None, threshold=None, wind
                               single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
                               lambda text, m=m: encode_continuation(m, text), window) for m in members]
     seqs = [m.render(request.prompt) for m in members]
-    pending = [b"" for _ in members]
+    pending = [[] for _ in members]
     text = b""
     reference = gate if gate is not None else 0
     lowest = {}
@@ -155,13 +155,13 @@ def naive_gac(members, models, request, weights, gate=None, threshold=None, wind
             chosen_reference = token
             for k in range(len(members)):
                 if k != gate:
-                    pending[k] += data
+                    pending[k].append(data)
         else:
-            for k in range(len(members)):  # catch up, then Eq. 3
-                if pending[k]:
-                    plan = appenders[k].plan(seqs[k], pending[k])
+            for k in range(len(members)):  # catch up piece by piece, then Eq. 3
+                for piece in pending[k]:
+                    plan = appenders[k].plan(seqs[k], piece)
                     seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
-                    pending[k] = b""
+                pending[k] = []
             mixed = [0.0] * len(entries)
             for k, mapping in enumerate(maps):
                 p = probs(k)

@@ -103,3 +103,36 @@ def test_single_matches_stock_hflm_through_lm_eval(smollm2, tmp_path):
     generations = [s["resps"][0][0] for s in got["gsm8k"]]
     assert generations == [s["resps"][0][0] for s in expected["gsm8k"]]
     assert any(len(g) > 20 for g in generations)
+
+
+def test_gac_member_with_itself_is_the_member_alone_on_real_prompts(smollm2):
+    from ensemble_bench.members import LocalMember, Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.gac import Gac, GacParams
+    from ensemble_bench.methods.single import Single
+
+    questions = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京.",
+                 "def fibonacci(n):"]
+    requests = [GenerationRequest(Prompt(messages=(("user", q),)), ("\n\n",), 32) for q in questions]
+    alone = [g.text for g in Single([smollm2], Single.Params(), batch_size=4).generate(requests)]
+    twin = LocalMember(smollm2.model, smollm2.tokenizer, "twin")
+    for params in (GacParams(), GacParams(threshold=0.5, gate=1)):
+        pair = Gac([smollm2, twin], params, batch_size=4)
+        assert [g.text for g in pair.generate(requests)] == alone
+
+
+def test_gac_across_byte_level_and_sentencepiece_members(smollm2):
+    """SmolLM2 (byte-level BPE) with Gemma-3 (SentencePiece): every step ensembled, text is valid."""
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.gac import Gac, GacParams
+
+    gemma = load_member("gemma3-270m", dtype="float32", name="gemma")
+    requests = [GenerationRequest(Prompt(text=t), ("\n",), 24) for t in
+                ("The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Multi-tasking means")]
+    gac = Gac([smollm2, gemma], GacParams(), batch_size=3)
+    generations = gac.generate(requests)
+    assert gac.stats.ensembled == gac.stats.steps > 0
+    assert gac.union.size > 262144  # the two vocabularies share only part of their tokens
+    for generation in generations:
+        assert generation.new_tokens > 0 and "\ufffd" not in generation.text

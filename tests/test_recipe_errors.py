@@ -83,3 +83,52 @@ def test_subprocess_error_has_no_traceback(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+GAC = textwrap.dedent("""\
+    name: gac
+    members:
+      - model: smollm2-135m
+        name: small
+      - model: qwen2.5-0.5b
+        name: big
+    method:
+      name: gac
+      {extra}
+    tasks: [piqa]
+""")
+
+GAC_CASES = {
+    "unknown gate": ("gate: nobody\n  threshold: 0.5", "method.gate: 'nobody' is not a member (members: small, big)"),
+    "threshold above one": ("threshold: 1.5", "method.threshold: Input should be less than or equal to 1"),
+    "gate without threshold": ("gate: small", "method: a gate needs a threshold"),
+    "weights count": ("weights: [1.0, 2.0, 3.0]", "method.weights: expected 2 values"),
+    "negative weight": ("weights: [1.0, -2.0]", "weights must be >= 0"),
+    "score weights without scores": ("weights: score", "needs 'scores'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GAC_CASES))
+def test_bad_gac_parameters(case, tmp_path, monkeypatch, capsys):
+    extra, expected = GAC_CASES[case]
+    path = write(tmp_path, GAC.format(extra=extra))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
+    assert expected in out.err, out.err
+
+
+def test_gac_needs_two_members(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, GOOD.replace("method: single", "method: gac"))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and "method 'gac' takes 2+ members, got 1" in out.err
+
+
+def test_shipped_recipes_validate():
+    from pathlib import Path
+
+    from ensemble_bench.recipe import load_recipe
+
+    recipes = sorted(Path(__file__).parent.parent.joinpath("recipes").rglob("*.yaml"))
+    assert len(recipes) >= 9
+    for path in recipes:
+        load_recipe(path)

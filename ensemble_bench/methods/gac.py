@@ -36,6 +36,7 @@ from ensemble_bench.vocab.union import UnionVocab, cached_union
 
 
 class GacParams(MethodParams):
+    # a zero weight keeps a member for gating only (GaC Table 5: below t, the larger model's token)
     weights: Literal["average", "score", "score_minus_ece"] | list[float] = "average"
     scores: list[float] | None = None  # per-member benchmark score, for weights: score / score_minus_ece
     ece: list[float] | None = None     # per-member expected calibration error, for score_minus_ece
@@ -49,8 +50,8 @@ class GacParams(MethodParams):
             raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
         if self.weights == "score_minus_ece" and self.ece is None:
             raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
-        if isinstance(self.weights, list) and any(w <= 0 for w in self.weights):
-            raise ValueError("weights must all be > 0")
+        if isinstance(self.weights, list) and (any(w < 0 for w in self.weights) or sum(self.weights) <= 0):
+            raise ValueError("weights must be >= 0 with a positive sum")
         if self.gate is not None and self.threshold is None:
             raise ValueError("a gate needs a threshold (0..1)")
         return self
@@ -69,8 +70,8 @@ def resolve_weights(params: GacParams, count: int) -> list[float]:
     for name, values in lists:
         if values is not None and len(values) != count:
             raise UserError(f"method.{name}: expected {count} values (one per member), got {len(values)}")
-    if any(w <= 0 for w in weights):
-        raise UserError(f"method.weights: resolved weights must be > 0, got {weights}")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"method.weights: resolved weights must be >= 0 with a positive sum, got {weights}")
     return weights
 
 
@@ -105,7 +106,7 @@ class Row:
     text: bytearray = field(default_factory=bytearray)
     count: int = 0
     finish: str | None = None
-    pending: dict[int, bytes] = field(default_factory=dict)  # member -> bytes it has not been given
+    pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
     reference_ids: list[int] | None = field(default_factory=list)  # the text as reference-member ids
 
@@ -197,13 +198,17 @@ class Gac(Method):
         return logprobs[self.gate].max(dim=-1).values.exp() > self.params.threshold
 
     def _catch_up(self, live, rows, confident, logprobs) -> list[torch.Tensor]:
-        """Members that skipped steps receive their pending text where this step ensembles."""
+        """Members that skipped steps are given the pieces they missed, once a row needs them.
+
+        When a member must run for some row anyway, every row with missed pieces catches up in the
+        same call (the pieces are applied one by one, so the result does not depend on when).
+        """
         updated = list(logprobs)
         for index, member in enumerate(self.members):
-            needs = [(k, rows[i].pending.pop(index)) if not confident[k] and index in rows[i].pending else (k, b"")
-                     for k, i in enumerate(live)]
-            if any(data for _, data in needs):
-                updated[index] = self._give_bytes(index, member, [data for _, data in needs])
+            needed = any(not confident[k] and rows[i].pending.get(index) for k, i in enumerate(live))
+            if needed:
+                chunks = [rows[i].pending.pop(index, []) for i in live]
+                updated[index] = self._give(index, member, chunks)
         return updated
 
     def _choose(self, logprobs, confident) -> list[tuple[int, bytes | None]]:
@@ -245,34 +250,47 @@ class Gac(Method):
     def _feed(self, live, rows, confident, picks, logprobs) -> list[torch.Tensor]:
         updated = list(logprobs)
         for index, member in enumerate(self.members):
-            given: list[bytes] = []
+            chunks: list[list[bytes]] = []
             direct: list[list[int]] = []
             for k, i in enumerate(live):
                 token, data = picks[k]
                 if confident[k] and index == self.gate:
                     direct.append([token])  # the gate's own token, as the gate would continue alone
-                    given.append(b"")
+                    chunks.append([])
                 elif confident[k]:
-                    rows[i].pending[index] = rows[i].pending.get(index, b"") + data
+                    rows[i].pending.setdefault(index, []).append(data)  # this member skips the step
                     direct.append([])
-                    given.append(b"")
+                    chunks.append([])
                 else:
                     direct.append([])
-                    given.append(data)
-            if any(given):
-                updated[index] = self._give_bytes(index, member, given, direct)
+                    chunks.append([data])
+            if any(chunks):
+                updated[index] = self._give(index, member, chunks, direct)
             elif any(direct):
                 updated[index] = member.extend(direct)
         return updated
 
-    def _give_bytes(self, index: int, member: Member, data: list[bytes],
-                    direct: list[list[int]] | None = None) -> torch.Tensor:
-        """Append bytes to each row (re-tokenising a look-behind window where needed)."""
-        tails = member.row_ids()
-        plans = [self.appenders[index].plan(tail, chunk) if chunk else None for tail, chunk in zip(tails, data)]
-        if any(p is not None and p.drop for p in plans):
-            member.crop([len(t) - (p.drop if p else 0) for t, p in zip(tails, plans)])
-        tokens = [list(p.ids) if p else (direct[k] if direct else []) for k, p in enumerate(plans)]
+    def _give(self, index: int, member: Member, chunks: list[list[bytes]],
+              direct: list[list[int]] | None = None) -> torch.Tensor:
+        """Append each row's pieces, in order, as this member takes them (vocab/append.py); one
+        crop and one batched forward for all rows."""
+        appender = self.appenders[index]
+        simple = all(len(c) <= 1 and (not c or c[0] in appender.by_bytes) for c in chunks)
+        tails = None if simple else member.row_ids()
+        drops, tokens = [], []
+        for k, row_chunks in enumerate(chunks):
+            if not row_chunks:
+                drops.append(0)
+                tokens.append(direct[k] if direct else [])
+            elif tails is None:
+                drops.append(0)
+                tokens.append([appender.by_bytes[row_chunks[0]]])
+            else:
+                drop, ids = appender.plan_all(tails[k], row_chunks)
+                drops.append(drop)
+                tokens.append(ids)
+        if any(drops):
+            member.crop([len(t) - d for t, d in zip(tails, drops)])
         return member.extend(tokens)
 
     def _text(self, row: Row) -> str:

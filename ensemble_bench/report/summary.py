@@ -63,6 +63,8 @@ def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
         record["ms/token"] = round(ms, 1) if ms else None
         record["ttft ms"] = round(ttft, 1) if ttft else None
         record["tokens"] = timing.get("tokens_generated", 0)
+        fraction = timing.get("ensembled_fraction")
+        record["ensembled %"] = round(100 * fraction, 1) if fraction is not None else None
         records.append(record)
     return pd.DataFrame.from_records(records)
 

@@ -63,6 +63,21 @@ class TextAppender:
         keep = common_prefix(old, ids)
         return AppendPlan(len(old) - keep, tuple(ids[keep:]))
 
+    def plan_all(self, tail: Sequence[int], chunks: Sequence[bytes]) -> tuple[int, list[int]]:
+        """Apply several pieces one after another; return (tokens to drop from ``tail``, ids to add).
+
+        Each plan looks at most ``window`` tokens back, so working on the last
+        ``window * (len(chunks) + 1)`` tokens of the tail gives the same result as the whole tail.
+        """
+        base = max(0, len(tail) - self.window * (len(chunks) + 1))
+        original = list(tail[base:])
+        work = list(original)
+        for chunk in chunks:
+            step = self.plan(work, chunk)
+            work = work[:len(work) - step.drop] + list(step.ids)
+        keep = common_prefix(original, work)
+        return len(original) - keep, work[keep:]
+
     def encode_bytes(self, data: bytes) -> list[int]:
         text, rest = split_valid_utf8(data)
         ids = self.encode(text) if text else []
