@@ -28,6 +28,18 @@ def _table(title: str, frame) -> Table:
     return table
 
 
+def _quiet_libraries() -> None:
+    """Our progress bar replaces the libraries' own bars and warnings during a run."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    datasets.utils.logging.set_verbosity_error()
+
+
 def _plan_table(recipe) -> Table:
     from ensemble_bench.runner import plan_rows, selected_benchmarks
 
@@ -60,6 +72,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     console.print(_plan_table(loaded))
     if dry_run:
         return
+    _quiet_libraries()
     import torch
 
     from ensemble_bench.runner import run_recipe

@@ -206,3 +206,12 @@ def test_loglikelihood_is_weighted_average_of_sequence_probabilities(bpe_tokeniz
     assert score.logprob == pytest.approx(math.log((math.exp(la) + 3 * math.exp(lb)) / 4), abs=1e-5)
     same = Gac([LocalMember(bpe_model, bpe_tokenizer, "x"), LocalMember(bpe_model, bpe_tokenizer, "y")], GacParams())
     assert same.loglikelihood([request])[0].logprob == pytest.approx(la, abs=1e-5)
+
+
+def test_sampling_is_seeded_and_batch_invariant(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    def run(seed, batch_size):
+        members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+        return outputs(Gac(members, GacParams(temperature=1.0, seed=seed), batch_size=batch_size))
+    first = run(7, 3)
+    assert run(7, 3) == first and run(7, 1) == first
+    assert run(8, 3) != first

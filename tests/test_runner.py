@@ -34,7 +34,11 @@ def recipe_text(dirs, output):
             name: bpe
           - model: {dirs[1]}
             name: sp
-        method: single
+        method:
+          name: gac
+          threshold: 0.6
+          gate: bpe
+        singles: true
         tasks:
           - name: piqa
             limit: 6
@@ -69,33 +73,37 @@ def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, 
     recipe.write_text(recipe_text(tiny_dirs, tmp_path / "results"))
     assert run(monkeypatch, "run", str(recipe)) == 0
     [run_dir] = (tmp_path / "results" / "tiny-run").iterdir()
-    for row in ("bpe", "sp"):
+    for row in ("bpe", "sp", "gac"):
         assert list((run_dir / row).glob("results_*.json")) and list((run_dir / row).glob("samples_piqa_*.jsonl"))
         timing = json.loads((run_dir / row / "timing.json").read_text())
         assert timing["tokens_generated"] > 0 and timing["decode_ms_per_token"] > 0
     summary = (run_dir / "summary.md").read_text()
-    assert "| bpe" in summary and "| sp" in summary and "piqa" in summary
+    assert "| bpe" in summary and "| sp" in summary and "| gac" in summary and "piqa" in summary
     results = json.loads(next((run_dir / "bpe").glob("results_*.json")).read_text())
     assert results["config"]["ensbench"]["method"] == "single"
-    first = {row: samples_of(run_dir / row) for row in ("bpe", "sp")}
+    gac = json.loads(next((run_dir / "gac").glob("results_*.json")).read_text())["config"]["ensbench"]
+    assert gac["method"] == "gac" and 0 < gac["ensembled_fraction"] <= 1 and gac["union_size"] > 400
+    first = {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")}
     assert len({doc for doc, _, _ in first["bpe"]["piqa"]}) == 6
     assert len({doc for doc, _, _ in first["bpe"]["gsm8k"]}) == 2
 
-    # an interrupted run: the second row never finished and no summary was written
+    # an interrupted run: the second and third rows never finished and no summary was written
     shutil.rmtree(run_dir / "sp")
+    shutil.rmtree(run_dir / "gac")
     (run_dir / "summary.md").unlink()
     capsys.readouterr()
     assert run(monkeypatch, "run", str(recipe)) == 0
     assert [p.name for p in (tmp_path / "results" / "tiny-run").iterdir()] == [run_dir.name]
     assert "kept" in capsys.readouterr().out
-    timing = json.loads((run_dir / "sp" / "timing.json").read_text())
-    assert timing["tokens_generated"] == 0  # every answer came from the response cache
-    assert {row: samples_of(run_dir / row) for row in ("bpe", "sp")} == first
+    for row in ("sp", "gac"):
+        timing = json.loads((run_dir / row / "timing.json").read_text())
+        assert timing["tokens_generated"] == 0  # every answer came from the response cache
+    assert {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")} == first
 
     # a fresh run of the same recipe: a new directory, identical answers and scores
     assert run(monkeypatch, "run", str(recipe), "--fresh") == 0
     runs = sorted((tmp_path / "results" / "tiny-run").iterdir())
     assert len(runs) == 2
-    assert {row: samples_of(runs[1] / row) for row in ("bpe", "sp")} == first
+    assert {row: samples_of(runs[1] / row) for row in ("bpe", "sp", "gac")} == first
     scores = [(r / "summary.csv").read_text().split("ms/token")[0] for r in runs]
     assert scores[0] == scores[1]

@@ -17,6 +17,7 @@ greedy for every member. Thresholds do not apply to scoring.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +44,8 @@ class GacParams(MethodParams):
     gate: int | str | None = None      # member index or name; with threshold, Eq. 5
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
     window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
+    temperature: float = Field(default=0.0, ge=0.0)  # 0: greedy; > 0: sample x ~ q^(1/T)
+    seed: int = 0  # sampling seed; each request draws from its own generator (batch-invariant)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -109,6 +112,7 @@ class Row:
     pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
     reference_ids: list[int] | None = field(default_factory=list)  # the text as reference-member ids
+    generator: torch.Generator | None = None  # set when sampling
 
 
 @dataclass
@@ -164,7 +168,7 @@ class Gac(Method):
         return results
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
-        rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset())) for r in requests]
+        rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset()), generator=self._generator(r)) for r in requests]
         self.timing.start_batch()
         logprobs = [m.prefill([p[-(m.max_length - r.max_new_tokens):] for p, r in zip(mp, requests)])
                     for m, mp in zip(self.members, prompts)]
@@ -173,7 +177,7 @@ class Gac(Method):
         while live:
             confident = self._gate_confident(logprobs)
             logprobs = self._catch_up(live, rows, confident, logprobs)
-            picks = self._choose(logprobs, confident)
+            picks = self._choose(logprobs, confident, [rows[i].generator for i in live])
             self._advance(live, rows, confident, picks)
             self.timing.tokens_generated += len(live)
             self.timing.first_token() if first else self.timing.step()
@@ -211,13 +215,26 @@ class Gac(Method):
                 updated[index] = self._give(index, member, chunks)
         return updated
 
-    def _choose(self, logprobs, confident) -> list[tuple[int, bytes | None]]:
+    def _generator(self, request: GenerationRequest) -> torch.Generator | None:
+        if self.params.temperature == 0:
+            return None
+        key = zlib.crc32(repr((request.prompt, request.until)).encode())
+        return torch.Generator().manual_seed(self.params.seed * 1_000_003 + key)
+
+    def _pick(self, logprobs: torch.Tensor, generator: torch.Generator | None) -> int:
+        """Greedy, or a draw from p^(1/T) with the row's own generator."""
+        if generator is None:
+            return int(logprobs.argmax())
+        tempered = (logprobs / self.params.temperature).softmax(dim=-1)
+        return int(torch.multinomial(tempered, 1, generator=generator))
+
+    def _choose(self, logprobs, confident, generators) -> list[tuple[int, bytes | None]]:
         """(union index or gate id, bytes or None for stop) per live row."""
         picks: list[tuple[int, bytes | None]] = [(-1, None)] * confident.shape[0]
         if confident.any():
             gate_member = self.members[self.gate]
             for k in confident.nonzero().flatten().tolist():
-                token = int(logprobs[self.gate][k].argmax())
+                token = self._pick(logprobs[self.gate][k], generators[k])
                 stop = token in gate_member.stop_ids
                 picks[k] = (token, None if stop else (gate_member.vocab.pieces[token] or b""))
         ensemble_rows = (~confident).nonzero().flatten()
@@ -225,8 +242,9 @@ class Gac(Method):
             mixed = torch.zeros((len(ensemble_rows), self.union.size), dtype=torch.float32)
             for lp, weight, mapping in zip(logprobs, self.weights, self.union.maps):
                 mixed += weight * mapping.project(lp[ensemble_rows].exp(), self.union.size)  # Eq. 3 (Sec. 4.3)
-            chosen = (mixed / self.weights.sum()).argmax(dim=-1).tolist()
-            for k, index in zip(ensemble_rows.tolist(), chosen):
+            mixed /= self.weights.sum()
+            for row, k in enumerate(ensemble_rows.tolist()):
+                index = self._pick(mixed[row] if generators[k] is None else mixed[row].log(), generators[k])
                 picks[k] = (index, None if self.union.is_stop(index) else self.union.entries[index])
         return picks
 
