@@ -70,14 +70,18 @@ def test_variable_extend_crop_and_keep_match_recomputation(member_and_model):
 
 
 def test_extend_after_crop_without_tokens_is_an_error_state(member_and_model):
-    member, _ = member_and_model
+    member, model = member_and_model
     ids = [member.encode(p) for p in PROMPTS[:2]]
     member.prefill(ids)
     member.extend([[3], [4]])
     member.crop([len(ids[0]), len(ids[1]) + 1])
     assert torch.isnan(member.extend([[], []])[0]).all()
     with pytest.raises(ValueError):
-        member.crop([0, 1])
+        member.crop([len(ids[0]) + 5, 1])  # cannot grow a row by cropping
+    member.crop([0, len(ids[1])])  # a row may be emptied and refilled
+    logprobs = member.extend([ids[0][:2], []])
+    assert member.row_ids()[0] == ids[0][:2]
+    torch.testing.assert_close(logprobs[0], full_logprobs(model, ids[0][:2])[-1], atol=1e-4, rtol=0)
 
 
 def test_score_matches_direct_computation(member_and_model):

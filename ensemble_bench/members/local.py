@@ -159,7 +159,7 @@ class LocalMember(Member):
     def crop(self, lengths: Sequence[int]) -> None:
         for r, length in enumerate(lengths):
             current = len(self._ids[r])
-            if not 0 < length <= current:
+            if not 0 <= length <= current:
                 raise ValueError(f"row {r}: cannot crop {current} tokens to {length}")
             if length < current:
                 self._mask[r, self._mask.shape[1] - (current - length):] = 0
