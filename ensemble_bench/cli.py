@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+
+# tqdm reads its settings when it is first imported: silence the libraries' own bars (GGUF
+# conversion, lm-eval's request loops) before anything imports them; runs show one rich bar.
+os.environ.setdefault("TQDM_DISABLE", "1")
 from pathlib import Path
 
 import click
@@ -30,7 +34,6 @@ def _table(title: str, frame) -> Table:
 
 def _quiet_libraries() -> None:
     """Our progress bar replaces the libraries' own bars and warnings during a run."""
-    os.environ.setdefault("TQDM_DISABLE", "1")
     import datasets
     import transformers
 
@@ -95,7 +98,10 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     import pandas as pd
 
     frame = pd.read_csv(run_dir / "summary.csv")
-    console.print(_table(loaded.name, frame))
+    if console.width >= 140:
+        console.print(_table(loaded.name, frame))
+    else:  # a narrow or non-terminal console: the Markdown table, unabridged
+        print((run_dir / "summary.md").read_text())
     console.print(f"results: {run_dir}")
 
 

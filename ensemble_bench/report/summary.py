@@ -74,6 +74,7 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
     atomic_write_text(run_dir / "summary.csv", frame.to_csv(index=False))
     notes = [f"- {b.name}: {b.note}" for b in {get_benchmark(t.name, t.variant) for t in recipe.tasks} if b.note]
     header = f"# {recipe.name}\n\nScores in %, greedy; ms/token = decode time per step at batch size {recipe.batch_size}.\n\n"
-    body = frame.to_markdown(index=False) + "\n"
+    shown = frame.astype(object).where(frame.notna(), None)
+    body = shown.to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else ""))
     return frame
