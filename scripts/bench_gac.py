@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--gate", type=int, default=0)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     args = parser.parse_args()
 
     import torch
@@ -76,7 +77,7 @@ def main() -> None:
 
     Gac(members, GacParams()).generate(requests[:1])  # warm-up (and union cache)
     rows = {}
-    for batch in (1, 8):
+    for batch in args.batch_sizes:
         for m in members:
             rows[f"{m.name} b{batch}"] = measure(Single([m], Single.Params(), batch_size=batch), requests)
         for kind in ("gac t=1.0", f"gac t={args.threshold} gate {members[args.gate].name}"):
@@ -89,7 +90,7 @@ def main() -> None:
         ens = "" if row["ensembled_fraction"] is None else f"{100 * row['ensembled_fraction']:.1f}%"
         print(f"| {name} | {row['ms_per_token']:.1f} | {row['ttft_ms']:.0f} | {row['tokens_per_s']:.1f} | "
               f"{100 * row['forward_share']:.0f}% | {ens} |")
-    for batch in (1, 8):
+    for batch in args.batch_sizes:
         members_sum = sum(rows[f"{m.name} b{batch}"]["ms_per_token"] for m in members)
         for name, row in rows.items():
             if name.startswith("gac") and name.endswith(f"b{batch}"):

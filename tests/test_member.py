@@ -121,3 +121,17 @@ def test_encode_pair_follows_hflm_convention(bpe_tokenizer, bpe_model):
     assert member.decode(continuation) == " forty two"
     empty_context, cont = member.encode_pair("", "hello")
     assert empty_context == [member.prefix_token_id] and member.decode(cont) == "hello"
+
+
+def test_extending_few_rows_of_many_runs_only_those_rows(member_and_model):
+    """The sub-batch path (at most half the rows get tokens) matches recomputation too."""
+    member, model = member_and_model
+    ids = [member.encode(p) for p in PROMPTS]
+    member.prefill(ids)
+    logprobs = member.extend([[], [5, 6, 7], [], []])
+    assert member.row_ids()[1] == ids[1] + [5, 6, 7] and member.row_ids()[0] == ids[0]
+    logprobs = member.extend([[9], [], [], [8]])  # half the rows: still the sub-batch path
+    logprobs = member.extend([[4], [3], [2], [1]])
+    for r, row in enumerate(member.row_ids()):
+        torch.testing.assert_close(logprobs[r], full_logprobs(model, row)[-1], atol=1e-4, rtol=0)
+    assert fast_greedy(member, ids, 3) == [slow_greedy(model, i, 3) for i in ids]

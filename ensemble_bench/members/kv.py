@@ -15,6 +15,23 @@ def _layers(cache: DynamicCache):
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
 
 
+def copy_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
+    """A new cache holding a copy of ``rows`` of every layer."""
+    return DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
+                                        for layer in _layers(cache)])
+
+
+def append_columns(cache: DynamicCache, sub_cache: DynamicCache, rows: torch.Tensor, width: int) -> None:
+    """Grow every row of ``cache`` by ``width`` columns: ``rows`` get the last ``width`` columns of
+    ``sub_cache`` (which extended a copy of them), the other rows zeros (to be masked as padding)."""
+    for layer, sub in zip(_layers(cache), _layers(sub_cache)):
+        for name in ("keys", "values"):
+            full, new = getattr(layer, name), getattr(sub, name)[:, :, -width:, :]
+            grown = torch.cat([full, full.new_zeros((full.shape[0], full.shape[1], width, full.shape[3]))], dim=2)
+            grown[rows, :, -width:, :] = new
+            setattr(layer, name, grown)
+
+
 def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     """Keep only ``rows`` (a 1-D index tensor) of every layer, in that order."""
     for layer in _layers(cache):

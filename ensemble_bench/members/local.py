@@ -119,34 +119,47 @@ class LocalMember(Member):
         return self._append(tokens, phase="decode")
 
     def _append(self, tokens: Sequence[Sequence[int]], phase: str) -> torch.Tensor:
-        width = max((len(t) for t in tokens), default=0)
-        if width == 0:
+        active = [r for r, row in enumerate(tokens) if row]
+        if not active:
             return self._last.clone()
-        rows = len(tokens)
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        new_mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, row in enumerate(tokens):
-            if row:
-                ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-                new_mask[r, width - len(row):] = 1
-                self._ids[r].extend(int(t) for t in row)
-        logprobs = self._forward(ids.to(self.device), new_mask.to(self.device), phase)
-        got = new_mask[:, -1].bool()
-        self._last[got] = logprobs[got]
+        ids, new_mask = _left_padded([tokens[r] for r in active], self.pad_id)
+        for r in active:
+            self._ids[r].extend(int(t) for t in tokens[r])
+        if phase == "decode" and 2 * len(active) <= len(tokens):
+            logprobs = self._forward_rows(active, ids, new_mask, phase)
+        else:
+            full_ids = torch.full((len(tokens), ids.shape[1]), self.pad_id, dtype=torch.long)
+            full_mask = torch.zeros_like(full_ids)
+            full_ids[active], full_mask[active] = ids, new_mask
+            logprobs, self._mask = self._forward(self._cache, self._mask, full_ids, full_mask, phase)
+            logprobs = logprobs[active]
+        self._last[active] = logprobs
         self._mask = kv.left_align_padding(self._cache, self._mask)
         return self._last.clone()
 
-    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, phase: str) -> torch.Tensor:
-        mask = torch.cat([self._mask, new_mask], dim=1)
+    def _forward_rows(self, active: list[int], ids, new_mask, phase: str) -> torch.Tensor:
+        """Run only the rows that receive tokens (few of many): their cache rows are copied out,
+        extended, and written back; the other rows get padding columns (re-aligned afterwards)."""
+        index = torch.tensor(active, dtype=torch.long, device=self.device)
+        sub_cache = kv.copy_rows(self._cache, index)
+        logprobs, _ = self._forward(sub_cache, self._mask.index_select(0, index), ids, new_mask, phase)
+        kv.append_columns(self._cache, sub_cache, index, ids.shape[1])
+        grown = torch.zeros((self._mask.shape[0], ids.shape[1]), dtype=self._mask.dtype, device=self.device)
+        grown[index] = new_mask.to(self.device)
+        self._mask = torch.cat([self._mask, grown], dim=1)
+        return logprobs
+
+    def _forward(self, cache, mask, ids: torch.Tensor, new_mask: torch.Tensor, phase: str):
+        """One forward pass over ``ids`` after ``cache``; returns (last-position log-probs, mask)."""
+        mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         start = time.perf_counter()
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
         logprobs = out.logits[:, -1, :].float().log_softmax(dim=-1).cpu()
         self._tick(phase, time.perf_counter() - start)
-        self._mask = mask
-        return logprobs
+        return logprobs, mask
 
     def _tick(self, phase: str, seconds: float) -> None:
         if phase == "prefill":
@@ -214,6 +227,18 @@ class LocalMember(Member):
             picked = rows.gather(1, target[:, None]).squeeze(1)
             scores.append(Score(float(picked.sum()), bool((rows.argmax(dim=-1) == target).all())))
         return scores
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids right-aligned in a [rows, width] tensor, and the mask of real tokens."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        if row:
+            ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+            mask[r, width - len(row):] = 1
+    return ids, mask
 
 
 def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
