@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from lm_eval.api.model import LM
 
+from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import (GenerationRequest, LoglikelihoodRequest, Method)
 
@@ -55,9 +56,17 @@ class EnsembleLM(LM):
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
         """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n}."""
-        from ensemble_bench.runner import build_lm_from_json
+        try:
+            data = json.loads(arg_string) if arg_string.strip() else {}
+        except json.JSONDecodeError as err:
+            raise UserError(f"--model_args must be JSON: {err}") from None
+        return cls.create_from_arg_obj(data, additional_config)
 
-        return build_lm_from_json(arg_string, cls.method_name, additional_config or {})
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> EnsembleLM:
+        from ensemble_bench.runner import build_lm_from_dict
+
+        return build_lm_from_dict(dict(arg_dict), cls.method_name, additional_config or {})
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
     @property
@@ -144,3 +153,18 @@ def register_all() -> None:
 
     for name, cls in LM_CLASSES.items():
         model_registry.register(name, target=f"{__name__}:{cls.__name__}")
+
+
+def lm_eval_main() -> None:
+    """``ensbench-lm-eval``: lm-eval's own CLI with our methods registered (every stock flag works),
+    e.g. ``ensbench-lm-eval run --model gac --model_args '{"members": [...]}' --tasks piqa``."""
+    import sys
+
+    register_all()
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

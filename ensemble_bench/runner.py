@@ -109,14 +109,10 @@ def build_method(recipe: Recipe, row: Row, pool: MemberPool):
     return method_cls(members, params, batch_size=recipe.batch_size)
 
 
-def build_lm_from_json(arg_string: str, method_name: str | None, extra: dict):
-    """For the stock lm-eval CLI: ``--model_args`` holds a JSON recipe fragment."""
+def build_lm_from_dict(data: dict, method_name: str | None, extra: dict):
+    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method)."""
     from ensemble_bench.lm import LM_CLASSES
 
-    try:
-        data = json.loads(arg_string) if arg_string.strip() else {}
-    except json.JSONDecodeError as err:
-        raise UserError(f"--model_args must be JSON: {err}") from None
     data.setdefault("name", "cli")
     data.setdefault("tasks", ["piqa"])
     data.setdefault("method", method_name or "single")

@@ -107,3 +107,40 @@ def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, 
     assert {row: samples_of(runs[1] / row) for row in ("bpe", "sp", "gac")} == first
     scores = [(r / "summary.csv").read_text().split("ms/token")[0] for r in runs]
     assert scores[0] == scores[1]
+
+
+def test_stock_lm_eval_registry_builds_our_models(tiny_dirs):
+    """`lm_eval --model gac --model_args '<json>'`: the registered name builds the method."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    from ensemble_bench.lm import register_all
+
+    register_all()
+    args = json.dumps({"members": [{"model": str(tiny_dirs[0]), "name": "a"}, {"model": str(tiny_dirs[1]), "name": "b"}],
+                       "method": {"name": "gac", "threshold": 0.5, "gate": "b"}})
+    lm = get_model("gac").create_from_arg_string(args, {"batch_size": 2})
+    assert lm.method.name == "gac" and lm.method.batch_size == 2 and lm.method.gate == 1
+    request = Instance(request_type="generate_until", doc={}, idx=0,
+                       arguments=("The quick brown", {"until": ["\n"], "max_gen_toks": 5}))
+    assert isinstance(lm.generate_until([request])[0], str)
+    single = get_model("single").create_from_arg_string(json.dumps({"members": [{"model": str(tiny_dirs[0])}]}))
+    assert single.method.name == "single"
+
+
+def test_stock_lm_eval_cli_runs_our_models(tiny_dirs, tmp_path):
+    """`ensbench-lm-eval run --model single ...` on the offline PIQA config: lm-eval's own CLI."""
+    import subprocess
+
+    from ensemble_bench.tasks import get_benchmark
+    from ensemble_bench.tasks.offline import write_task_configs
+
+    group = write_task_configs([(get_benchmark("piqa"), 0)], tmp_path / "tasks", "offline")
+    args = json.dumps({"members": [{"model": str(tiny_dirs[0])}]})
+    done = subprocess.run(
+        [sys.executable, "-c", "from ensemble_bench.lm import lm_eval_main; lm_eval_main()", "run",
+         "--model", "single", "--model_args", args, "--tasks", group, "--include_path", str(tmp_path / "tasks"),
+         "--limit", "3", "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "piqa" in done.stdout and list((tmp_path / "out").rglob("results_*.json"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -29,7 +29,6 @@ class ForwardClock:
     decode_seconds: float = 0.0
     prefill_calls: int = 0
     decode_calls: int = 0
-    per_call: list = field(default_factory=list, repr=False)
 
 
 def stop_ids_of(tokenizer, generation_config, vocab) -> frozenset[int]:
