@@ -99,17 +99,15 @@ class LocalMember(Member):
         return self.encode(self.render_text(prompt))
 
     # --- batched, KV-cached stepping --------------------------------------------------------
-    def _reset(self) -> None:
+    def _reset(self, rows: int = 0) -> None:
+        """Empty state for a batch of ``rows`` rows (no tokens, no cache, no log-probs yet)."""
         self._cache = DynamicCache()
-        self._mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
-        self._ids: list[list[int]] = []
-        self._last: torch.Tensor | None = None
+        self._mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+        self._ids: list[list[int]] = [[] for _ in range(rows)]
+        self._last = torch.full((rows, self.vocab.size), float("nan"))
 
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        self._reset()
-        self._mask = torch.zeros((len(rows), 0), dtype=torch.long, device=self.device)
-        self._ids = [[] for _ in rows]
-        self._last = torch.full((len(rows), self.vocab.size), float("nan"))
+        self._reset(len(rows))
         return self._append(rows, phase="prefill")
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -208,12 +206,7 @@ class LocalMember(Member):
     def _score_chunk(self, pairs) -> list[Score]:
         inputs = [(list(ctx) + list(cont))[-(self.max_length + 1):][:-1] for ctx, cont in pairs]
         keep = max(len(cont) for _, cont in pairs)
-        width = max(len(x) for x in inputs)
-        ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(inputs), width), dtype=torch.long)
-        for r, row in enumerate(inputs):
-            ids[r, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[r, width - len(row):] = 1
+        ids, mask = _left_padded(inputs, self.pad_id)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),

@@ -80,6 +80,11 @@ class Timing:
         }
 
 
+def fit_prompt(member: Member, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Keep the end of a prompt so that it and the new tokens fit the member's context."""
+    return list(ids[-(member.max_length - max_new_tokens):])
+
+
 class Method(ABC):
     """A decoding strategy over one or more members."""
 
@@ -109,6 +114,17 @@ class Method(ABC):
     @abstractmethod
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Total log-likelihood of each whole text (perplexity tasks)."""
+
+    def _in_batches(self, requests: Sequence, lengths: Sequence[int], run_batch) -> list:
+        """Run ``run_batch(indices)`` over batches of requests, longest prompts first; results in
+        request order."""
+        order = sorted(range(len(requests)), key=lambda i: -lengths[i])
+        results: list = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            for i, result in zip(batch, run_batch(batch)):
+                results[i] = result
+        return results
 
     def info(self) -> dict:
         """Hyper-parameters and timing, for the results file."""

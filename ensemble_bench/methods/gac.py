@@ -29,8 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams)
-from ensemble_bench.methods.single import batches
+                                         MethodParams, fit_prompt)
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.union import UnionVocab, cached_union
@@ -159,18 +158,14 @@ class Gac(Method):
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
-        order = sorted(range(len(requests)), key=lambda i: -max(len(p[i]) for p in prompts))
-        results: list[Generation | None] = [None] * len(requests)
-        for batch in batches(order, self.batch_size):
-            batch_prompts = [[p[i] for i in batch] for p in prompts]
-            for i, generation in zip(batch, self._generate_batch(batch_prompts, [requests[i] for i in batch])):
-                results[i] = generation
-        return results
+        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
+        return self._in_batches(requests, lengths, lambda batch: self._generate_batch(
+            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset()), generator=self._generator(r)) for r in requests]
         self.timing.start_batch()
-        logprobs = [m.prefill([p[-(m.max_length - r.max_new_tokens):] for p, r in zip(mp, requests)])
+        logprobs = [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(mp, requests)])
                     for m, mp in zip(self.members, prompts)]
         live = list(range(len(rows)))
         first = True

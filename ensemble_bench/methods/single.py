@@ -6,13 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ensemble_bench.members import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method)
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
+                                         fit_prompt)
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
-
-
-def batches(order: list[int], size: int):
-    for start in range(0, len(order), size):
-        yield order[start:start + size]
 
 
 class Single(Method):
@@ -25,18 +21,13 @@ class Single(Method):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         prompts = [self.member.render(r.prompt) for r in requests]
-        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
-        results: list[Generation | None] = [None] * len(requests)
-        for batch in batches(order, self.batch_size):
-            done = self._generate_batch([prompts[i] for i in batch], [requests[i] for i in batch])
-            for i, generation in zip(batch, done):
-                results[i] = generation
-        return results
+        return self._in_batches(requests, [len(p) for p in prompts], lambda batch: self._generate_batch(
+            [prompts[i] for i in batch], [requests[i] for i in batch]))
 
     def _generate_batch(self, prompts, requests) -> list[Generation]:
         member = self.member
         rules = [StopRule(r.until, r.max_new_tokens, member.stop_ids) for r in requests]
-        rows = [p[-(member.max_length - r.max_new_tokens):] for p, r in zip(prompts, requests)]
+        rows = [fit_prompt(member, p, r.max_new_tokens) for p, r in zip(prompts, requests)]
         tokens: list[list[int]] = [[] for _ in requests]
         finish: list[str | None] = [None] * len(requests)
         live = list(range(len(requests)))  # request index of each batch row
