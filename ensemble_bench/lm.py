@@ -88,16 +88,27 @@ class EnsembleLM(LM):
     # --- requests -------------------------------------------------------------------------------
     def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
         """Answer requests in chunks (longest first), caching each answer as soon as it exists."""
-        order = sorted(range(len(requests)), key=lambda i: -len(requests[i].args[0]))
         answers: list = [None] * len(requests)
-        for start in range(0, len(order), self.chunk_size):
-            chunk = order[start:start + self.chunk_size]
+        for chunk in self._chunks(requests):
             for i, answer in zip(chunk, call([convert(requests[i].args) for i in chunk])):
                 answers[i] = answer
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
             if self.progress:
                 self.progress(len(chunk))
         return answers
+
+    def _chunks(self, requests) -> list[list[int]]:
+        """Request indices in chunks, longest context first; requests sharing a context (the
+        choices of one question) stay in one chunk."""
+        order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].args[0]), requests[i].args[0]))
+        chunks: list[list[int]] = []
+        for i in order:
+            same_context = chunks and requests[chunks[-1][-1]].args[0] == requests[i].args[0]
+            if chunks and (same_context or len(chunks[-1]) < self.chunk_size):
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        return chunks
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         def convert(args) -> GenerationRequest:

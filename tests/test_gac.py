@@ -7,7 +7,8 @@ import torch
 
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
-from ensemble_bench.methods.gac import Gac, GacParams, encode_continuation
+from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids

@@ -118,6 +118,10 @@ class Member(ABC):
     def row_ids(self) -> list[list[int]]:
         """The token ids currently held by each row."""
 
+    @abstractmethod
+    def input_embeddings(self) -> torch.Tensor:
+        """The input embedding matrix [head rows, d] (DeePEn's relative representations)."""
+
     # --- scoring --------------------------------------------------------------------------------
     @abstractmethod
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:

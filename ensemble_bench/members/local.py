@@ -188,6 +188,10 @@ class LocalMember(Member):
     def row_ids(self) -> list[list[int]]:
         return [list(r) for r in self._ids]
 
+    def input_embeddings(self) -> torch.Tensor:
+        weight = self.model.get_input_embeddings().weight.detach()
+        return weight[:self.vocab.size]
+
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Sum of continuation log-probs and greedy flag, as lm-eval's HFLM defines them.

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Prompt, Score
 
 
@@ -83,6 +84,26 @@ class Timing:
 def fit_prompt(member: Member, ids: Sequence[int], max_new_tokens: int) -> list[int]:
     """Keep the end of a prompt so that it and the new tokens fit the member's context."""
     return list(ids[-(member.max_length - max_new_tokens):])
+
+
+def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> int:
+    """A member named by index or label in a method parameter -> its index (UserError if none)."""
+    if isinstance(value, str):
+        if value not in labels:
+            raise UserError(f"method.{field_name}: '{value}' is not a member (members: {', '.join(labels)})")
+        return list(labels).index(value)
+    if not 0 <= value < len(labels):
+        raise UserError(f"method.{field_name}: index {value} out of range for {len(labels)} members")
+    return value
+
+
+def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
+    """Explicit per-member weights, checked and scaled to sum to 1."""
+    if len(weights) != count:
+        raise UserError(f"method.weights: expected {count} values (one per member), got {len(weights)}")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"method.weights: weights must be >= 0 with a positive sum, got {list(weights)}")
+    return [w / sum(weights) for w in weights]
 
 
 class Method(ABC):

@@ -29,9 +29,9 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, fit_prompt)
+                                         MethodParams, fit_prompt, resolve_member)
+from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
-from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.union import UnionVocab, cached_union
 
 
@@ -80,24 +80,7 @@ def resolve_weights(params: GacParams, count: int) -> list[float]:
 def resolve_gate(params: GacParams, labels: Sequence[str]) -> int | None:
     if params.threshold is None:
         return None
-    gate = 0 if params.gate is None else params.gate
-    if isinstance(gate, str):
-        if gate not in labels:
-            raise UserError(f"method.gate: '{gate}' is not a member (members: {', '.join(labels)})")
-        return list(labels).index(gate)
-    if not 0 <= gate < len(labels):
-        raise UserError(f"method.gate: index {gate} out of range for {len(labels)} members")
-    return gate
-
-
-def encode_continuation(member: Member, text: str) -> list[int]:
-    """Ids for text that continues a sequence: encoded behind an anchor, the anchor's ids removed
-    (no BOS, no SentencePiece dummy-prefix space)."""
-    anchor = member.encode("\n", add_special_tokens=False)
-    ids = member.encode("\n" + text, add_special_tokens=False)
-    if ids[:len(anchor)] == anchor:
-        return ids[len(anchor):]
-    return member.encode(text, add_special_tokens=False)
+    return resolve_member(0 if params.gate is None else params.gate, labels, "gate")
 
 
 @dataclass
@@ -137,7 +120,7 @@ class Gac(Method):
         self.gate = resolve_gate(params, [m.name for m in members])
         self.union: UnionVocab = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                               cache_dir() / "union")
-        self.appenders = [self._appender(i, m) for i, m in enumerate(members)]
+        self.appenders = [text_appender(m, params.window, self.union.maps[i].by_bytes) for i, m in enumerate(members)]
         self.reference = self.gate if self.gate is not None else 0  # whose decode renders the text
         self.stats = GacStats()
 
@@ -145,11 +128,6 @@ class Gac(Method):
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
         resolve_weights(params, len(labels))
         resolve_gate(params, labels)
-
-    def _appender(self, index: int, member: Member) -> TextAppender:
-        return TextAppender(member.vocab.pieces, self.union.maps[index].by_bytes,
-                            single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
-                            lambda text, m=member: encode_continuation(m, text), self.params.window)
 
     def info(self) -> dict:
         return {**super().info(), "union_size": self.union.size, "gate_index": self.gate,
@@ -285,26 +263,7 @@ class Gac(Method):
 
     def _give(self, index: int, member: Member, chunks: list[list[bytes]],
               direct: list[list[int]] | None = None) -> torch.Tensor:
-        """Append each row's pieces, in order, as this member takes them (vocab/append.py); one
-        crop and one batched forward for all rows."""
-        appender = self.appenders[index]
-        simple = all(len(c) <= 1 and (not c or c[0] in appender.by_bytes) for c in chunks)
-        tails = None if simple else member.row_ids()
-        drops, tokens = [], []
-        for k, row_chunks in enumerate(chunks):
-            if not row_chunks:
-                drops.append(0)
-                tokens.append(direct[k] if direct else [])
-            elif tails is None:
-                drops.append(0)
-                tokens.append([appender.by_bytes[row_chunks[0]]])
-            else:
-                drop, ids = appender.plan_all(tails[k], row_chunks)
-                drops.append(drop)
-                tokens.append(ids)
-        if any(drops):
-            member.crop([len(t) - d for t, d in zip(tails, drops)])
-        return member.extend(tokens)
+        return give_text(member, self.appenders[index], chunks, direct)
 
     def _text(self, row: Row) -> str:
         """The reference member's own decode of the text when every piece is one of its tokens

@@ -1,0 +1,91 @@
+"""Sample-level ensembles: every member answers alone (greedy, batched, as ``single``), then one
+member's answer is chosen per request. Members run one after another; latency is accounted as
+the sum of the members' decode time over their mean number of steps (so ms/token is about the
+sum of the members' ms/token).
+
+Multiple-choice requests (log-likelihood) are decided per question: the requests sharing one
+prompt are the question's choices, each member picks its most likely choice, and the method
+chooses among those picks. The chosen choice gets log-prob 0 and is the only greedy one; the
+others get log(share of picks) (or -1e30 without picks), so both acc and acc_norm follow the
+choice.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections import defaultdict
+from collections.abc import Sequence
+
+from ensemble_bench.members import Member, Score
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
+                                         MethodParams, Timing, resolve_member)
+from ensemble_bench.methods.single import Single
+
+NO_SHARE = -1e30
+
+
+class SampleLevelParams(MethodParams):
+    main: int | str = 0  # whose answer wins ties
+
+
+class SampleLevel(Method):
+    min_members = 2
+
+    def __init__(self, members: Sequence[Member], params: SampleLevelParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.main = resolve_member(params.main, [m.name for m in members], "main")
+        self.singles = [Single([m], MethodParams(), batch_size) for m in members]
+
+    @classmethod
+    def check_members(cls, params: SampleLevelParams, labels: Sequence[str]) -> None:
+        resolve_member(params.main, labels, "main")
+
+    @abstractmethod
+    def _choose(self, texts: list[str], request: GenerationRequest) -> int:
+        """Index of the member whose answer is kept."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        candidates = [single.generate(requests) for single in self.singles]
+        self.timing = combined_timing([s.timing for s in self.singles])
+        return [candidates[self._choose([c[i].text for c in candidates], r)][i] for i, r in enumerate(requests)]
+
+    def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
+        scores = [single.loglikelihood(requests) for single in self.singles]
+        questions: dict = defaultdict(list)
+        for i, request in enumerate(requests):
+            questions[request.prompt].append(i)
+        results: list[Score | None] = [None] * len(requests)
+        for choices in questions.values():
+            picks = [max(choices, key=lambda i, s=s: s[i].logprob) for s in scores]  # first wins ties
+            winner = choose_by_vote(picks, self.main)
+            for i in choices:
+                share = picks.count(i) / (len(picks) + 1)
+                results[i] = Score(0.0, True) if i == winner else Score(math.log(share) if share else NO_SHARE, False)
+        return results
+
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        return self.singles[self.main].loglikelihood_rolling(texts)
+
+    def info(self) -> dict:
+        return {**super().info(), "main_index": self.main}
+
+
+def choose_by_vote(keys: Sequence, main: int) -> int | object:
+    """The most frequent key; among tied keys the main member's, else the first member's."""
+    counts = {key: keys.count(key) for key in keys}
+    top = max(counts.values())
+    if counts[keys[main]] == top:
+        return keys[main]
+    return next(key for key in keys if counts[key] == top)
+
+
+def combined_timing(timings: Sequence[Timing]) -> Timing:
+    """Members run in turn: times add up; steps are the members' mean."""
+    total = Timing()
+    total.first_token_seconds = sum(t.first_token_seconds for t in timings)
+    total.decode_seconds = sum(t.decode_seconds for t in timings)
+    total.decode_steps = round(sum(t.decode_steps for t in timings) / len(timings))
+    total.batches = max(t.batches for t in timings)
+    total.tokens_generated = sum(t.tokens_generated for t in timings)
+    return total
