@@ -105,6 +105,44 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     console.print(f"results: {run_dir}")
 
 
+@app.command()
+def select(runs: list[Path] = typer.Argument(..., help="finished run directories (results/<recipe>/<run id>)"),
+           max_models: int = typer.Option(3, min=1, help="Most models to choose."),
+           gap: float = typer.Option(0.10, min=0.0, max=1.0, help="Largest score gap to the best model (0.10 = 10 points)."),
+           length_ratio: float = typer.Option(2.0, min=1.0, help="Largest ratio of mean response lengths."),
+           tasks: str = typer.Option("", help="Comma-separated benchmarks to judge on (default: all shared)."),
+           method: str = typer.Option("unite", help="Method of the written recipe."),
+           out: Path = typer.Option(Path("selected.yaml"), help="Where to write the recipe.")):
+    """UniTE's determine-then-ensemble: pick compatible models from earlier runs; write a recipe."""
+    import yaml
+
+    from ensemble_bench.cache import atomic_write_text
+    from ensemble_bench.methods import get_method
+    from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
+
+    get_method(method)
+    decisions = select_models(load_candidates(runs), max_models, gap, length_ratio,
+                              [t for t in tasks.split(",") if t] or None)
+    table = Table(title=f"determine-then-ensemble (gap <= {gap:.2f}, length ratio <= {length_ratio:g}, "
+                        f"at most {max_models})")
+    for column in ("model", "score %", "gap (points)", "mean words", "length ratio", "decision"):
+        table.add_column(column)
+    for d in decisions:
+        words = d.candidate.mean_words
+        table.add_row(d.candidate.label, f"{100 * d.score:.1f}", "" if d.gap is None else f"{100 * d.gap:.1f}",
+                      "" if words is None else f"{words:.1f}",
+                      "" if d.length_ratio is None else f"{d.length_ratio:.2f}", d.verdict)
+    console.print(table)
+    chosen = [d for d in decisions if d.verdict.startswith("chosen")]
+    if len(chosen) < 2:
+        raise UserError("only one model passes the criteria: nothing to ensemble (no recipe written)")
+    data = selected_recipe(decisions, method, out.stem)
+    parse_recipe(data, str(out))
+    atomic_write_text(out, yaml.safe_dump(data, sort_keys=False))
+    console.print(f"recipe: {out}")
+
+
 @app.command("list")
 def list_things():
     """Methods, packaged offline models and benchmarks."""

@@ -132,3 +132,28 @@ def test_shipped_recipes_validate():
     assert len(recipes) >= 9
     for path in recipes:
         load_recipe(path)
+
+
+ENSEMBLE = GAC.replace("name: gac\n", "name: ensemble\n", 1).replace("  name: gac\n", "  name: {method}\n")
+METHOD_CASES = {
+    "unite unknown primary": ("unite", "primary: nobody", "method.primary: 'nobody' is not a member"),
+    "unite k zero": ("unite", "k: 0", "method.k: Input should be greater than or equal to 1"),
+    "unite weights count": ("unite", "weights: [1.0]", "method.weights: expected 2 values"),
+    "deepen main out of range": ("deepen", "main: 5", "method.main: index 5 out of range for 2 members"),
+    "deepen adapt without scores": ("deepen", "weights: adapt", "weights 'adapt' needs 'scores'"),
+    "deepen scores below chance": ("deepen", "weights: adapt\n  scores: [0.2, 0.3]\n  chance: 0.25",
+                                   "method.scores: every score must be >= chance"),
+    "deepen negative eta": ("deepen", "eta: -0.1", "method.eta: Input should be greater than 0"),
+    "deepen zero support": ("deepen", "support: 0", "method.support: Input should be greater than or equal to 1"),
+    "voting bad regex": ("voting", "answer: '(unclosed'", "method.answer: not a valid regular expression"),
+    "mbr unknown main": ("mbr", "main: nobody", "method.main: 'nobody' is not a member"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(METHOD_CASES))
+def test_bad_parameters_of_other_methods(case, tmp_path, monkeypatch, capsys):
+    method, extra, expected = METHOD_CASES[case]
+    path = write(tmp_path, ENSEMBLE.format(method=method, extra=extra))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
+    assert expected in out.err, out.err

@@ -104,15 +104,19 @@ class Deepen(EmitterMethod):
         supports_by_row = [[self._support(i, p[row]) for i, p in enumerate(probs)] for row in range(rows)]
         for index, space in enumerate(self.spaces):  # one matmul for the rows missing from the cache
             space.warm(torch.cat([supports[index] for supports in supports_by_row]).unique())
+        main_space = self.spaces[self.emitter]
         for row, supports in enumerate(supports_by_row):
-            relative = [space.represent(p[row][ids], ids)  # r_i = p_i R^_i (Sec. 3.3)
-                        for space, p, ids in zip(self.spaces, probs, supports)]
+            held = [space.rows(ids) if space.fits(len(ids) + 1) else None for space, ids in zip(self.spaces, supports)]
+            relative = [space.represent(p[row][ids], ids, rows)  # r_i = p_i R^_i (Sec. 3.3)
+                        for space, p, ids, rows in zip(self.spaces, probs, supports, held)]
             target = sum(w * r for w, r in zip(self.weights, relative))  # Eq. 5
-            search = supports[self.emitter]
+            search, search_rows = supports[self.emitter], held[self.emitter]
             if targets is not None and not bool((search == targets[row]).any()):
-                search = torch.cat([search, torch.tensor([targets[row]])])
-            updated = inverse_transform(probs[self.emitter][row][search], search,  # Eq. 6-7
-                                        self.spaces[self.emitter], target, self.params.eta, self.params.steps)
+                extra = torch.tensor([targets[row]])
+                search = torch.cat([search, extra])
+                search_rows = None if search_rows is None else torch.cat([search_rows, main_space.rows(extra)])
+            updated = inverse_transform(probs[self.emitter][row][search], search, main_space,  # Eq. 6-7
+                                        target, self.params.eta, self.params.steps, search_rows)
             updated = updated.cpu()
             choices.append(int(search[int(updated.argmax())]))
             if targets is None:

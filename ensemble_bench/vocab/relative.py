@@ -44,7 +44,7 @@ class RelativeSpace:
     make room), since the same tokens carry the probability step after step.
     """
 
-    def __init__(self, embeddings: torch.Tensor, anchor_index: Sequence[int], cache_bytes: int = 512 << 20):
+    def __init__(self, embeddings: torch.Tensor, anchor_index: Sequence[int], cache_bytes: int = 256 << 20):
         norms = torch.linalg.vector_norm(embeddings.float(), dim=-1).clamp(min=1e-12)
         index = torch.tensor(list(anchor_index), dtype=torch.long, device=embeddings.device)
         self.embeddings = embeddings  # [V, d] the member's input embeddings (any dtype and device)
@@ -86,17 +86,23 @@ class RelativeSpace:
             self.rows(ids)
 
     def _insert(self, ids: list[int], rows: torch.Tensor) -> None:
-        free = list(range(self._store.shape[0], min(self._capacity, self._store.shape[0] + len(ids))))
-        if free:
-            grown = torch.empty((len(free), self.size), dtype=torch.float32, device=self._store.device)
-            self._store = torch.cat([self._store, grown])
+        if self._store.shape[0] == 0:  # allocated once, on first use
+            self._store = torch.empty((self._capacity, self.size), dtype=torch.float32, device=self._store.device)
+        free = list(range(len(self._slots), min(self._capacity, len(self._slots) + len(ids))))
         recycled = [self._slots.popitem(last=False)[1] for _ in range(len(ids) - len(free))]
         slots = free + recycled
         self._store[torch.tensor(slots, dtype=torch.long, device=self._store.device)] = rows
         self._slots.update(zip(ids, slots))
 
-    def represent(self, probs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """r = p[ids] R^[ids] (Eq. 5's r_i, restricted to ``ids``), in chunks; float32 [A]."""
+    def fits(self, count: int) -> bool:
+        """Whether ``count`` rows can be held at once (cache and chunk limits)."""
+        return count <= self._capacity and count * self.size <= CHUNK_ELEMENTS
+
+    def represent(self, probs: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """r = p[ids] R^[ids] (Eq. 5's r_i, restricted to ``ids``); float32 [A]. Uses ``rows``
+        (R^[ids]) when given, else computes them chunk by chunk."""
+        if rows is not None:
+            return probs.float().to(rows.device) @ rows
         parts = [weights @ self.rows(chunk) for chunk, weights in self._chunks(ids, probs)]
         return torch.stack(parts).sum(dim=0) if len(parts) > 1 else parts[0]
 
@@ -112,21 +118,20 @@ class RelativeSpace:
 
 
 def inverse_transform(probs: torch.Tensor, ids: torch.Tensor, space: RelativeSpace, target: torch.Tensor,
-                      eta: float, steps: int) -> torch.Tensor:
+                      eta: float, steps: int, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 6-7: ``steps`` gradient steps on p (the main model's probabilities of ``ids``) of
     KL(target || p R^), starting from the model's own p; returns the updated p (float32).
 
     d/dp_v KL(r || p R^) = -sum_a R^[v, a] r_a / (p R^)_a, so each step adds
-    eta * R^[ids] @ (r / p R^) to p. The rows are held when they fit in one chunk, else
-    recomputed chunk by chunk each step.
+    eta * R^[ids] @ (r / p R^) to p. ``rows`` (R^[ids]) may be given; without them the rows
+    are recomputed chunk by chunk each step (bounded memory).
     """
     p = probs.float().to(space.anchors.device)
     target = target.to(space.anchors.device)
-    held = space.rows(ids) if len(ids) * space.size <= CHUNK_ELEMENTS else None
     for _ in range(steps):
-        current = space.represent(p, ids) if held is None else p @ held
+        current = space.represent(p, ids, rows)
         ratio = target / current.clamp(min=1e-30)
-        p = p + eta * (space.pull_back(ratio, ids) if held is None else held @ ratio)
+        p = p + eta * (space.pull_back(ratio, ids) if rows is None else rows @ ratio)
     return p
 
 

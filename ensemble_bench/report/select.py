@@ -1,0 +1,132 @@
+"""UniTE's determine-then-ensemble model selection (UniTE Sec. 4.1), from earlier runs' results.
+
+Candidates are the single-model rows of finished ``ensbench run`` directories. Start with the
+best model on the target tasks; then, best first, add each model whose score is within ``gap``
+(absolute, in accuracy points as a fraction: 0.10 = 10 points, as the paper's examples read) of
+the best and whose mean response length is within ``length_ratio`` (longer / shorter <= 2) of
+the best model's, until ``max_models`` are chosen. Response length is the mean number of words
+of the model's generated answers over the generation tasks (multiple-choice tasks have none).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.recipe import Recipe, parse_recipe
+from ensemble_bench.report.summary import metric_value
+from ensemble_bench.tasks import get_benchmark
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    member: dict           # the member's recipe entry
+    scores: dict[str, float]  # benchmark name -> score (0..1)
+    mean_words: float | None  # mean words per generated answer, None without generation tasks
+    source: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    candidate: Candidate
+    score: float
+    gap: float | None
+    length_ratio: float | None
+    verdict: str
+
+
+def _finished_run(path: Path) -> Recipe:
+    if not (path / "summary.md").exists() or not (path / "recipe.yaml").exists():
+        raise UserError(f"{path}: not a finished ensbench run (no summary.md / recipe.yaml)")
+    return parse_recipe(yaml.safe_load((path / "recipe.yaml").read_text()), str(path / "recipe.yaml"))
+
+
+def _response_words(row_dir: Path) -> list[int]:
+    words = []
+    for samples in sorted(row_dir.glob("samples_*.jsonl")):
+        for line in samples.read_text().splitlines():
+            for response in json.loads(line).get("resps", []):
+                if response and isinstance(response[0], str):
+                    words.append(len(response[0].split()))
+    return words
+
+
+def load_candidates(run_dirs: list[Path]) -> list[Candidate]:
+    """Every single-model row of the given runs (a later run's row replaces an earlier one's)."""
+    found: dict[str, Candidate] = {}
+    for run_dir in run_dirs:
+        recipe = _finished_run(run_dir)
+        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+        for spec in recipe.members:
+            row_dir = run_dir / spec.label
+            if not (row_dir / "timing.json").exists():
+                continue
+            results = [json.loads(p.read_text()) for p in sorted(row_dir.glob("results_*.json"))]
+            scores = {}
+            for bench in benches:
+                for result in results:
+                    value = metric_value(result, bench)
+                    if value:
+                        scores[bench.name] = value[0]
+            words = _response_words(row_dir)
+            found[spec.label] = Candidate(spec.label, spec.model_dump(mode="json", exclude_none=True), scores,
+                                          sum(words) / len(words) if words else None, str(run_dir))
+    if len(found) < 2:
+        raise UserError(f"need at least 2 candidate models with single-model rows, found {len(found)}")
+    return list(found.values())
+
+
+def select_models(candidates: list[Candidate], max_models: int = 3, gap: float = 0.10,
+                  length_ratio: float = 2.0, tasks: list[str] | None = None) -> list[Decision]:
+    """Determine-then-ensemble: the decisions for every candidate, best first."""
+    shared = set.intersection(*(set(c.scores) for c in candidates))
+    target = [t for t in (tasks or sorted(shared))]
+    missing = [t for t in target if t not in shared]
+    if missing or not target:
+        raise UserError(f"tasks {missing or '(none)'} are not scored for every candidate "
+                        f"(shared: {', '.join(sorted(shared)) or 'none'})")
+    score = {c.label: sum(c.scores[t] for t in target) / len(target) for c in candidates}
+    ranked = sorted(candidates, key=lambda c: -score[c.label])
+    best = ranked[0]
+    decisions = [Decision(best, score[best.label], None, None, "chosen (best)")]
+    chosen = 1
+    for candidate in ranked[1:]:
+        difference = score[best.label] - score[candidate.label]
+        ratio = _length_ratio(best, candidate)
+        if difference > gap:
+            verdict = f"rejected: gap > {gap:.2f}"
+        elif ratio is not None and ratio > length_ratio:
+            verdict = f"rejected: length ratio > {length_ratio:g}"
+        elif chosen >= max_models:
+            verdict = f"not needed ({max_models} chosen)"
+        else:
+            verdict = "chosen"
+            chosen += 1
+        decisions.append(Decision(candidate, score[candidate.label], difference, ratio, verdict))
+    return decisions
+
+
+def _length_ratio(a: Candidate, b: Candidate) -> float | None:
+    if not a.mean_words or not b.mean_words:
+        return None
+    return max(a.mean_words, b.mean_words) / min(a.mean_words, b.mean_words)
+
+
+def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
+    """A recipe for the chosen models (best first, the best as UniTE's primary) on the source run's tasks."""
+    chosen = [d.candidate for d in decisions if d.verdict.startswith("chosen")]
+    source = _finished_run(Path(chosen[0].source))
+    params: dict = {"name": method}
+    if method == "unite":
+        params["primary"] = chosen[0].label
+    elif method in ("deepen", "voting", "mbr"):
+        params["main"] = chosen[0].label
+    data = source.model_dump(mode="json", exclude_none=True)
+    data.update(name=name, description=f"{method} of the models chosen by ensbench select",
+                members=[c.member for c in chosen], method=params, singles=True)
+    return data
