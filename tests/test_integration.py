@@ -121,6 +121,38 @@ def test_gac_member_with_itself_is_the_member_alone_on_real_prompts(smollm2):
         assert [g.text for g in pair.generate(requests)] == alone
 
 
+def test_unite_and_deepen_member_with_itself_on_real_prompts(smollm2):
+    from ensemble_bench.members import LocalMember, Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.deepen import Deepen, DeepenParams
+    from ensemble_bench.methods.single import Single
+    from ensemble_bench.methods.unite import Unite, UniteParams
+
+    questions = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京."]
+    requests = [GenerationRequest(Prompt(messages=(("user", q),)), ("\n\n",), 24) for q in questions]
+    alone = [g.text for g in Single([smollm2], Single.Params(), batch_size=3).generate(requests)]
+    twin = LocalMember(smollm2.model, smollm2.tokenizer, "twin")
+    for method in (Unite([smollm2, twin], UniteParams(), batch_size=3),
+                   Deepen([smollm2, twin], DeepenParams(support=32), batch_size=3)):
+        assert [g.text for g in method.generate(requests)] == alone
+
+
+def test_unite_and_deepen_across_byte_level_and_sentencepiece_members(smollm2):
+    """SmolLM2 (byte-level BPE) with Gemma-3 (SentencePiece, the emitter): valid text, both ways."""
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.deepen import Deepen, DeepenParams
+    from ensemble_bench.methods.unite import Unite, UniteParams
+
+    gemma = load_member("gemma3-270m", dtype="float32", name="gemma")
+    requests = [GenerationRequest(Prompt(text=t), ("\n",), 16) for t in
+                ("The capital of France is", "Multi-tasking means")]
+    for method in (Unite([smollm2, gemma], UniteParams(primary=1), batch_size=2),
+                   Deepen([smollm2, gemma], DeepenParams(main=0, support=32), batch_size=2)):
+        for generation in method.generate(requests):
+            assert generation.new_tokens > 0 and "\ufffd" not in generation.text
+
+
 def test_gac_across_byte_level_and_sentencepiece_members(smollm2):
     """SmolLM2 (byte-level BPE) with Gemma-3 (SentencePiece): every step ensembled, text is valid."""
     from ensemble_bench.members import Prompt

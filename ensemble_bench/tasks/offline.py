@@ -403,6 +403,16 @@ def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
     return root
 
 
+def nq_questions(count: int) -> list[str]:
+    """The first ``count`` NQ-Open validation questions as short QA prompts (for benchmark scripts)."""
+    from ensemble_bench.tasks import get_benchmark
+
+    root = ensure_offline_data([get_benchmark("nq")])
+    path = root / "google-research-datasets" / "nq_open" / "default" / "validation.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:count]]
+    return [f"Q: {row['question']}?\nA:" for row in rows]
+
+
 # ---------------------------------------------------------------- lm-eval task configs
 
 

@@ -45,7 +45,8 @@ class RelativeSpace:
     """
 
     def __init__(self, embeddings: torch.Tensor, anchor_index: Sequence[int], cache_bytes: int = 256 << 20):
-        norms = torch.linalg.vector_norm(embeddings.float(), dim=-1).clamp(min=1e-12)
+        norms = torch.cat([torch.linalg.vector_norm(block.float(), dim=-1)  # in blocks: no float copy of E
+                           for block in embeddings.split(8192)]).clamp(min=1e-12)
         index = torch.tensor(list(anchor_index), dtype=torch.long, device=embeddings.device)
         self.embeddings = embeddings  # [V, d] the member's input embeddings (any dtype and device)
         self.anchors = (embeddings.index_select(0, index).float() / norms[index, None]).to(embeddings.dtype)

@@ -1,0 +1,81 @@
+"""Real tokenizers of big models, offline: the vocabulary-only GGUF files inside llama.cpp's sources.
+
+The llama-cpp-python source distribution on PyPI carries ``vendor/llama.cpp/models/ggml-vocab-*.gguf``
+(vocabularies without weights). On first use the sdist is downloaded into the cache, the wanted
+file is extracted, converted to a transformers tokenizer and saved (reloads in 1-2 s). Used for
+vocabulary-scale measurements (union and anchor sizes, alignment cost) and the GPU timing script.
+Known conversion faults (shared/offline.md): Llama-3 gains a stray id 128256 and adds no BOS;
+DeepSeek-LLM's BOS is wrong. Neither matters for vocabulary sizes by bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from ensemble_bench.cache import cache_dir
+from ensemble_bench.errors import UserError
+
+SDIST = ("llama-cpp-python", "0.3.36")
+VOCAB_FILES = {
+    "llama3": "ggml-vocab-llama-bpe.gguf",     # Llama-3 / 3.1 (128256)
+    "qwen2": "ggml-vocab-qwen2.gguf",          # Qwen2 / Qwen2.5 (151936 head)
+    "llama2": "ggml-vocab-llama-spm.gguf",     # Llama-2, Mistral-7B-v0.1 family (32000)
+    "phi3": "ggml-vocab-phi-3.gguf",           # Phi-3 (32064)
+    "deepseek-llm": "ggml-vocab-deepseek-llm.gguf",  # DeepSeek-LLM (102400)
+}
+
+
+def _sdist() -> Path:
+    folder = cache_dir() / "sdists"
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(f"llama_cpp_python-{SDIST[1]}.tar.gz"))
+    if found:
+        return found[0]
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+               "--dest", tmp, f"{SDIST[0]}=={SDIST[1]}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        got = list(Path(tmp).glob("*.tar.gz"))
+        if done.returncode != 0 or not got:
+            last = (done.stderr.strip().splitlines() or ["no sdist found"])[-1]
+            raise UserError(f"cannot fetch {SDIST[0]}=={SDIST[1]} sources from the package registry: {last}")
+        target = folder / got[0].name
+        os.replace(got[0], target)
+    return target
+
+
+def vocab_file(name: str) -> Path:
+    """The path of one vocabulary-only GGUF, extracted on first use."""
+    if name not in VOCAB_FILES:
+        raise UserError(f"unknown vocabulary '{name}' (known: {', '.join(VOCAB_FILES)})")
+    target = cache_dir() / "vocab" / VOCAB_FILES[name]
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(_sdist()) as archive:
+        member = next((m for m in archive.getmembers() if m.name.endswith("/models/" + VOCAB_FILES[name])), None)
+        if member is None:
+            raise UserError(f"{VOCAB_FILES[name]} is not in the {SDIST[0]} {SDIST[1]} sources")
+        partial = target.with_name(target.name + ".partial")
+        with archive.extractfile(member) as src, open(partial, "wb") as dst:
+            dst.write(src.read())
+    os.replace(partial, target)
+    return target
+
+
+def load_vocab_tokenizer(name: str):
+    """A transformers tokenizer for one of VOCAB_FILES (converted once, then cached)."""
+    from transformers import AutoTokenizer
+
+    saved = cache_dir() / "tokenizers" / f"vocab-{name}"
+    if (saved / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(saved)
+    path = vocab_file(name)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer.save_pretrained(saved)
+    return tokenizer
