@@ -34,7 +34,7 @@ test-fast: install
 
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1
-	$(BIN)/python scripts/bench_gac.py --threads 1
+	$(BIN)/python scripts/bench_methods.py --threads 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
