@@ -1,14 +1,17 @@
-"""VOTING and MBR (the DeePEn paper's baselines): vote rules, answer keys, chrF MBR, and the
-multiple-choice path on tiny members."""
+"""VOTING and MBR (the DeePEn paper's baselines) and perplexity rerank: vote rules, answer keys,
+chrF MBR, perplexity against a direct computation, and the multiple-choice path on tiny members."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from ensemble_bench.lm import EnsembleLM
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.mbr import Mbr, mbr_scores
+from ensemble_bench.methods.rerank import Rerank, RerankParams
 from ensemble_bench.methods.sample_level import SampleLevelParams, choose_by_vote
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.voting import Voting, VotingParams, answer_key
@@ -95,3 +98,41 @@ def test_choices_of_one_question_stay_in_one_chunk(bpe_tokenizer, bpe_model):
     for context in set(contexts):
         holding = [k for k, chunk in enumerate(chunks) if any(contexts[i] == context for i in chunk)]
         assert len(holding) == 1, (context, chunks)
+
+
+# ------------------------------------------------------------------ rerank (perplexity)
+def direct_perplexity(member, model, prompt, text):
+    """exp(-mean log p) of the answer's tokens, from one plain forward over prompt + answer."""
+    context, continuation = member.encode_pair(member.render_text(prompt), text)
+    with torch.no_grad():
+        logprobs = model(torch.tensor([context + continuation])).logits[0].float().log_softmax(-1)
+    picked = [float(logprobs[len(context) - 1 + i, t]) for i, t in enumerate(continuation)]
+    return math.exp(-sum(picked) / len(picked))
+
+
+def test_rerank_picks_the_lowest_average_perplexity(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = trio(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    models = [bpe_model, bpe_model, sp_model]
+    rerank = Rerank(members, RerankParams(main=2), batch_size=2)
+    request = REQUESTS[1]
+    texts = [" the cat sat", " models are small", "", " 42 apples"]
+    averages = rerank.average_perplexities(texts, request)
+    for k, text in enumerate(texts):
+        if not text:
+            assert averages[k] == math.inf
+            continue
+        expected = sum(direct_perplexity(m, model, request.prompt, text) for m, model in zip(members, models)) / 3
+        assert averages[k] == pytest.approx(expected, rel=1e-4)
+    finite = [a for a in averages if a != math.inf]
+    assert rerank._choose(texts, request) == averages.index(min(finite))
+    generated = rerank.generate(REQUESTS)
+    alone = [[g.text for g in Single([m], Single.Params()).generate(REQUESTS)] for m in members]
+    for i, (request, generation) in enumerate(zip(REQUESTS, generated)):
+        candidates = [a[i] for a in alone]
+        assert generation.text == candidates[rerank._choose(candidates, request)]
+
+
+def test_rerank_member_with_itself_is_the_member_alone(bpe_tokenizer, bpe_model):
+    alone = [g.text for g in Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params()).generate(REQUESTS)]
+    pair = Rerank([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(bpe_model, bpe_tokenizer, "b")], RerankParams())
+    assert [g.text for g in pair.generate(REQUESTS)] == alone

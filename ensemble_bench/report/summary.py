@@ -65,6 +65,8 @@ def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
         record["tokens"] = timing.get("tokens_generated", 0)
         fraction = timing.get("ensembled_fraction")
         record["ensembled %"] = round(100 * fraction, 1) if fraction is not None else None
+        manipulated = timing.get("tokens_manipulated_per_step")
+        record["manipulated/step"] = round(manipulated, 1) if manipulated is not None else None
         records.append(record)
     return pd.DataFrame.from_records(records)
 
