@@ -155,6 +155,9 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     timing = {"label": row.label, "method": row.method,
               "members": [recipe.members[i].label for i in row.members], **lm.method.info()}
     atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
+    traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
+    if traces:
+        atomic_write_text(partial / "span_trace.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces))
     final = run_dir / row.label
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)

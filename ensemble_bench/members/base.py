@@ -107,6 +107,11 @@ class Member(ABC):
         """Append ``tokens[r]`` to row r (may be empty); return next-token log-probs of all rows."""
 
     @abstractmethod
+    def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
+        """``extend``, also returning per row the log-prob of each appended token after the first
+        (the first one's comes from the distribution the previous call returned)."""
+
+    @abstractmethod
     def crop(self, lengths: Sequence[int]) -> None:
         """Roll each row back to ``lengths[r]`` tokens; the next ``extend`` must give it tokens."""
 
@@ -117,6 +122,10 @@ class Member(ABC):
     @abstractmethod
     def row_ids(self) -> list[list[int]]:
         """The token ids currently held by each row."""
+
+    @abstractmethod
+    def word_starts(self, text: str) -> list[int]:
+        """Offsets > 0 where a word begins in this tokenizer's pre-tokenisation (vocab/words.py)."""
 
     @abstractmethod
     def input_embeddings(self) -> torch.Tensor:

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.vocab import build_vocab_view
+from ensemble_bench.vocab.words import word_starts
 
 # Special tokens that end a turn or a document in the model families we meet.
 END_MARKERS = frozenset({
@@ -115,46 +116,59 @@ class LocalMember(Member):
             raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
         return self._append(tokens, phase="decode")
 
-    def _append(self, tokens: Sequence[Sequence[int]], phase: str) -> torch.Tensor:
+    def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
+        if len(tokens) != len(self._ids):
+            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+        scored: list[list[float]] = [[] for _ in tokens]
+        return self._append(tokens, phase="decode", scored=scored), scored
+
+    def _append(self, tokens: Sequence[Sequence[int]], phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
         active = [r for r, row in enumerate(tokens) if row]
         if not active:
             return self._last.clone()
         ids, new_mask = _left_padded([tokens[r] for r in active], self.pad_id)
         for r in active:
             self._ids[r].extend(int(t) for t in tokens[r])
+        keep = ids.shape[1] if scored is not None else 1
         if phase == "decode" and 2 * len(active) <= len(tokens):
-            logprobs = self._forward_rows(active, ids, new_mask, phase)
+            logprobs = self._forward_rows(active, ids, new_mask, phase, keep)
         else:
             full_ids = torch.full((len(tokens), ids.shape[1]), self.pad_id, dtype=torch.long)
             full_mask = torch.zeros_like(full_ids)
             full_ids[active], full_mask[active] = ids, new_mask
-            logprobs, self._mask = self._forward(self._cache, self._mask, full_ids, full_mask, phase)
+            logprobs, self._mask = self._forward(self._cache, self._mask, full_ids, full_mask, phase, keep)
             logprobs = logprobs[active]
-        self._last[active] = logprobs
+        if scored is not None:
+            for k, r in enumerate(active):  # log p of each appended token after the first
+                row = list(tokens[r])
+                first = logprobs.shape[1] - len(row)
+                scored[r] = [float(logprobs[k, first + j - 1, row[j]]) for j in range(1, len(row))]
+        self._last[active] = logprobs[:, -1]
         self._mask = kv.left_align_padding(self._cache, self._mask)
         return self._last.clone()
 
-    def _forward_rows(self, active: list[int], ids, new_mask, phase: str) -> torch.Tensor:
+    def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,
         extended, and written back; the other rows get padding columns (re-aligned afterwards)."""
         index = torch.tensor(active, dtype=torch.long, device=self.device)
         sub_cache = kv.copy_rows(self._cache, index)
-        logprobs, _ = self._forward(sub_cache, self._mask.index_select(0, index), ids, new_mask, phase)
+        logprobs, _ = self._forward(sub_cache, self._mask.index_select(0, index), ids, new_mask, phase, keep)
         kv.append_columns(self._cache, sub_cache, index, ids.shape[1])
         grown = torch.zeros((self._mask.shape[0], ids.shape[1]), dtype=self._mask.dtype, device=self.device)
         grown[index] = new_mask.to(self.device)
         self._mask = torch.cat([self._mask, grown], dim=1)
         return logprobs
 
-    def _forward(self, cache, mask, ids: torch.Tensor, new_mask: torch.Tensor, phase: str):
-        """One forward pass over ``ids`` after ``cache``; returns (last-position log-probs, mask)."""
+    def _forward(self, cache, mask, ids: torch.Tensor, new_mask: torch.Tensor, phase: str, keep: int = 1):
+        """One forward pass over ``ids`` after ``cache``; returns (log-probs of the last ``keep``
+        positions [rows, keep, V], mask)."""
         mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logprobs = out.logits[:, -1, :].float().log_softmax(dim=-1).cpu()
+                             past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        logprobs = out.logits[:, -keep:, :].float().log_softmax(dim=-1).cpu()
         self._tick(phase, time.perf_counter() - start)
         return logprobs, mask
 
@@ -187,6 +201,10 @@ class LocalMember(Member):
 
     def row_ids(self) -> list[list[int]]:
         return [list(r) for r in self._ids]
+
+    def word_starts(self, text: str) -> list[int]:
+        pre = self.tokenizer.backend_tokenizer.pre_tokenizer
+        return word_starts(text, self.vocab.spelling, pre.pre_tokenize_str if pre is not None else None)
 
     def input_embeddings(self) -> torch.Tensor:
         weight = self.model.get_input_embeddings().weight.detach()

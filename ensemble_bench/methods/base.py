@@ -51,7 +51,7 @@ class Timing:
 
     first_token_seconds: float = 0.0
     decode_seconds: float = 0.0
-    decode_steps: int = 0
+    decode_steps: float = 0  # whole steps, or tokens per row for span-level rounds
     batches: int = 0
     tokens_generated: int = 0
     _mark: float = field(default=0.0, repr=False)
@@ -69,6 +69,13 @@ class Timing:
         now = time.perf_counter()
         self.decode_seconds += now - self._mark
         self.decode_steps += 1
+        self._mark = now
+
+    def span(self, tokens: float) -> None:
+        """A decoding round that advanced each live row by ``tokens`` tokens on average."""
+        now = time.perf_counter()
+        self.decode_seconds += now - self._mark
+        self.decode_steps += tokens
         self._mark = now
 
     def summary(self) -> dict:

@@ -1,0 +1,53 @@
+"""Cool-Fusion — "Cool-Fusion: Fuse Large Language Models without Training"
+(shared/papers/002_*.txt).
+
+Each round every member generates until its new text ends at a word boundary common to ALL
+members' tokenizers (Sec. 2.1-2.2: the segment is a concatenation of a prefix of every member's
+word sequence, the last, possibly incomplete, word excluded; word boundaries are defined in
+vocab/words.py); every member scores every segment by perplexity (Eq. 2); the lowest average
+perplexity wins (Eq. 3); all members append it (methods/span_level.py).
+
+Variants: ``align: false`` ends each member's segment at its own word boundaries (the paper's
+Cool-align ablation); ``rerank: true`` is Cool+Rerank: Cool-Fusion's answer and every member's
+own complete answer are reranked by average perplexity (the ``rerank`` method's scorer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ensemble_bench.members import Member
+from ensemble_bench.methods.base import Generation, GenerationRequest, MethodParams
+from ensemble_bench.methods.rerank import Rerank, RerankParams
+from ensemble_bench.methods.single import Single
+from ensemble_bench.methods.span_level import SpanMethod, SpanParams
+
+
+class CoolFusionParams(SpanParams):
+    align: bool = True    # segments end at boundaries common to all tokenizers (False: the proposer's own)
+    rerank: bool = False  # Cool+Rerank
+
+
+class CoolFusion(SpanMethod):
+    name = "coolfusion"
+    Params = CoolFusionParams
+
+    def __init__(self, members: Sequence[Member], params: CoolFusionParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.reranker = Rerank(members, RerankParams(main=params.main), batch_size) if params.rerank else None
+
+    def _segment_end(self, proposer: int, text: str) -> int | None:
+        ends = self._common_ends(text) if self.params.align else self.members[proposer].word_starts(text)
+        return ends[-1] if ends else None
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        fused = super().generate(requests)
+        if self.reranker is None:
+            return fused
+        alone = [Single([m], MethodParams(), self.batch_size).generate(requests) for m in self.members]
+        results = []
+        for i, request in enumerate(requests):
+            candidates = [fused[i]] + [a[i] for a in alone]
+            scores = self.reranker.average_perplexities([c.text for c in candidates], request)
+            results.append(candidates[scores.index(min(scores))])
+        return results

@@ -1,0 +1,248 @@
+"""Span-level ensembles (Cool-Fusion, SweetSpan): each round every member proposes a segment of
+whole words from the shared prefix; every member scores every segment by perplexity with its own
+tokenisation; one segment wins; every member appends it.
+
+A round, batched over requests, with every member's KV cache kept at the committed prefix:
+1. propose: each member decodes greedily from the prefix until ``_segment_end`` finds the end of
+   its segment in its new text (or it emits a stop id, reaches the token budget or an ``until``
+   string: a final segment); the tokens past the end are dropped (the cache is cropped back);
+2. score: each distinct segment is fed to every member from the prefix (a member that proposed it
+   uses its own tokens, the others their own tokenisation of the text), the perplexity of its
+   tokens is read off the forward pass, and the member is cropped back to the prefix (the
+   prefix is never recomputed). A final segment also scores the member's most probable stop
+   id at its end. A round with one distinct segment skips scoring;
+3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean);
+4. commit: every member appends the winner's tokens (its own tokens for it, as in step 2).
+
+The text is the main member's own decode of its committed tokens; the token budget counts the
+main member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
+``self.traces``, written next to the samples as ``span_trace.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ensemble_bench.members import Member, Score
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
+                                         MethodParams, fit_prompt, resolve_member)
+from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.stopping import cut_at_until
+from ensemble_bench.vocab.append import split_valid_utf8
+
+
+class SpanParams(MethodParams):
+    main: int | str = 0  # renders the text, counts the token budget, wins ties
+
+
+@dataclass(frozen=True)
+class Proposal:
+    text: str
+    tokens: tuple[int, ...]  # the proposer's own ids for the text
+    final: str | None        # why the proposer stops after it ("stop_id", "length", "until"), or None
+
+
+@dataclass
+class SpanRow:
+    request: GenerationRequest
+    main_ids: list[int] = field(default_factory=list)
+    text: str = ""  # committed text (bytes of the committed segments)
+    finish: str | None = None
+    rounds: list[dict] = field(default_factory=list)
+
+
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp(-(1/n) sum log p) over a segment's tokens (Cool-Fusion Eq. 1-2, SweetSpan Sec. 2.2)."""
+    return math.exp(-sum(logprobs) / len(logprobs)) if logprobs else math.inf
+
+
+def text_of(member: Member, tokens: Sequence[int]) -> str:
+    """The text of a member's ids by their bytes (no decode-time space stripping), whole characters."""
+    return split_valid_utf8(member.vocab.join(tokens))[0]
+
+
+class SpanMethod(Method):
+    min_members = 2
+
+    def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.main = resolve_member(params.main, [m.name for m in members], "main")
+        self.traces: list[dict] = []
+        self.rounds = 0
+
+    @classmethod
+    def check_members(cls, params: SpanParams, labels: Sequence[str]) -> None:
+        resolve_member(params.main, labels, "main")
+
+    @abstractmethod
+    def _segment_end(self, proposer: int, text: str) -> int | None:
+        """Where this round's segment ends in the proposer's new ``text`` (None: generate more)."""
+
+    def _choose(self, table: list[list[float]]) -> tuple[int, list[list[bool]]]:
+        """Eq. 3: the candidate with the lowest mean perplexity over members (ties: the first)."""
+        means = [sum(row) / len(row) for row in table]
+        return means.index(min(means)), [[True] * len(row) for row in table]
+
+    def _common_ends(self, text: str) -> list[int]:
+        common = set(self.members[0].word_starts(text))
+        for member in self.members[1:]:
+            common &= set(member.word_starts(text))
+        return sorted(common)
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
+        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
+        return self._in_batches(requests, lengths, lambda batch: self._generate_batch(
+            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+
+    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
+        rows = [SpanRow(r) for r in requests]
+        self.timing.start_batch()
+        dists = [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(mp, requests)])
+                 for m, mp in zip(self.members, prompts)]
+        live = list(range(len(rows)))
+        first = True
+        while live:
+            before = [len(rows[i].main_ids) for i in live]
+            proposals = [self._propose(u, [rows[i] for i in live], dists[u]) for u in range(len(self.members))]
+            choices = [self._candidates([p[k] for p in proposals]) for k in range(len(live))]
+            dists = self._commit(live, rows, choices, dists)
+            self.rounds += 1
+            added = [len(rows[i].main_ids) - b for i, b in zip(live, before)]
+            self.timing.tokens_generated += sum(added)
+            self.timing.first_token() if first else self.timing.span(sum(added) / len(added))
+            first = False
+            still = [k for k, i in enumerate(live) if rows[i].finish is None]
+            if len(still) < len(live):
+                for member in self.members:
+                    member.keep(still)
+                dists = [d[still] for d in dists]
+                live = [live[k] for k in still]
+        main = self.members[self.main]
+        results = []
+        for row in rows:
+            text = cut_at_until(main.decode(row.main_ids), row.request.until)
+            self.traces.append({"prompt_tail": row.request.prompt.text[-200:] or str(row.request.prompt.messages)[-200:],
+                                "output": text, "rounds": row.rounds})
+            results.append(Generation(text, len(row.main_ids), row.finish or "length"))
+        return results
+
+    def _propose(self, proposer: int, rows: list[SpanRow], dist: torch.Tensor) -> list[Proposal]:
+        """Step 1 for one member over the live rows; leaves the member at the committed prefix."""
+        member = self.members[proposer]
+        committed = [len(ids) for ids in member.row_ids()]
+        tokens: list[list[int]] = [[] for _ in rows]
+        done: list[Proposal | None] = [None] * len(rows)
+        while any(d is None for d in done):
+            picks = dist.argmax(dim=-1).tolist()
+            for k, row in enumerate(rows):
+                if done[k] is None:
+                    done[k] = self._extend_proposal(proposer, row, tokens[k], picks[k])
+            growing = [[tokens[k][-1]] if done[k] is None else [] for k in range(len(rows))]
+            if any(growing):
+                dist = member.extend(growing)
+        member.crop(committed)
+        return done
+
+    def _extend_proposal(self, proposer: int, row: SpanRow, tokens: list[int], token: int) -> Proposal | None:
+        member = self.members[proposer]
+        if token in member.stop_ids:
+            return Proposal(text_of(member, tokens), tuple(tokens), "stop_id")
+        tokens.append(token)
+        text = text_of(member, tokens)
+        if any(u and u in row.text + text for u in row.request.until):
+            return Proposal(text, tuple(tokens), "until")
+        if len(tokens) >= row.request.max_new_tokens - len(row.main_ids):
+            return Proposal(text, tuple(tokens), "length")
+        end = self._segment_end(proposer, text)
+        if end is None:
+            return None
+        size = len(text[:end].encode("utf-8"))
+        for count in range(1, len(tokens) + 1):
+            if len(member.vocab.join(tokens[:count])) == size:
+                return Proposal(text[:end], tuple(tokens[:count]), None)
+        return None  # the end falls inside one of the proposer's tokens: keep generating
+
+    def _candidates(self, proposals: list[Proposal]) -> dict:
+        """The distinct candidates of one row and each member's tokens for each of them."""
+        candidates: dict[tuple[str, str | None], dict[int, tuple[int, ...]]] = {}
+        for proposer, proposal in enumerate(proposals):
+            candidates.setdefault((proposal.text, proposal.final), {})[proposer] = proposal.tokens
+        keys = list(candidates)
+        per_member = [[candidates[key].get(v) or tuple(self._encode(v, key[0])) for key in keys]
+                      for v in range(len(self.members))]
+        return {"keys": keys, "tokens": per_member}
+
+    def _encode(self, member_index: int, text: str) -> list[int]:
+        return encode_continuation(self.members[member_index], text) if text else []
+
+    def _commit(self, live: list[int], rows: list[SpanRow], rounds: list[dict], dists: list[torch.Tensor]):
+        """Steps 2-4 for all rows at once: score (where there is a choice), choose, append."""
+        tables = self._score(rounds, dists)
+        winners = []
+        for k, (i, info) in enumerate(zip(live, rounds)):
+            if len(info["keys"]) == 1:
+                winner, kept = 0, [[True] * len(self.members)]
+            else:
+                winner, kept = self._choose(tables[k])
+            winners.append(winner)
+            text, final = info["keys"][winner]
+            row = rows[i]
+            row.text += text
+            row.main_ids.extend(info["tokens"][self.main][winner])
+            row.finish = final
+            if row.finish is None and len(row.main_ids) >= row.request.max_new_tokens:
+                row.finish = "length"
+            if len(info["keys"]) > 1:
+                row.rounds.append({"candidates": [key[0] for key in info["keys"]],
+                                   "perplexity": [[round(x, 4) for x in t] for t in tables[k]],
+                                   "kept": kept, "winner": winner})
+        return [m.extend([list(info["tokens"][v][w]) for info, w in zip(rounds, winners)])
+                for v, m in enumerate(self.members)]
+
+    def _score(self, rounds: list[dict], dists: list[torch.Tensor]) -> list[list[list[float]]]:
+        """tables[k][candidate][member] = that member's perplexity of that candidate."""
+        tables = [[[0.0] * len(self.members) for _ in info["keys"]] for info in rounds]
+        width = max(len(info["keys"]) for info in rounds)
+        if width == 1:
+            return tables
+        for v, member in enumerate(self.members):
+            committed = [len(ids) for ids in member.row_ids()]
+            for j in range(width):
+                rows = [k for k, info in enumerate(rounds) if len(info["keys"]) > 1 and j < len(info["keys"])]
+                feed = [list(rounds[k]["tokens"][v][j]) if k in rows else [] for k in range(len(rounds))]
+                after, scored = member.extend_scored(feed)
+                for k in rows:
+                    tokens = feed[k]
+                    logprobs = ([float(dists[v][k, tokens[0]])] + scored[k]) if tokens else []
+                    if rounds[k]["keys"][j][1] is not None:  # a final segment: the member's stop at its end
+                        end = after[k] if tokens else dists[v][k]
+                        logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
+                    tables[k][j][v] = perplexity(logprobs)
+                member.crop(committed)
+        return tables
+
+    # --- scoring (multiple choice) -----------------------------------------------------------------
+    def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
+        """Span methods are generation methods: a continuation's log-likelihood is the members' mean
+        log-likelihood (each with its own tokenisation); greedy when greedy for every member."""
+        per_member = []
+        for member in self.members:
+            pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
+            per_member.append(member.score(pairs, batch_size=self.batch_size))
+        return [Score(sum(s[k].logprob for s in per_member) / len(per_member), all(s[k].is_greedy for s in per_member))
+                for k in range(len(requests))]
+
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        totals = [[sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts]
+                  for m in self.members]
+        return [sum(values) / len(values) for values in zip(*totals)]
+
+    def info(self) -> dict:
+        return {**super().info(), "main_index": self.main, "rounds": self.rounds}

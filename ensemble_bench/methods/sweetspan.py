@@ -1,0 +1,49 @@
+"""SweetSpan — "Hit the Sweet Spot! Span-Level Ensemble for Large Language Models"
+(shared/papers/004_*.txt).
+
+Each round every member proposes a span of ``span_words`` complete words from the shared prefix
+(words end at boundaries common to all members' tokenizers, vocab/words.py); every member scores
+every span by length-normalised perplexity (Sec. 2.2); for each span, if max/min of its scores
+exceeds ``lambda`` its highest and lowest scores are dropped (R_j, C_j); the span with the lowest
+mean of the kept scores wins. With two members both scores would go; then both are kept.
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field
+
+from ensemble_bench.methods.span_level import SpanMethod, SpanParams
+
+
+class SweetSpanParams(SpanParams):
+    model_config = ConfigDict(populate_by_name=True)
+
+    span_words: int = Field(default=4, ge=1, le=256)  # the paper sweeps 1, 2, 4, 8, 16, 32
+    filter_ratio: float = Field(default=10.0, gt=0.0, alias="lambda")  # lambda (the paper: 10)
+
+
+def filter_scores(scores: list[float], ratio: float) -> list[bool]:
+    """Which of one span's scores are kept: all, or all but the max and min when max/min > ratio."""
+    if len(scores) <= 2 or max(scores) <= ratio * min(scores):
+        return [True] * len(scores)
+    high, low = scores.index(max(scores)), scores.index(min(scores))
+    return [k not in (high, low) for k in range(len(scores))]
+
+
+def choose_span(table: list[list[float]], ratio: float) -> tuple[int, list[list[bool]]]:
+    """The span with the lowest mean of its kept scores (ties: the first)."""
+    kept = [filter_scores(scores, ratio) for scores in table]
+    means = [sum(s for s, k in zip(scores, keep) if k) / sum(keep) for scores, keep in zip(table, kept)]
+    return means.index(min(means)), kept
+
+
+class SweetSpan(SpanMethod):
+    name = "sweetspan"
+    Params = SweetSpanParams
+
+    def _segment_end(self, proposer: int, text: str) -> int | None:
+        ends = self._common_ends(text)
+        return ends[self.params.span_words - 1] if len(ends) >= self.params.span_words else None
+
+    def _choose(self, table: list[list[float]]) -> tuple[int, list[list[bool]]]:
+        return choose_span(table, self.params.filter_ratio)

@@ -1,0 +1,204 @@
+"""Cool-Fusion and SweetSpan: word boundaries, the lambda filter, perplexity against a direct
+computation, identity at every span length, and fast == a naive uncached reference."""
+
+import math
+
+import pytest
+import torch
+
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import GenerationRequest
+from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
+from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.single import Single
+from ensemble_bench.methods.span_level import perplexity, text_of
+from ensemble_bench.methods.stopping import cut_at_until
+from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
+from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
+from tests.tiny import CORPUS
+
+
+# ------------------------------------------------------------------ word boundaries
+def fake_pre_tokenize(pieces):
+    """A pre-tokenizer returning the given split of the text, with offsets."""
+    def split(text):
+        out, start = [], 0
+        for piece in pieces:
+            out.append((piece, (start, start + len(piece))))
+            start += len(piece)
+        assert start == len(text)
+        return out
+    return split
+
+
+def test_common_word_boundaries_hand_checked():
+    text = "Multi-tasking is fun"
+    smol = word_starts(text, "byte-level", fake_pre_tokenize(["Multi", "-", "tasking", " is", " fun"]))
+    llama3 = word_starts(text, "byte-level", fake_pre_tokenize(["Multi", "-tasking", " is", " fun"]))
+    spm = word_starts(text, "sentencepiece")
+    assert smol == [5, 6, 13, 16] and llama3 == [5, 13, 16] and spm == [13, 16]
+    assert common_ends([smol, llama3, spm]) == [13, 16]  # 'Multi' alone is not a common word
+    assert common_ends([smol, llama3]) == [5, 13, 16]
+    assert whitespace_word_starts("a  b\nc d ") == [1, 6, 8]  # a run of spaces starts one word
+
+
+# ------------------------------------------------------------------ the lambda filter
+def test_lambda_filter_hand_checked():
+    # the paper's Figure 2 story: model 0 gives the right span 23.5 and its own wrong span 0.88
+    table = [[23.5, 1.6, 1.4, 1.5],   # "by Bobby Scott": max/min = 16.8 > 10 -> drop 23.5 and 1.4
+             [0.88, 4.0, 3.6, 3.9],   # "by Robert Williams": 4.5 <= 10 -> all kept
+             [2.0, 2.1, 50.0, 4.0]]   # 25 > 10 -> drop 50.0 and 2.0
+    assert filter_scores(table[0], 10) == [False, True, False, True]
+    assert filter_scores(table[1], 10) == [True, True, True, True]
+    assert filter_scores(table[2], 10) == [False, True, False, True]
+    winner, kept = choose_span(table, 10)
+    means = [(1.6 + 1.5) / 2, (0.88 + 4.0 + 3.6 + 3.9) / 4, (2.1 + 4.0) / 2]
+    assert winner == means.index(min(means)) == 0
+    unfiltered = [sum(r) / 4 for r in table]  # 7.0, 3.095, 14.5: without the filter the wrong span wins
+    assert choose_span(table, 100)[0] == unfiltered.index(min(unfiltered)) == 1
+    assert filter_scores([1.0, 30.0], 10) == [True, True]  # two members: nothing would remain
+
+
+# ------------------------------------------------------------------ perplexity vs a direct computation
+def direct_perplexity(model, context, tokens):
+    with torch.no_grad():
+        logprobs = model(torch.tensor([context + tokens])).logits[0].float().log_softmax(-1)
+    picked = [float(logprobs[len(context) - 1 + j, t]) for j, t in enumerate(tokens)]
+    return math.exp(-sum(picked) / len(picked))
+
+
+def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    method = CoolFusion(members, CoolFusionParams(), batch_size=2)
+    prompts = [CORPUS[0][:20], CORPUS[2][:33]]
+    contexts = [[m.encode(p) for p in prompts] for m in members]
+    dists = [m.prefill(c) for m, c in zip(members, contexts)]
+    segments = [[" the cat", " models"], [" 42 apples are", ""]]
+    rounds = [{"keys": [(text, None) for text in row],
+               "tokens": [[tuple(encode_continuation(m, t)) if t else () for t in row] for m in members]}
+              for row in segments]
+    rounds[1]["keys"][1] = ("", "stop_id")  # an empty final segment: only the stop is scored
+    tables = method._score(rounds, dists)
+    for k in range(2):
+        for j, text in enumerate(segments[k]):
+            for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
+                if text:
+                    expected = direct_perplexity(model, contexts[v][k], list(rounds[k]["tokens"][v][j]))
+                else:
+                    with torch.no_grad():
+                        last = model(torch.tensor([contexts[v][k]])).logits[0, -1].float().log_softmax(-1)
+                    expected = math.exp(-max(float(last[s]) for s in member.stop_ids))
+                assert tables[k][j][v] == pytest.approx(expected, rel=1e-4)
+    for member, context in zip(members, contexts):  # scoring leaves every member at its prefix
+        assert member.row_ids() == context
+    assert perplexity([]) == math.inf
+
+
+# ------------------------------------------------------------------ identity
+REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
+            for i in range(5)]
+
+
+def texts(method, requests=REQUESTS):
+    return [(g.text, g.new_tokens) for g in method.generate(requests)]
+
+
+@pytest.fixture(params=["bpe", "sp"])
+def same_model(request):
+    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
+    model = request.getfixturevalue(f"{request.param}_model")
+    return lambda name: LocalMember(model, tokenizer, name)
+
+
+@pytest.mark.parametrize("params", [SweetSpanParams(span_words=n) for n in (1, 2, 4, 8, 16, 32)]
+                         + [CoolFusionParams(), CoolFusionParams(align=False), CoolFusionParams(rerank=True, main=1)])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
+    alone = texts(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
+    method_cls = SweetSpan if isinstance(params, SweetSpanParams) else CoolFusion
+    assert texts(method_cls([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
+
+
+# ------------------------------------------------------------------ naive reference
+def naive_span(members, models, request, segment_end, choose, main=0):
+    """One request, every forward recomputed from the full sequence; same rules as span_level.py."""
+    seqs = [m.render(request.prompt) for m in members]
+    main_ids, committed, finish = [], "", None
+
+    def next_logprobs(v, ids):
+        with torch.no_grad():
+            return models[v](torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+
+    while finish is None:
+        proposals = []
+        for u, member in enumerate(members):
+            tokens, proposal = [], None
+            while proposal is None:
+                token = int(next_logprobs(u, seqs[u] + tokens).argmax())
+                if token in member.stop_ids:
+                    proposal = (text_of(member, tokens), tuple(tokens), "stop_id")
+                    break
+                tokens.append(token)
+                text = text_of(member, tokens)
+                if any(x and x in committed + text for x in request.until):
+                    proposal = (text, tuple(tokens), "until")
+                elif len(tokens) >= request.max_new_tokens - len(main_ids):
+                    proposal = (text, tuple(tokens), "length")
+                else:
+                    end = segment_end(u, text)
+                    if end is not None:
+                        size = len(text[:end].encode())
+                        cut = [c for c in range(1, len(tokens) + 1) if len(member.vocab.join(tokens[:c])) == size]
+                        if cut:
+                            proposal = (text[:end], tuple(tokens[:cut[0]]), None)
+            proposals.append(proposal)
+        keys = list(dict.fromkeys((p[0], p[2]) for p in proposals))
+        own = {}
+        for u, p in enumerate(proposals):
+            own.setdefault((p[0], p[2]), {})[u] = p[1]
+        tokens_for = [[own[key].get(v) or tuple(encode_continuation(members[v], key[0]) if key[0] else [])
+                       for key in keys] for v in range(len(members))]
+        if len(keys) == 1:
+            winner = 0
+        else:
+            table = []
+            for j, key in enumerate(keys):
+                row = []
+                for v, member in enumerate(members):
+                    ids = list(tokens_for[v][j])
+                    logprobs = []
+                    for t in range(len(ids)):
+                        logprobs.append(float(next_logprobs(v, seqs[v] + ids[:t])[ids[t]]))
+                    if key[1] is not None:
+                        end = next_logprobs(v, seqs[v] + ids)
+                        logprobs.append(max(float(end[s]) for s in member.stop_ids))
+                    row.append(math.exp(-sum(logprobs) / len(logprobs)))
+                table.append(row)
+            winner = choose(table)
+        text, finish = keys[winner]
+        committed += text
+        for v in range(len(members)):
+            seqs[v] = seqs[v] + list(tokens_for[v][winner])
+        main_ids += list(tokens_for[main][winner])
+        if finish is None and len(main_ids) >= request.max_new_tokens:
+            finish = "length"
+    return cut_at_until(members[main].decode(main_ids), request.until)
+
+
+@pytest.mark.parametrize("kind", ["cool", "cool-noalign", "sweet-1", "sweet-3"])
+def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, kind):
+    def pair():
+        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    if kind.startswith("cool"):
+        method = CoolFusion(pair(), CoolFusionParams(align=kind == "cool"), batch_size=3)
+    else:
+        method = SweetSpan(pair(), SweetSpanParams(span_words=int(kind[-1])), batch_size=3)
+    requests = [GenerationRequest(Prompt(text=CORPUS[i][: 14 + 7 * i]), ("\n\n",), 14) for i in range(4)]
+    fast = method.generate(requests)
+    slow_members = pair()
+    for request, generation in zip(requests, fast):
+        slow = naive_span(slow_members, [bpe_model, sp_model], request, method._segment_end,
+                          lambda table: method._choose(table)[0])
+        assert generation.text == slow
+    assert method.info()["rounds"] >= 2
+    assert any(trace["rounds"] for trace in method.traces)  # some rounds had a real choice, logged
