@@ -66,6 +66,21 @@ class Recipe(BaseModel):
     output: str = "results"
     data: Literal["hub", "offline"] = "hub"
     fewshot_as_multiturn: bool = False
+    sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
+
+    @field_validator("sweep")
+    @classmethod
+    def _one_parameter(cls, value):
+        if value is not None and (len(value) != 1 or not next(iter(value.values()))):
+            raise ValueError("sweep names exactly one method parameter with a non-empty list of values")
+        return value
+
+    def sweep_points(self) -> list[dict[str, Any]]:
+        """The method-parameter overrides of each ensemble row ([{}] without a sweep)."""
+        if not self.sweep:
+            return [{}]
+        (name, values), = self.sweep.items()
+        return [{name: value} for value in values]
 
     @field_validator("method", mode="before")
     @classmethod
@@ -122,6 +137,8 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     except ValidationError as err:
         raise UserError(_pydantic_line(source, err)) from None
     validate_method(recipe, source)
+    for point in recipe.sweep_points() if recipe.sweep else []:
+        validate_method(recipe, f"{source}: sweep {point}", point)
     for i, task in enumerate(recipe.tasks):
         try:
             get_benchmark(task.name, task.variant)
@@ -135,12 +152,12 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     return recipe
 
 
-def validate_method(recipe: Recipe, source: str):
+def validate_method(recipe: Recipe, source: str, overrides: dict[str, Any] | None = None):
     try:
         method = get_method(recipe.method.name)
     except UserError as err:
         raise UserError(f"{source}: method.name: {err}") from None
-    given = recipe.method.params
+    given = {**recipe.method.params, **(overrides or {})}
     if "weights" in method.Params.model_fields and "weights" not in given and any(
             m.weight is not None for m in recipe.members):
         given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in recipe.members]}

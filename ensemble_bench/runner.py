@@ -23,6 +23,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import yaml
@@ -42,14 +43,18 @@ class Row:
     label: str
     method: str
     members: tuple[int, ...]  # indices into recipe.members
+    overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
 
 
 def plan_rows(recipe: Recipe) -> list[Row]:
     singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
     if recipe.method.name == "single":
         return singles
-    ensemble = Row(recipe.method.name, recipe.method.name, tuple(range(len(recipe.members))))
-    return (singles if recipe.singles else []) + [ensemble]
+    everyone = tuple(range(len(recipe.members)))
+    name = recipe.method.name
+    ensembles = [Row(name + "".join(f"-{k}={v}" for k, v in point.items()), name, everyone, tuple(point.items()))
+                 for point in recipe.sweep_points()]
+    return (singles if recipe.singles else []) + ensembles
 
 
 def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
@@ -104,7 +109,8 @@ def build_method(recipe: Recipe, row: Row, pool: MemberPool):
     from ensemble_bench.methods import get_method
 
     method_cls = get_method(row.method)
-    params = validate_method(recipe, "recipe")[1] if row.method == recipe.method.name else method_cls.Params()
+    params = (validate_method(recipe, "recipe", dict(row.overrides))[1] if row.method == recipe.method.name
+              else method_cls.Params())
     members = [pool.get(i) for i in row.members]
     return method_cls(members, params, batch_size=recipe.batch_size)
 
