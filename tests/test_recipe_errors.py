@@ -157,3 +157,30 @@ def test_bad_parameters_of_other_methods(case, tmp_path, monkeypatch, capsys):
     code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
     assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
     assert expected in out.err, out.err
+
+
+SWEEP = ENSEMBLE.format(method="sweetspan", extra="main: big")
+
+
+@pytest.mark.parametrize("sweep,expected", [
+    ("sweep: {span_words: [1, 0]}", "sweep {'span_words': 0}: method.span_words: Input should be greater than or equal to 1"),
+    ("sweep: {span_words: [1], lambda: [2.0]}", "sweep: sweep names exactly one method parameter"),
+    ("sweep: {span_words: []}", "sweep: sweep names exactly one method parameter"),
+    ("sweep: {window: [2]}", "sweep {'window': 2}: method.window: unknown field"),
+])
+def test_bad_sweeps(sweep, expected, tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, SWEEP + sweep + "\n")
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
+    assert expected in out.err, out.err
+
+
+def test_a_sweep_plans_one_ensemble_row_per_value(tmp_path):
+    from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.runner import plan_rows
+
+    recipe = load_recipe(write(tmp_path, SWEEP + "singles: true\nsweep: {span_words: [1, 4, 16]}\n"))
+    rows = plan_rows(recipe)
+    assert [r.label for r in rows] == ["small", "big", "sweetspan-span_words=1", "sweetspan-span_words=4",
+                                       "sweetspan-span_words=16"]
+    assert rows[3].overrides == (("span_words", 4),) and rows[0].overrides == ()
