@@ -156,7 +156,7 @@ def list_things():
     methods.add_column("parameters")
     for name, cls in sorted(METHODS.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
-        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(cls.Params.model_fields) or "-")
+        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(f.alias or n for n, f in cls.Params.model_fields.items()) or "-")
     models = Table(title="packaged offline models (fetched from PyPI on first use)")
     models.add_column("name")
     models.add_column("what")
