@@ -66,6 +66,7 @@ class Recipe(BaseModel):
     output: str = "results"
     data: Literal["hub", "offline"] = "hub"
     fewshot_as_multiturn: bool = False
+    allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 
     @field_validator("sweep")

@@ -32,6 +32,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import Recipe, parse_recipe, validate_method
 from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.tasks.code_exec import ALLOW_ENV
 
 DONE = "summary.md"
 
@@ -64,6 +65,9 @@ def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int
         bench = get_benchmark(task.name, task.variant)
         if bench.needs:
             raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
+        if bench.runs_code and not recipe.allow_code_execution:
+            raise UserError(f"benchmark '{task.name}' runs the generated programs: set allow_code_execution: true "
+                            "(each runs in a subprocess with time and memory limits)")
         if recipe.data == "offline" and not bench.offline:
             raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
         chosen.append((bench, task.shots, recipe.task_limit(task)))
@@ -148,6 +152,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
             fewshot_as_multiturn=recipe.fewshot_as_multiturn and chat,
             random_seed=recipe.seed, numpy_random_seed=recipe.seed, torch_random_seed=recipe.seed,
             fewshot_random_seed=recipe.seed, verbosity="ERROR",
+            confirm_run_unsafe_code=recipe.allow_code_execution,
         )
         if results is None:
             raise RuntimeError("lm-eval returned no results")
@@ -200,6 +205,8 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     include_path, groups = _task_groups(recipe, run_dir)
     task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults_needed(recipe.data))
 
+    if recipe.allow_code_execution:
+        os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
     for row in plan_rows(recipe):
         if (run_dir / row.label / "timing.json").exists():

@@ -14,7 +14,6 @@ from ensemble_bench.errors import UserError
 
 DEFAULT_VARIANT = "default"
 
-_CODE_EXECUTION = "code execution (sandboxed pass@k metric) is not implemented yet"
 _NO_FLORES = (
     "Flores has no offline source (it is not shipped in any PyPI package), "
     "and lm-eval 0.4.13 has no stock flores task for this pair; translation is not wired up yet"
@@ -44,6 +43,7 @@ class Benchmark:
     needs: str | None = None
     note: str | None = None
     is_group: bool = False
+    runs_code: bool = False  # scored by running generated programs: needs the recipe's opt-in
 
 
 _BENCHMARKS: tuple[Benchmark, ...] = (
@@ -58,10 +58,9 @@ _BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("nq", DEFAULT_VARIANT, "nq_open", 5, "exact_match,remove_whitespace", offline=True),
     Benchmark("piqa", DEFAULT_VARIANT, "piqa", 0, "acc,none", offline=True),
     Benchmark("arc_c", DEFAULT_VARIANT, "arc_challenge", 0, "acc,none", offline=True),
-    Benchmark("mbpp", DEFAULT_VARIANT, "mbpp", 3, "pass_at_1,none", offline=True,
-              needs=_CODE_EXECUTION),
+    Benchmark("mbpp", DEFAULT_VARIANT, "mbpp", 3, "pass_at_1,none", offline=True, runs_code=True),
     Benchmark("humaneval", DEFAULT_VARIANT, "humaneval", 0, "pass_at_k,create_test", offline=True,
-              needs=_CODE_EXECUTION),
+              runs_code=True),
     Benchmark("flores_de-en", DEFAULT_VARIANT, "flores_de-en", 0, "bleu,none", offline=False,
               needs=_NO_FLORES),
     Benchmark("flores_ro-en", DEFAULT_VARIANT, "flores_ro-en", 0, "bleu,none", offline=False,

@@ -521,6 +521,77 @@ def _write_group_fixes(benches: list[Benchmark], dest: Path) -> None:
         atomic_write_text(dest / f"{bench.task}.yaml", yaml.safe_dump(fixed, sort_keys=False))
 
 
+# MBPP and HumanEval scored by our sandboxed runner (tasks/code_exec.py) instead of evaluate's
+# code_eval (which is fetched from the hub): task configs of the stock names written into ``dest``,
+# which lm-eval lets replace its own. Prompts are the benchmarks' published ones (MBPP: Austin et
+# al. 2021; HumanEval: the function signature and docstring, Codex's stop sequences).
+CODE_HOOKS = "ensbench_code"
+_MBPP_TASK = r"""task: mbpp
+dataset_path: google-research-datasets/mbpp
+dataset_name: full
+unsafe_code: true
+output_type: generate_until
+test_split: test
+fewshot_split: {fewshot_split}
+doc_to_text: "You are an expert Python programmer, and here is your task: {{{{text}}}} Your code should pass these tests:\n\n{{{{test_list[0]}}}}\n{{{{test_list[1]}}}}\n{{{{test_list[2]}}}}\n[BEGIN]\n"
+doc_to_target: "{{{{test_list[0]}}}}\n{{{{test_list[1]}}}}\n{{{{test_list[2]}}}}"
+target_delimiter: ""
+fewshot_config:
+  sampler: first_n
+  doc_to_target: "{{{{code}}}}\n[DONE]"
+metric_list:
+  - metric: !function {hooks}.pass_at_1
+    aggregation: mean
+    higher_is_better: true
+generation_kwargs:
+  until: ["[DONE]"]
+  do_sample: false
+num_fewshot: 3
+metadata:
+  version: 1.0
+"""
+_HUMANEVAL_TASK = r"""task: humaneval
+dataset_path: openai/openai_humaneval
+unsafe_code: true
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{test}}}}\ncheck({{{{entry_point}}}})"
+metric_list:
+  - metric: !function {hooks}.pass_at_k
+    aggregation: mean
+    higher_is_better: true
+    k: [1]
+generation_kwargs:
+  until: ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+  max_gen_toks: 1024
+  do_sample: false
+repeats: 1
+num_fewshot: 0
+filter_list:
+  - name: create_test
+    filter:
+      - function: custom
+        filter_fn: !function {hooks}.build_programs
+metadata:
+  version: 1.0
+"""
+
+
+def _write_code_tasks(benches: list[Benchmark], dest: Path, data: str) -> None:
+    """Task configs for the benchmarks that run code, and the module their metrics name."""
+    wanted = {b.task for b in benches if b.runs_code}
+    if not wanted:
+        return
+    atomic_write_text(dest / f"{CODE_HOOKS}.py",
+                      "from ensemble_bench.tasks.code_exec import build_programs, pass_at_1, pass_at_k  # noqa: F401\n")
+    if "mbpp" in wanted:  # offline copies have no 'prompt' split: shots come from test, the scored one excluded
+        split = "test" if data == "offline" else "prompt"
+        atomic_write_text(dest / "mbpp.yaml", _MBPP_TASK.format(fewshot_split=split, hooks=CODE_HOOKS))
+    if "humaneval" in wanted:
+        atomic_write_text(dest / "humaneval.yaml", _HUMANEVAL_TASK.format(hooks=CODE_HOOKS))
+
+
 def group_name(data: str) -> str:
     """The name of the generated group for ``data`` (``ensbench_offline`` / ``ensbench_hub``)."""
     return f"ensbench_{data}"
@@ -547,6 +618,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     }
     dest = Path(dest)
     _write_group_fixes([bench for bench, _ in resolved], dest)
+    _write_code_tasks([bench for bench, _ in resolved], dest, data)
     atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group
 
