@@ -142,9 +142,12 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         validate_method(recipe, f"{source}: sweep {point}", point)
     for i, task in enumerate(recipe.tasks):
         try:
-            get_benchmark(task.name, task.variant)
+            bench = get_benchmark(task.name, task.variant)
         except UserError as err:
             raise UserError(f"{source}: tasks[{i}].name: {err}") from None
+        if bench.runs_code and not recipe.allow_code_execution:
+            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
+                            "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
     for i, member in enumerate(recipe.members):
         try:
             check_spec(member.model)

@@ -65,9 +65,6 @@ def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int
         bench = get_benchmark(task.name, task.variant)
         if bench.needs:
             raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
-        if bench.runs_code and not recipe.allow_code_execution:
-            raise UserError(f"benchmark '{task.name}' runs the generated programs: set allow_code_execution: true "
-                            "(each runs in a subprocess with time and memory limits)")
         if recipe.data == "offline" and not bench.offline:
             raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
         chosen.append((bench, task.shots, recipe.task_limit(task)))

@@ -50,6 +50,7 @@ CASES = {
     "not a mapping": ("- just\n- a list\n", "a recipe must be a YAML mapping"),
     "malformed yaml": ("name: [unclosed\n", "not valid YAML"),
     "bad method parameter": (GOOD.replace("method: single", "method:\n  name: single\n  k: 3"), "method.k: unknown field"),
+    "code without opt-in": (GOOD.replace("name: piqa", "name: mbpp"), "benchmark 'mbpp' runs the generated programs: set allow_code_execution: true"),
 }
 
 

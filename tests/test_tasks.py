@@ -109,8 +109,8 @@ def test_list_benchmarks_marks_what_is_missing():
     assert {name for name, _ in benches} == {
         "mmlu", "gsm8k", "bbh", "triviaqa", "nq", "piqa", "arc_c", "mbpp", "humaneval",
         "flores_de-en", "flores_ro-en"}
-    for name in ("mbpp", "humaneval"):
-        assert benches[name, "default"].needs == "code execution (sandboxed pass@k metric) is not implemented yet"
+    for name in ("mbpp", "humaneval"):  # runnable, behind the recipe's allow_code_execution
+        assert benches[name, "default"].needs is None and benches[name, "default"].runs_code
     for name in ("flores_de-en", "flores_ro-en"):
         assert not benches[name, "default"].offline and "no offline source" in benches[name, "default"].needs
     assert "not comparable" in benches["triviaqa", "default"].note
@@ -251,8 +251,6 @@ def test_hub_configs_only_name_stock_tasks_and_shots(tmp_path):
 
 
 @pytest.mark.parametrize("selection, message", [
-    ([("mbpp", None)], "code execution"),
-    ([("humaneval", None)], "code execution"),
     ([("flores_de-en", None)], "no offline source"),
     ([("gsm8k", -1)], "shots must be a whole number"),
     ([("bbh", 4)], "only 3 few-shot examples"),
