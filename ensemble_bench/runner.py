@@ -31,10 +31,10 @@ import yaml
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import Recipe, parse_recipe, validate_method
+from ensemble_bench.report.summary import DONE_FILE as DONE
 from ensemble_bench.tasks import Benchmark, get_benchmark
 from ensemble_bench.tasks.code_exec import ALLOW_ENV
 
-DONE = "summary.md"
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ensemble_bench.errors import UserError
-from ensemble_bench.recipe import Recipe, parse_recipe
-from ensemble_bench.report.summary import metric_value
+from ensemble_bench.report.summary import finished_recipe, row_scores
 from ensemble_bench.tasks import get_benchmark
 
 
@@ -40,12 +37,6 @@ class Decision:
     verdict: str
 
 
-def _finished_run(path: Path) -> Recipe:
-    if not (path / "summary.md").exists() or not (path / "recipe.yaml").exists():
-        raise UserError(f"{path}: not a finished ensbench run (no summary.md / recipe.yaml)")
-    return parse_recipe(yaml.safe_load((path / "recipe.yaml").read_text()), str(path / "recipe.yaml"))
-
-
 def _response_words(row_dir: Path) -> list[int]:
     words = []
     for samples in sorted(row_dir.glob("samples_*.jsonl")):
@@ -60,19 +51,13 @@ def load_candidates(run_dirs: list[Path]) -> list[Candidate]:
     """Every single-model row of the given runs (a later run's row replaces an earlier one's)."""
     found: dict[str, Candidate] = {}
     for run_dir in run_dirs:
-        recipe = _finished_run(run_dir)
+        recipe = finished_recipe(run_dir)
         benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
         for spec in recipe.members:
             row_dir = run_dir / spec.label
             if not (row_dir / "timing.json").exists():
                 continue
-            results = [json.loads(p.read_text()) for p in sorted(row_dir.glob("results_*.json"))]
-            scores = {}
-            for bench in benches:
-                for result in results:
-                    value = metric_value(result, bench)
-                    if value:
-                        scores[bench.name] = value[0]
+            scores = {name: value for name, (value, _) in row_scores(row_dir, benches).items()}
             words = _response_words(row_dir)
             found[spec.label] = Candidate(spec.label, spec.model_dump(mode="json", exclude_none=True), scores,
                                           sum(words) / len(words) if words else None, str(run_dir))
@@ -120,7 +105,7 @@ def _length_ratio(a: Candidate, b: Candidate) -> float | None:
 def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
     """A recipe for the chosen models (best first, the best as UniTE's primary) on the source run's tasks."""
     chosen = [d.candidate for d in decisions if d.verdict.startswith("chosen")]
-    source = _finished_run(Path(chosen[0].source))
+    source = finished_recipe(Path(chosen[0].source))
     params: dict = {"name": method}
     if method == "unite":
         params["primary"] = chosen[0].label

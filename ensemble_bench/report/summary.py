@@ -6,9 +6,13 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
+
+DONE_FILE = "summary.md"  # written last: its presence marks a run finished
 
 
 def _leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
@@ -38,6 +42,26 @@ def _row_results(row_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(row_dir.rglob("results_*.json"))]
 
 
+def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float, int]]:
+    """benchmark name -> (score, examples) from a row's lm-eval result files (the last file wins)."""
+    found: dict[str, tuple[float, int]] = {}
+    for results in _row_results(row_dir):
+        for bench in benches:
+            value = metric_value(results, bench)
+            if value:
+                found[bench.name] = value
+    return found
+
+
+def finished_recipe(run_dir: Path):
+    """The recipe of a finished run folder (UserError if it is not one)."""
+    from ensemble_bench.recipe import parse_recipe
+
+    if not (run_dir / DONE_FILE).exists() or not (run_dir / "recipe.yaml").exists():
+        raise UserError(f"{run_dir}: not a finished ensbench run (no summary.md / recipe.yaml)")
+    return parse_recipe(yaml.safe_load((run_dir / "recipe.yaml").read_text()), str(run_dir / "recipe.yaml"))
+
+
 def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
     from ensemble_bench.runner import plan_rows
 
@@ -48,10 +72,9 @@ def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
         timing = json.loads((row_dir / "timing.json").read_text())
         record = {"model": row.label, "method": row.method}
         values = []
+        scores = row_scores(row_dir, benches)
         for bench in benches:
-            value = None
-            for results in _row_results(row_dir):
-                value = metric_value(results, bench) or value
+            value = scores.get(bench.name)
             column = f"{bench.name} ({bench.primary_metric.split(',')[0]})"
             record[column] = round(100 * value[0], 1) if value else None
             record[f"n {bench.name}"] = value[1] if value else 0

@@ -1,0 +1,32 @@
+"""SweetSpan Table 7-style table and accuracy-vs-span-length plot from finished runs (a sweep
+run and a run with the members alone).
+
+    python scripts/span_sweep_report.py results/sweetspan_nq/<id> results/unite_demo/<id> \
+        --out docs/figures/sweetspan_nq --title "SweetSpan, SmolLM2 + Qwen2.5, NQ (100)"
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ensemble_bench.report.span_sweep import plot_sweep, sweep_records, sweep_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help="path stem for .md, .png, .svg")
+    parser.add_argument("--title", default="SweetSpan span-length sweep")
+    args = parser.parse_args()
+    records = sweep_records(args.runs)
+    table = sweep_table(records).to_markdown(index=False)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    for path in plot_sweep(records, args.out, args.title):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
