@@ -47,6 +47,31 @@ def test_real_tokenizer_round_trips(name):
     assert compared >= 150
 
 
+def test_common_word_boundaries_on_real_tokenizers():
+    """'Multi-tasking': SmolLM2 (byte-level) splits Multi | - | tasking, Qwen2.5 (byte-level, Llama-3
+    style regex) Multi | -tasking, Gemma-3 (SentencePiece) keeps one word; only the space is common.
+    Every boundary is a token boundary of its own tokenizer."""
+    from ensemble_bench.vocab.words import common_ends, word_starts
+
+    text = "Multi-tasking is fun, 123 times."
+    starts = {}
+    for name in PACKAGED:
+        tokenizer = load_tokenizer(resolve(name))
+        view = build_vocab_view(tokenizer)
+        pre = tokenizer.backend_tokenizer.pre_tokenizer
+        starts[name] = word_starts(text, view.spelling, pre.pre_tokenize_str if pre is not None else None)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        ends, total = set(), b""
+        for token in ids:
+            total += view.pieces[token] or b""
+            ends.add(len(total.decode("utf-8", "replace")))
+        assert set(starts[name]) <= ends, name
+    assert starts["smollm2-135m"][:3] == [5, 6, 13]
+    assert starts["qwen2.5-0.5b"][:2] == [5, 13]
+    assert starts["gemma3-270m"] == [13, 16, 21, 25]
+    assert common_ends(list(starts.values())) == [13, 16, 21, 25]
+
+
 def test_real_vocab_facts():
     qwen = build_vocab_view(load_tokenizer(resolve("qwen2.5-0.5b")))
     assert qwen.size == 151936 and sum(p is None for p in qwen.pieces) == 271  # [PAD151665..] placeholders
