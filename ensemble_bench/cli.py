@@ -143,6 +143,32 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
     console.print(f"recipe: {out}")
 
 
+@app.command()
+def regress(current: Path = typer.Argument(..., help="finished run directory to check"),
+            baseline: Path = typer.Option(..., help="finished run directory of the same recipe to compare with"),
+            confidence: float = typer.Option(0.95, min=0.5, max=0.9999, help="one-sided confidence of the accuracy check"),
+            latency_tolerance: float = typer.Option(0.25, min=0.0, help="allowed growth of ms/token / sum(members)")):
+    """Fail (exit 1) when accuracy drops beyond a binomial interval or the latency ratio grows."""
+    from ensemble_bench.report.regress import compare, load_rows
+
+    checks = compare(load_rows(current), load_rows(baseline), confidence, latency_tolerance)
+    table = Table(title=f"regress: {current} vs {baseline} (accuracy: one-sided {confidence:.0%} binomial interval; "
+                        f"latency: ratio to the same run's members x {1 + latency_tolerance:g})")
+    for column in ("row", "check", "baseline", "current", "limit", "verdict"):
+        table.add_column(column)
+    for c in checks:
+        scale = 1 if c.what == "latency ratio" else 100
+        table.add_row(c.row, c.what, f"{scale * c.baseline:.3f}", f"{scale * c.current:.3f}",
+                      ("<= " if c.what == "latency ratio" else ">= ") + f"{scale * c.allowed:.3f}",
+                      "ok" if c.passed else "[bold red]REGRESSED[/]")
+    console.print(table)
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        console.print(f"{len(failed)} of {len(checks)} checks regressed")
+        raise typer.Exit(1)
+    console.print(f"all {len(checks)} checks passed")
+
+
 @app.command("list")
 def list_things():
     """Methods, packaged offline models and benchmarks."""
@@ -174,7 +200,7 @@ def list_things():
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
     except UserError as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
@@ -184,6 +210,8 @@ def main() -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         Console(stderr=True).print("interrupted: run the same command again to resume")
         sys.exit(130)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
