@@ -13,13 +13,16 @@ from ensemble_bench.tasks import get_benchmark
 
 
 def sweep_records(run_dirs: list[Path]) -> list[dict]:
-    """One record per finished row of the runs: label, span length (None for members), scores, ms/token."""
+    """One record per single-member or SweetSpan row of the runs: label, span length (None for the
+    members), scores, ms/token. Other rows are left out."""
     records = []
     for run_dir in run_dirs:
         recipe = finished_recipe(run_dir)
         benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
         for timing_path in sorted(run_dir.glob("*/timing.json")):
             timing = json.loads(timing_path.read_text())
+            if timing.get("method") not in ("single", "sweetspan"):
+                continue
             scores = {name: 100 * value for name, (value, _) in row_scores(timing_path.parent, benches).items()}
             span = timing.get("params", {}).get("span_words") if timing.get("method") == "sweetspan" else None
             records.append({"label": f"Span-{span}" if span else timing["label"], "span_words": span,
@@ -28,8 +31,9 @@ def sweep_records(run_dirs: list[Path]) -> list[dict]:
 
 
 def sweep_table(records: list[dict]) -> pd.DataFrame:
-    """Members first, then Span-N by N; each cell 'score (+diff to the best member)'."""
-    benches = sorted({b for r in records for b in r["scores"]})
+    """Members first, then Span-N by N; each cell 'score (+diff to the best member)'; the benchmarks
+    the sweep covers."""
+    benches = sorted({b for r in records if r["span_words"] is not None for b in r["scores"]})
     members = [r for r in records if r["span_words"] is None]
     spans = sorted((r for r in records if r["span_words"] is not None), key=lambda r: r["span_words"])
     best = {b: max((m["scores"][b] for m in members if b in m["scores"]), default=None) for b in benches}
@@ -71,6 +75,7 @@ def plot_sweep(records: list[dict], path_stem: Path, title: str) -> list[Path]:
     axis.set_xticks([r["span_words"] for r in spans], [str(r["span_words"]) for r in spans])
     axis.set_xlabel("span length (words)")
     axis.set_ylabel("score (%)")
+    axis.set_ylim(bottom=0)
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=7)
     figure.tight_layout()
