@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
@@ -71,7 +71,7 @@ class SampleLevel(Method):
         return {**super().info(), "main_index": self.main}
 
 
-def choose_by_vote(keys: Sequence, main: int) -> int | object:
+def choose_by_vote(keys: Sequence[Hashable], main: int) -> Hashable:
     """The most frequent key; among tied keys the main member's, else the first member's."""
     counts = {key: keys.count(key) for key in keys}
     top = max(counts.values())
