@@ -52,6 +52,7 @@ class EnsembleLM(LM):
         self.label = label
         self.progress = progress
         self.chunk_size = chunk_size or max(1, method.batch_size) * 4
+        self.requests_computed = 0  # answered by the method in this process (not from the response cache)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
@@ -93,6 +94,7 @@ class EnsembleLM(LM):
             for i, answer in zip(chunk, call([convert(requests[i].args) for i in chunk])):
                 answers[i] = answer
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
+                self.requests_computed += 1
             if self.progress:
                 self.progress(len(chunk))
         return answers

@@ -161,7 +161,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     timing = {"label": row.label, "method": row.method,
-              "members": [recipe.members[i].label for i in row.members], **lm.method.info()}
+              "members": [recipe.members[i].label for i in row.members], **lm.method.info(),
+              "requests_computed": lm.requests_computed}
     atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:

@@ -144,3 +144,57 @@ def test_stock_lm_eval_cli_runs_our_models(tiny_dirs, tmp_path):
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "piqa" in done.stdout and list((tmp_path / "out").rglob("results_*.json"))
+
+
+def cached_requests(db) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as connection:
+        return connection.execute("select count(*) from unnamed").fetchone()[0]
+
+
+def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path):
+    """SIGKILL a run in a subprocess once answers are cached, run it again: the final files equal
+    an uninterrupted run's, and the resumed process computes exactly the requests not cached."""
+    import signal
+    import subprocess
+    import time
+
+    text = recipe_text(tiny_dirs, tmp_path / "killed").replace("limit: 6", "limit: 30")
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(text)
+    command = [sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cache = tmp_path / "killed" / "tiny-run"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        dbs = list(cache.glob("*/cache/*.db"))
+        if dbs and any(cached_requests(db) >= 16 for db in dbs):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the run finished before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    [run_dir] = cache.iterdir()
+    assert not (run_dir / "summary.md").exists()
+    finished_before = {row for row in ("bpe", "sp", "gac") if (run_dir / row / "timing.json").exists()}
+    cached_before = {row: cached_requests(run_dir / "cache" / f"{row}_rank0.db") for row in ("bpe", "sp", "gac")}
+    assert 0 < sum(cached_before.values())
+
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    assert (run_dir / "summary.md").exists()
+    for row in ("bpe", "sp", "gac"):
+        total = cached_requests(run_dir / "cache" / f"{row}_rank0.db")
+        if row not in finished_before:
+            computed = json.loads((run_dir / row / "timing.json").read_text())["requests_computed"]
+            assert computed == total - cached_before[row], row
+
+    recipe.write_text(text.replace(str(tmp_path / "killed"), str(tmp_path / "whole")))
+    assert subprocess.run(command, capture_output=True).returncode == 0
+    [whole] = (tmp_path / "whole" / "tiny-run").iterdir()
+    assert {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")} == \
+           {row: samples_of(whole / row) for row in ("bpe", "sp", "gac")}
+    scores = [(r / "summary.csv").read_text().split("ms/token")[0] for r in (run_dir, whole)]
+    assert scores[0] == scores[1]
