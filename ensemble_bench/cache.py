@@ -24,23 +24,32 @@ def cache_dir() -> Path:
 
 def fetch_wheel(package: str, version: str | None = None) -> Path:
     """Download one wheel (no dependencies) into the cache; return its path. Cached."""
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    return _fetch(package, version, "wheels", "*.whl", "--only-binary=:all:")
+
+
+def fetch_sdist(package: str, version: str) -> Path:
+    """Download one source distribution (no dependencies) into the cache; return its path. Cached."""
+    return _fetch(package, version, "sdists", "*.tar.gz", "--no-binary=:all:")
+
+
+def _fetch(package: str, version: str | None, folder_name: str, pattern: str, kind_flag: str) -> Path:
+    folder = cache_dir() / folder_name
+    folder.mkdir(parents=True, exist_ok=True)
     stem = package.replace("-", "_").lower()
-    wanted = f"{stem}-{version}-" if version else f"{stem}-"
-    found = sorted(p for p in wheels.glob("*.whl") if p.name.lower().startswith(wanted))
+    wanted = f"{stem}-{version}" if version else f"{stem}-"
+    found = sorted(p for p in folder.glob(pattern) if p.name.lower().startswith(wanted)
+                   and (not version or p.name[len(wanted)] in "-."))  # 1.0 must not match 1.0.1
     if found:
         return found[-1]
     spec = f"{package}=={version}" if version else package
-    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "--dest", tmp, spec]
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", kind_flag, "--quiet", "--dest", tmp, spec]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        got = list(Path(tmp).glob("*.whl"))
+        got = list(Path(tmp).glob(pattern))
         if done.returncode != 0 or not got:
-            last = (done.stderr.strip().splitlines() or ["no wheel found"])[-1]
+            last = (done.stderr.strip().splitlines() or ["nothing downloaded"])[-1]
             raise UserError(f"cannot fetch {spec} from the package registry: {last}")
-        target = wheels / got[0].name
+        target = folder / got[0].name
         os.replace(got[0], target)
     return target
 

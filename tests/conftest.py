@@ -39,3 +39,13 @@ def offline_data():
     from ensemble_bench.tasks.offline import ensure_offline_data
 
     return ensure_offline_data([get_benchmark("piqa"), get_benchmark("gsm8k")])
+
+
+@pytest.fixture(params=["bpe", "sp"])
+def same_model(request):
+    """Makes members over one tiny model (byte-level BPE, then SentencePiece) by name."""
+    from ensemble_bench.members import LocalMember
+
+    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
+    model = request.getfixturevalue(f"{request.param}_model")
+    return lambda name: LocalMember(model, tokenizer, name)

@@ -8,14 +8,15 @@ import torch
 import torch.nn.functional as F
 
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
+from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.deepen import Deepen, DeepenParams, resolve_deepen_weights
 from ensemble_bench.methods.feeding import text_appender
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform, kl_divergence
-from tests.tiny import CORPUS
+from tests.naive import feed_chosen
+from tests.tiny import CORPUS, REQUESTS, outputs
 
 
 # ------------------------------------------------------------------ hand-checked maths
@@ -66,27 +67,12 @@ def test_row_cache_returns_the_computed_rows_under_eviction():
 
 
 # ------------------------------------------------------------------ generation invariants
-REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
-            for i in range(5)]
-
-
-def texts(method, requests=REQUESTS):
-    return [(g.text, g.new_tokens) for g in method.generate(requests)]
-
-
-@pytest.fixture(params=["bpe", "sp"])
-def same_model(request):
-    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
-    model = request.getfixturevalue(f"{request.param}_model")
-    return lambda name: LocalMember(model, tokenizer, name)
-
-
 @pytest.mark.parametrize("params", [DeepenParams(), DeepenParams(support=None), DeepenParams(support=4, main=1),
                                     DeepenParams(eta=0.3, steps=8)])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = texts(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    assert texts(Deepen([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
+    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
+    assert outputs(Deepen([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
 
 
 def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
@@ -133,13 +119,7 @@ def naive_deepen(members, models, request, support, main, eta=0.15, steps=5, win
         if token in members[main].stop_ids:
             break
         emitted.append(token)
-        data = members[main].vocab.pieces[token]
-        for i in range(len(members)):
-            if i == main:
-                seqs[i].append(token)
-            else:
-                plan = appenders[i].plan(seqs[i], data)
-                seqs[i] = seqs[i][:len(seqs[i]) - plan.drop] + list(plan.ids)
+        feed_chosen(members, appenders, seqs, main, token)
         if any(u in members[main].decode(emitted) for u in request.until):
             break
     return cut_at_until(members[main].decode(emitted), request.until)

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
+from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.union import STOP_KEY, build_union
-from tests.tiny import CORPUS
+from tests.tiny import REQUESTS, outputs
 
 
 # ------------------------------------------------------------------ hand-checked union maths
@@ -67,21 +67,6 @@ def test_appending_bytes_to_a_member_hand_checked(bpe_tokenizer, bpe_model):
 
 
 # ------------------------------------------------------------------ generation invariants
-REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
-            for i in range(5)]
-
-
-def outputs(method, requests=REQUESTS):
-    return [(g.text, g.new_tokens) for g in method.generate(requests)]
-
-
-@pytest.fixture(params=["bpe", "sp"])
-def same_model(request):
-    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
-    model = request.getfixturevalue(f"{request.param}_model")
-    return lambda name: LocalMember(model, tokenizer, name)
-
-
 @pytest.mark.parametrize("params", [
     GacParams(), GacParams(weights=[0.3, 2.0]), GacParams(threshold=0.5, gate=1),
     GacParams(threshold=1.0), GacParams(threshold=0.0),

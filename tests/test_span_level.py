@@ -15,7 +15,7 @@ from ensemble_bench.methods.span_level import perplexity, text_of
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
-from tests.tiny import CORPUS
+from tests.tiny import CORPUS, outputs
 
 
 # ------------------------------------------------------------------ word boundaries
@@ -95,28 +95,13 @@ def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model
 
 
 # ------------------------------------------------------------------ identity
-REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
-            for i in range(5)]
-
-
-def texts(method, requests=REQUESTS):
-    return [(g.text, g.new_tokens) for g in method.generate(requests)]
-
-
-@pytest.fixture(params=["bpe", "sp"])
-def same_model(request):
-    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
-    model = request.getfixturevalue(f"{request.param}_model")
-    return lambda name: LocalMember(model, tokenizer, name)
-
-
 @pytest.mark.parametrize("params", [SweetSpanParams(span_words=n) for n in (1, 2, 4, 8, 16, 32)]
                          + [CoolFusionParams(), CoolFusionParams(align=False), CoolFusionParams(rerank=True, main=1)])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = texts(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
+    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
     method_cls = SweetSpan if isinstance(params, SweetSpanParams) else CoolFusion
-    assert texts(method_cls([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
+    assert outputs(method_cls([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
 
 
 # ------------------------------------------------------------------ naive reference

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
+from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.feeding import text_appender
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
@@ -12,7 +12,8 @@ from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.topk import (RULE_FIRST_SUBTOKEN, RULE_TOPK, RULE_VOCAB, STOP, TopKAligner,
                                        average_aligned, member_topk, union_keys)
-from tests.tiny import CORPUS
+from tests.naive import feed_chosen
+from tests.tiny import CORPUS, REQUESTS, outputs
 
 # ------------------------------------------------------------------ hand-checked alignment (Alg. 1)
 # A has ' James' as one token; B only has ' Jam' + 'es' (the paper's example). A lacks ' a' and
@@ -69,27 +70,12 @@ def test_stop_tokens_share_one_key_and_each_member_uses_its_most_probable_stop()
 
 
 # ------------------------------------------------------------------ generation invariants
-REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
-            for i in range(5)]
-
-
-def texts(method, requests=REQUESTS):
-    return [(g.text, g.new_tokens) for g in method.generate(requests)]
-
-
-@pytest.fixture(params=["bpe", "sp"])
-def same_model(request):
-    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
-    model = request.getfixturevalue(f"{request.param}_model")
-    return lambda name: LocalMember(model, tokenizer, name)
-
-
 @pytest.mark.parametrize("params", [UniteParams(), UniteParams(k=1), UniteParams(k=50, primary=1),
                                     UniteParams(weights=[0.2, 0.8])])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = texts(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    assert texts(Unite([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
+    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
+    assert outputs(Unite([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
 
 
 def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
@@ -122,13 +108,7 @@ def naive_unite(members, models, request, k, primary, window=4):
         if token in members[primary].stop_ids:
             break
         emitted.append(token)
-        data = members[primary].vocab.pieces[token]
-        for i in range(len(members)):
-            if i == primary:
-                seqs[i].append(token)
-            else:
-                plan = appenders[i].plan(seqs[i], data)
-                seqs[i] = seqs[i][:len(seqs[i]) - plan.drop] + list(plan.ids)
+        feed_chosen(members, appenders, seqs, primary, token)
         if any(u in members[primary].decode(emitted) for u in request.until):
             break
     return cut_at_until(members[primary].decode(emitted), request.until)

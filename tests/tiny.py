@@ -6,6 +6,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ensemble_bench.members import Prompt
+from ensemble_bench.methods import GenerationRequest
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Question: What is 12 plus 30? Answer: 42.",
@@ -77,3 +80,14 @@ def tiny_llama(vocab_size: int, seed: int = 0, head_size: int | None = None) -> 
     with torch.no_grad():  # larger logits so greedy choices are far from ties
         model.lm_head.weight.mul_(8.0)
     return model
+
+
+# Five prompts of different lengths, mixed stop strings and budgets: the identity and
+# fast == slow tests of every method run on these.
+REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i % 2 else ("\n\n",), 10 + 3 * i)
+            for i in range(5)]
+
+
+def outputs(method, requests=REQUESTS):
+    """(text, new tokens) of each generation."""
+    return [(g.text, g.new_tokens) for g in method.generate(requests)]

@@ -11,13 +11,10 @@ DeepSeek-LLM's BOS is wrong. Neither matters for vocabulary sizes by bytes.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
-from ensemble_bench.cache import cache_dir
+from ensemble_bench.cache import cache_dir, fetch_sdist
 from ensemble_bench.errors import UserError
 
 SDIST = ("llama-cpp-python", "0.3.36")
@@ -30,25 +27,6 @@ VOCAB_FILES = {
 }
 
 
-def _sdist() -> Path:
-    folder = cache_dir() / "sdists"
-    folder.mkdir(parents=True, exist_ok=True)
-    found = sorted(folder.glob(f"llama_cpp_python-{SDIST[1]}.tar.gz"))
-    if found:
-        return found[0]
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-               "--dest", tmp, f"{SDIST[0]}=={SDIST[1]}"]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        got = list(Path(tmp).glob("*.tar.gz"))
-        if done.returncode != 0 or not got:
-            last = (done.stderr.strip().splitlines() or ["no sdist found"])[-1]
-            raise UserError(f"cannot fetch {SDIST[0]}=={SDIST[1]} sources from the package registry: {last}")
-        target = folder / got[0].name
-        os.replace(got[0], target)
-    return target
-
-
 def vocab_file(name: str) -> Path:
     """The path of one vocabulary-only GGUF, extracted on first use."""
     if name not in VOCAB_FILES:
@@ -57,7 +35,7 @@ def vocab_file(name: str) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(_sdist()) as archive:
+    with tarfile.open(fetch_sdist(*SDIST)) as archive:
         member = next((m for m in archive.getmembers() if m.name.endswith("/models/" + VOCAB_FILES[name])), None)
         if member is None:
             raise UserError(f"{VOCAB_FILES[name]} is not in the {SDIST[0]} {SDIST[1]} sources")

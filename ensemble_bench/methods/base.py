@@ -154,6 +154,29 @@ class Method(ABC):
                 results[i] = result
         return results
 
+    def _generate_per_member(self, requests: Sequence[GenerationRequest], run_batch) -> list[Generation]:
+        """Render every request with each member's own template, then run ``run_batch(prompts,
+        requests)`` over batches (``prompts[member][row]``), longest prompts first."""
+        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
+        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
+        return self._in_batches(requests, lengths, lambda batch: run_batch(
+            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+
+    def _prefill_all(self, prompts: list[list[list[int]]], requests: Sequence[GenerationRequest]) -> list:
+        """Start a batch in every member (prompts cut to fit each request's budget); their log-probs."""
+        return [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(member_prompts, requests)])
+                for m, member_prompts in zip(self.members, prompts)]
+
+    def _keep_rows(self, still: list[int], states: list, live: list[int]) -> tuple[list, list[int]]:
+        """Drop finished rows: every member keeps ``still``; so do the per-member row ``states``
+        (tensors indexed by row) and the live request indices."""
+        if len(still) < len(live):
+            for member in self.members:
+                member.keep(still)
+            states = [state[still] for state in states]
+            live = [live[k] for k in still]
+        return states, live
+
     def info(self) -> dict:
         """Hyper-parameters and timing, for the results file."""
         return {"method": self.name, "params": self.params.model_dump(), "batch_size": self.batch_size,

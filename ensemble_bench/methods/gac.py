@@ -29,7 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, fit_prompt, resolve_member)
+                                         MethodParams, resolve_member)
 from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 from ensemble_bench.vocab.union import UnionVocab, cached_union
@@ -135,16 +135,12 @@ class Gac(Method):
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
-        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
-        return self._in_batches(requests, lengths, lambda batch: self._generate_batch(
-            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+        return self._generate_per_member(requests, self._generate_batch)
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset()), generator=self._generator(r)) for r in requests]
         self.timing.start_batch()
-        logprobs = [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(mp, requests)])
-                    for m, mp in zip(self.members, prompts)]
+        logprobs = self._prefill_all(prompts, requests)
         live = list(range(len(rows)))
         first = True
         while live:
@@ -157,12 +153,9 @@ class Gac(Method):
             first = False
             still = [k for k, i in enumerate(live) if rows[i].finish is None]
             if len(still) < len(live):
-                for member in self.members:
-                    member.keep(still)
-                logprobs = [lp[still] for lp in logprobs]
                 confident = confident[still]
                 picks = [picks[k] for k in still]
-                live = [live[k] for k in still]
+            logprobs, live = self._keep_rows(still, logprobs, live)
             if live:
                 logprobs = self._feed(live, rows, confident, picks, logprobs)
         return [self._result(row, request) for row, request in zip(rows, requests)]

@@ -30,7 +30,7 @@ import torch
 
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, fit_prompt, resolve_member)
+                                         MethodParams, resolve_member)
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import split_valid_utf8
@@ -96,16 +96,12 @@ class SpanMethod(Method):
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
-        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
-        return self._in_batches(requests, lengths, lambda batch: self._generate_batch(
-            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+        return self._generate_per_member(requests, self._generate_batch)
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         rows = [SpanRow(r) for r in requests]
         self.timing.start_batch()
-        dists = [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(mp, requests)])
-                 for m, mp in zip(self.members, prompts)]
+        dists = self._prefill_all(prompts, requests)
         live = list(range(len(rows)))
         first = True
         while live:
@@ -119,11 +115,7 @@ class SpanMethod(Method):
             self.timing.first_token() if first else self.timing.span(sum(added) / len(added))
             first = False
             still = [k for k, i in enumerate(live) if rows[i].finish is None]
-            if len(still) < len(live):
-                for member in self.members:
-                    member.keep(still)
-                dists = [d[still] for d in dists]
-                live = [live[k] for k in still]
+            dists, live = self._keep_rows(still, dists, live)
         main = self.members[self.main]
         results = []
         for row in rows:

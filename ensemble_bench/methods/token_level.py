@@ -65,10 +65,7 @@ class EmitterMethod(Method):
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
-        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
-        return self._in_batches(requests, lengths, lambda batch: self._generate_batch(
-            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+        return self._generate_per_member(requests, self._generate_batch)
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         emitter = self.members[self.emitter]
@@ -77,8 +74,7 @@ class EmitterMethod(Method):
         finish: list[str | None] = [None] * len(requests)
         live = list(range(len(requests)))
         self.timing.start_batch()
-        logprobs = [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(mp, requests)])
-                    for m, mp in zip(self.members, prompts)]
+        logprobs = self._prefill_all(prompts, requests)
         first = True
         while live:
             choices = self._step(logprobs, None).choices
@@ -90,19 +86,11 @@ class EmitterMethod(Method):
             self.timing.first_token() if first else self.timing.step()
             first = False
             still = [k for k, i in enumerate(live) if finish[i] is None]
-            logprobs, live = self._keep(still, logprobs, live)
+            logprobs, live = self._keep_rows(still, logprobs, live)
             if live:
                 logprobs = self._feed([tokens[i][-1] for i in live])
         return [Generation(cut_at_until(emitter.decode(t), r.until), len(t), f)
                 for t, r, f in zip(tokens, requests, finish)]
-
-    def _keep(self, still: list[int], logprobs: list[torch.Tensor], live: list[int]):
-        if len(still) < len(live):
-            for member in self.members:
-                member.keep(still)
-            logprobs = [lp[still] for lp in logprobs]
-            live = [live[k] for k in still]
-        return logprobs, live
 
     def _feed(self, tokens: list[int]) -> list[torch.Tensor]:
         """The emitter appends its tokens; every other member takes their bytes."""
@@ -137,7 +125,7 @@ class EmitterMethod(Method):
                 greedy[i] = greedy[i] and step.choices[k] == targets[k]
             position += 1
             still = [k for k, i in enumerate(live) if position < len(continuations[i])]
-            logprobs, live = self._keep(still, logprobs, live)
+            logprobs, live = self._keep_rows(still, logprobs, live)
             if live:
                 logprobs = self._feed([targets[k] for k in still])
         return [Score(t, g) for t, g in zip(totals, greedy)]
