@@ -67,6 +67,7 @@ def _plan_table(recipe) -> Table:
 def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
         dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan; load nothing."),
         fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists."),
+        reuse: bool = typer.Option(False, "--reuse", help="If this exact recipe has a finished run, show it; run nothing."),
         threads: int = typer.Option(int(os.environ.get("ENSBENCH_THREADS", "0")), help="torch CPU threads (0: default).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.recipe import load_recipe
@@ -75,10 +76,15 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     console.print(_plan_table(loaded))
     if dry_run:
         return
+    from ensemble_bench.runner import finished_run, run_recipe
+
+    done = finished_run(loaded) if reuse and not fresh else None
+    if done is not None:
+        print((done / "summary.md").read_text())
+        console.print(f"results (reused): {done}")
+        return
     _quiet_libraries()
     import torch
-
-    from ensemble_bench.runner import run_recipe
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -144,13 +150,15 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
 
 
 @app.command()
-def regress(current: Path = typer.Argument(..., help="finished run directory to check"),
-            baseline: Path = typer.Option(..., help="finished run directory of the same recipe to compare with"),
+def regress(current: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
+            baseline: Path = typer.Option(..., help="finished run of the same recipe (or a folder holding one)"),
             confidence: float = typer.Option(0.95, min=0.5, max=0.9999, help="one-sided confidence of the accuracy check"),
             latency_tolerance: float = typer.Option(0.25, min=0.0, help="allowed growth of ms/token / sum(members)")):
     """Fail (exit 1) when accuracy drops beyond a binomial interval or the latency ratio grows."""
     from ensemble_bench.report.regress import compare, load_rows
+    from ensemble_bench.report.tables import resolve_run
 
+    current, baseline = resolve_run(current), resolve_run(baseline)
     checks = compare(load_rows(current), load_rows(baseline), confidence, latency_tolerance)
     table = Table(title=f"regress: {current} vs {baseline} (accuracy: one-sided {confidence:.0%} binomial interval; "
                         f"latency: ratio to the same run's members x {1 + latency_tolerance:g})")
@@ -167,6 +175,41 @@ def regress(current: Path = typer.Argument(..., help="finished run directory to 
         console.print(f"{len(failed)} of {len(checks)} checks regressed")
         raise typer.Exit(1)
     console.print(f"all {len(checks)} checks passed")
+
+
+@app.command()
+def table(runs: list[Path] = typer.Argument(..., help="finished runs, or results/<recipe> folders (their newest run)"),
+          layout: str = typer.Option(..., help="paper table: gac_table3, unite_table4, deepen_table1, ..."),
+          paper: bool = typer.Option(False, "--paper", help="add the paper's published numbers and the differences"),
+          block: str = typer.Option(None, help="only this block of the paper's table"),
+          out: Path = typer.Option(None, help="write <out>.md, <out>.tex and <out>.csv (default: print Markdown)")):
+    """Our results in the layout of a paper's table (rows the runs lack are marked 'not run')."""
+    from ensemble_bench.cache import atomic_write_text
+    from ensemble_bench.report.tables import build_table, get_layout, render
+
+    chosen = get_layout(layout)
+    frame = build_table(chosen, runs, with_paper=paper, block=block)
+    if out is None:
+        print(render(frame, chosen, "markdown"))
+        return
+    for fmt, suffix in (("markdown", ".md"), ("latex", ".tex"), ("csv", ".csv")):
+        atomic_write_text(out.with_name(out.name + suffix), render(frame, chosen, fmt))
+    console.print(f"wrote {out}.md, .tex and .csv")
+
+
+@app.command()
+def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/<recipe> folders (their newest run)"),
+         out: Path = typer.Option(..., help="path stem: writes <out>.png and <out>.svg"),
+         param: str = typer.Option(None, help="a swept method parameter (threshold, span_words, k); "
+                                               "default: accuracy vs latency of every row"),
+         title: str = typer.Option("", help="figure title")):
+    """Accuracy vs latency per row, or accuracy vs a swept parameter (members' best as dashed lines)."""
+    from ensemble_bench.report.plots import parameter_records, plot_accuracy_latency, plot_parameter
+
+    records = parameter_records(runs, param)
+    written = (plot_parameter(records, param, out, title or f"accuracy vs {param}") if param else
+               plot_accuracy_latency(records, out, title or "accuracy vs latency"))
+    console.print("wrote " + ", ".join(str(p) for p in written))
 
 
 @app.command("list")

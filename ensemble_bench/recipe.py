@@ -29,15 +29,96 @@ class MemberSpec(BaseModel):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
     chat_template: bool = True
     weight: float | None = Field(default=None, gt=0)
+    # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
+    max_memory: dict[str, int | str] | None = None  # e.g. {0: 20GiB, cpu: 64GiB}; needs device_map
+    quantization: Literal["8bit", "4bit"] | None = None
+    # the Ray actor of this member (placement kind ray; not used with local placement)
+    num_gpus: float = Field(default=0, ge=0)
+    num_cpus: float | None = Field(default=None, ge=0)
+    resources: dict[str, float] | None = None  # custom Ray resources, e.g. {node_a100: 1}
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _device_keys_as_text(cls, value):  # YAML reads `0: 20GiB` with an int key
+        return {str(k) if isinstance(k, int) else k: v for k, v in value.items()} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _placement_consistent(self):
+        if self.device_map is not None and "device" in self.model_fields_set:
+            raise ValueError("set device or device_map, not both (device_map places the layers itself)")
+        if self.max_memory is not None and self.device_map is None:
+            raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
+        return self
 
     @property
     def label(self) -> str:
         return self.name or self.model.rstrip("/").split("/")[-1].removesuffix(".gguf")
 
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of members.load_member."""
+        return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
+                "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
+                "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
+                if self.max_memory else None}
+
+    def actor_options(self) -> dict[str, Any]:
+        """Ray actor options (placement kind ray)."""
+        return {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "resources": self.resources}
+
+
+class PlacementSpec(BaseModel):
+    """Where members run: in this process (local), or each in a Ray actor (ray)."""
+
+    model_config = STRICT
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
+    num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
+    num_gpus: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
+            raise ValueError("address, num_cpus and num_gpus need kind: ray")
+        if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
+            raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
+        return self
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def check_placement(recipe: Recipe, source: str) -> None:
+    """Checks across placement and members (one UserError line each)."""
+    ray = recipe.placement.kind == "ray"
+    if ray and not _installed("ray"):
+        raise UserError(f"{source}: placement.kind: ray needs the ray package (pip install 'ensemble-bench[ray]')")
+    for i, member in enumerate(recipe.members):
+        device = member.device
+        if ray and device.startswith("cuda") and member.device_map is None:
+            index = int(device.partition(":")[2] or 0)
+            if index >= member.num_gpus:
+                raise UserError(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
+                                f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
+        if member.quantization and not ray and not _installed("bitsandbytes"):
+            raise UserError(f"{source}: members[{i}].quantization: '{member.quantization}' needs the bitsandbytes "
+                            "package (pip install bitsandbytes)")
+
+
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"
+
 
 class MethodSpec(BaseModel):
+    """One ensemble row: a method, its parameters (the other keys) and optionally a row label and
+    the members it ensembles (by name; default all)."""
+
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
     name: str = Field(min_length=1)
+    label: str | None = Field(default=None, pattern=LABEL)
+    members: list[str] | None = Field(default=None, min_length=1)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -57,7 +138,8 @@ class Recipe(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
     members: list[MemberSpec] = Field(min_length=1)
-    method: MethodSpec
+    method: MethodSpec | None = None  # one ensemble row; or
+    methods: list[MethodSpec] | None = Field(default=None, min_length=1)  # several (e.g. a paper table)
     singles: bool = False
     tasks: list[TaskSpec] = Field(min_length=1)
     limit: int | None = Field(default=None, gt=0)
@@ -67,6 +149,7 @@ class Recipe(BaseModel):
     data: Literal["hub", "offline"] = "hub"
     fewshot_as_multiturn: bool = False
     allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
+    placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 
     @field_validator("sweep")
@@ -88,6 +171,23 @@ class Recipe(BaseModel):
     def _method_as_name(cls, value):
         return {"name": value} if isinstance(value, str) else value
 
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _methods_as_names(cls, value):
+        if isinstance(value, list):
+            return [{"name": m} if isinstance(m, str) else m for m in value]
+        return value
+
+    @property
+    def ensembles(self) -> list[MethodSpec]:
+        """The recipe's method entries: ``methods``, or ``method`` alone."""
+        return list(self.methods) if self.methods is not None else [self.method]
+
+    def ensemble_members(self, spec: MethodSpec) -> tuple[int, ...]:
+        """Indices (into ``members``) of the members one method entry ensembles."""
+        labels = [m.label for m in self.members]
+        return tuple(labels.index(n) for n in spec.members) if spec.members else tuple(range(len(labels)))
+
     @field_validator("tasks", mode="before")
     @classmethod
     def _task_as_name(cls, value):
@@ -100,14 +200,23 @@ class Recipe(BaseModel):
         labels = [m.label for m in self.members]
         if len(set(labels)) != len(labels):
             raise ValueError(f"member names must be unique (got {labels}); set 'name' on each member")
+        if (self.method is None) == (self.methods is None):
+            raise ValueError("give either 'method' (one ensemble) or 'methods' (a list of them), not both or neither")
+        if self.sweep and len(self.ensembles) > 1:
+            raise ValueError("sweep needs a single method entry")
+        for spec in self.ensembles:
+            unknown = [n for n in spec.members or [] if n not in labels]
+            if unknown:
+                raise ValueError(f"method '{spec.name}' names unknown member '{unknown[0]}' (members: {labels})")
         return self
 
     def task_limit(self, task: TaskSpec) -> int | None:
         return task.limit if task.limit is not None else self.limit
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes results (not the output folder)."""
-        content = self.model_dump(exclude={"output", "description"})
+        """Hash of everything that changes results (not the output folder); fields left at their
+        defaults are left out, so adding a field later keeps old runs resumable."""
+        content = self.model_dump(exclude={"output", "description"}, exclude_defaults=True)
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -137,9 +246,11 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise UserError(_pydantic_line(source, err)) from None
-    validate_method(recipe, source)
-    for point in recipe.sweep_points() if recipe.sweep else []:
-        validate_method(recipe, f"{source}: sweep {point}", point)
+    for i, spec in enumerate(recipe.ensembles):
+        field = f"methods[{i}]" if recipe.methods is not None else "method"
+        validate_method(recipe, spec, source, field)
+        for point in recipe.sweep_points() if recipe.sweep else []:
+            validate_method(recipe, spec, f"{source}: sweep {point}", field, point)
     for i, task in enumerate(recipe.tasks):
         try:
             bench = get_benchmark(task.name, task.variant)
@@ -148,32 +259,41 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         if bench.runs_code and not recipe.allow_code_execution:
             raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
                             "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
+    check_placement(recipe, source)
     for i, member in enumerate(recipe.members):
         try:
             check_spec(member.model)
         except UserError as err:
             raise UserError(f"{source}: members[{i}].model: {err}") from None
+    from ensemble_bench.runner import plan_rows
+    try:
+        plan_rows(recipe)
+    except UserError as err:
+        raise UserError(f"{source}: {err}") from None
     return recipe
 
 
-def validate_method(recipe: Recipe, source: str, overrides: dict[str, Any] | None = None):
+def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = "method",
+                    overrides: dict[str, Any] | None = None):
+    """The method class and its validated parameters for one method entry, or a one-line UserError."""
     try:
-        method = get_method(recipe.method.name)
+        method = get_method(spec.name)
     except UserError as err:
-        raise UserError(f"{source}: method.name: {err}") from None
-    given = {**recipe.method.params, **(overrides or {})}
+        raise UserError(f"{source}: {field}.name: {err}") from None
+    members = [recipe.members[i] for i in recipe.ensemble_members(spec)]
+    given = {**spec.params, **(overrides or {})}
     if "weights" in method.Params.model_fields and "weights" not in given and any(
-            m.weight is not None for m in recipe.members):
-        given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in recipe.members]}
+            m.weight is not None for m in members):
+        given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in members]}
     try:
         params = method.Params.model_validate(given)
     except ValidationError as err:
-        raise UserError(_pydantic_line(source, err, prefix="method")) from None
+        raise UserError(_pydantic_line(source, err, prefix=field)) from None
     try:
-        method.check_members(params, [m.label for m in recipe.members])
+        method.check_members(params, [m.label for m in members])
     except UserError as err:
         raise UserError(f"{source}: {err}") from None
-    count = len(recipe.members)
+    count = len(members)
     if method.name != "single" and (count < method.min_members or
                                     (method.max_members is not None and count > method.max_members)):
         raise UserError(f"{source}: members: method '{method.name}' takes {method.min_members}"

@@ -45,17 +45,26 @@ class Row:
     method: str
     members: tuple[int, ...]  # indices into recipe.members
     overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
+    spec: int | None = None  # index into recipe.ensembles (None: a member alone)
 
 
 def plan_rows(recipe: Recipe) -> list[Row]:
+    """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
+    and sweep point. Labels are unique (a recipe that repeats one is refused)."""
     singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
-    if recipe.method.name == "single":
-        return singles
-    everyone = tuple(range(len(recipe.members)))
-    name = recipe.method.name
-    ensembles = [Row(name + "".join(f"-{k}={v}" for k, v in point.items()), name, everyone, tuple(point.items()))
-                 for point in recipe.sweep_points()]
-    return (singles if recipe.singles else []) + ensembles
+    ensembles = []
+    for index, spec in enumerate(recipe.ensembles):
+        if spec.name == "single":
+            continue
+        for point in recipe.sweep_points():
+            label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
+            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index))
+    rows = (singles if recipe.singles or not ensembles else []) + ensembles
+    labels = [row.label for row in rows]
+    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    if repeated:
+        raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
+    return rows
 
 
 def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
@@ -72,16 +81,35 @@ def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int
 
 
 # --- run directories ---------------------------------------------------------------------------
-def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
-    """The unfinished run of this exact recipe to resume, or a new run directory."""
+def _runs_of(recipe: Recipe) -> list[Path]:
+    """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
+    runs stay findable when the fingerprint's own definition changes."""
     base = Path(recipe.output) / recipe.name
     fingerprint = recipe.fingerprint()
-    if not fresh and base.is_dir():
-        for old in sorted(base.iterdir(), reverse=True):
-            if old.name.endswith(fingerprint) and not (old / DONE).exists():
-                return old, True
+    found = []
+    for folder in sorted(base.iterdir()) if base.is_dir() else []:
+        try:
+            held = parse_recipe(yaml.safe_load((folder / "recipe.yaml").read_text()), str(folder))
+        except (OSError, UserError, yaml.YAMLError):
+            continue
+        if held.model_copy(update={"output": recipe.output}).fingerprint() == fingerprint:
+            found.append(folder)
+    return found
+
+
+def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
+    """The unfinished run of this exact recipe to resume, or a new run directory."""
+    unfinished = [p for p in _runs_of(recipe) if not (p / DONE).exists()]
+    if unfinished and not fresh:
+        return unfinished[-1], True
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return base / f"{stamp}-{fingerprint}", False
+    return Path(recipe.output) / recipe.name / f"{stamp}-{recipe.fingerprint()}", False
+
+
+def finished_run(recipe: Recipe) -> Path | None:
+    """The newest finished run of this exact recipe, if any."""
+    done = [p for p in _runs_of(recipe) if (p / DONE).exists()]
+    return done[-1] if done else None
 
 
 def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
@@ -96,13 +124,23 @@ class MemberPool:
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
         self._loaded: dict[int, object] = {}
+        self._actors: dict[int, object] = {}  # placement ray: every member's actor, loading side by side
 
     def get(self, index: int):
         if index not in self._loaded:
-            from ensemble_bench.members import load_member
-
             spec = self.recipe.members[index]
-            self._loaded[index] = load_member(spec.model, spec.dtype, spec.device, spec.chat_template, spec.label)
+            placement = self.recipe.placement
+            if placement.kind == "ray":  # the model in a Ray actor; members/remote.py
+                from ensemble_bench.members.remote import RemoteMember, connect, launch
+
+                connect(placement.address, placement.num_cpus, placement.num_gpus)
+                if not self._actors:
+                    self._actors = {i: launch(s.load_kwargs(), s.actor_options()) for i, s in enumerate(self.recipe.members)}
+                self._loaded[index] = RemoteMember(spec.load_kwargs(), actor=self._actors[index])
+            else:
+                from ensemble_bench.members import load_member
+
+                self._loaded[index] = load_member(**spec.load_kwargs())
         return self._loaded[index]
 
 
@@ -110,8 +148,8 @@ def build_method(recipe: Recipe, row: Row, pool: MemberPool):
     from ensemble_bench.methods import get_method
 
     method_cls = get_method(row.method)
-    params = (validate_method(recipe, "recipe", dict(row.overrides))[1] if row.method == recipe.method.name
-              else method_cls.Params())
+    params = (method_cls.Params() if row.spec is None else
+              validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1])
     members = [pool.get(i) for i in row.members]
     return method_cls(members, params, batch_size=recipe.batch_size)
 

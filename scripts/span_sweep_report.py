@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ensemble_bench.report.span_sweep import plot_sweep, sweep_records, sweep_table
+from ensemble_bench.report.plots import plot_parameter
+from ensemble_bench.report.span_sweep import sweep_records, sweep_table
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(table + "\n")
     print(table)
-    for path in plot_sweep(records, args.out, args.title):
+    for path in plot_parameter(records, "span_words", args.out, args.title):
         print(path)
 
 

@@ -185,3 +185,43 @@ def test_a_sweep_plans_one_ensemble_row_per_value(tmp_path):
     assert [r.label for r in rows] == ["small", "big", "sweetspan-span_words=1", "sweetspan-span_words=4",
                                        "sweetspan-span_words=16"]
     assert rows[3].overrides == (("span_words", 4),) and rows[0].overrides == ()
+
+
+TABLE = textwrap.dedent("""\
+    name: table
+    members:
+      - {model: smollm2-135m, name: small}
+      - {model: qwen2.5-0.5b, name: big}
+      - {model: gemma3-270m, name: third}
+    singles: true
+    tasks: [piqa]
+""")
+
+
+@pytest.mark.parametrize("methods,expected", [
+    ("methods: [gac]\nmethod: gac", "give either 'method' (one ensemble) or 'methods'"),
+    ("methods: [{name: gac, members: [small, nobody]}]", "method 'gac' names unknown member 'nobody'"),
+    ("methods: [gac, gac]", "two rows of the recipe are labelled 'gac'"),
+    ("methods: [{name: gac, label: small}]", "two rows of the recipe are labelled 'small'"),
+    ("methods: [{name: gac, label: a}, {name: rerank, label: b, scorer: reward}]",
+     "methods[1]: scorer_model is required by the reward and pairwise scorers"),
+    ("methods: [{name: gac, members: [small]}]", "method 'gac' takes 2+ members, got 1"),
+    ("methods: [gac, {name: unite, label: u}]\nsweep: {k: [1, 2]}", "sweep needs a single method entry"),
+])
+def test_bad_method_lists(methods, expected, tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, TABLE + methods + "\n")
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and len(out.err.strip().splitlines()) == 1, out.err
+    assert expected in out.err, out.err
+
+
+def test_a_method_list_plans_labelled_rows_over_chosen_members(tmp_path):
+    from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.runner import plan_rows
+
+    recipe = load_recipe(write(tmp_path, TABLE + "methods:\n  - {name: gac, members: [small, big]}\n"
+                                                 "  - {name: gac, label: gac-t0.5, gate: small, threshold: 0.5}\n"))
+    rows = plan_rows(recipe)
+    assert [(r.label, r.method, r.members, r.spec) for r in rows] == [
+        ("small", "single", (0,), None), ("big", "single", (1,), None), ("third", "single", (2,), None),
+        ("gac", "gac", (0, 1), 0), ("gac-t0.5", "gac", (0, 1, 2), 1)]

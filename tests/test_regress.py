@@ -1,30 +1,19 @@
 """`ensbench regress` on synthetic run folders: identical runs pass; an accuracy drop beyond the
 binomial interval and a latency-ratio slowdown fail with exit 1; a drop inside the interval passes."""
 
-import json
 import sys
 
 import pytest
-import yaml
 
 from ensemble_bench.cli import main
 from ensemble_bench.report.regress import accuracy_floor
+from tests.fake_runs import fake_run as write_run
 
 
 def fake_run(folder, rows):
     """rows: label -> (method, arc accuracy, n, ms/token)."""
-    folder.mkdir(parents=True)
-    recipe = {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
-              "method": "gac", "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
-    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    (folder / "summary.md").write_text("done\n")
-    for label, (method, acc, n, ms) in rows.items():
-        row = folder / label
-        row.mkdir()
-        (row / "timing.json").write_text(json.dumps({"label": label, "method": method, "decode_ms_per_token": ms}))
-        (row / "results_1.json").write_text(json.dumps({"results": {"arc_challenge": {"acc,none": acc}},
-                                                        "n-samples": {"arc_challenge": {"effective": n}}}))
-    return folder
+    return write_run(folder, {label: (method, {"arc_c": (acc, n)}, {"decode_ms_per_token": ms})
+                              for label, (method, acc, n, ms) in rows.items()})
 
 
 BASE = {"a": ("single", 0.30, 200, 100.0), "b": ("single", 0.40, 200, 200.0), "gac": ("gac", 0.42, 200, 310.0)}
@@ -62,18 +51,3 @@ def test_a_drop_within_the_binomial_interval_passes(tmp_path, monkeypatch, capsy
     current = fake_run(tmp_path / "now", {**BASE, "gac": ("gac", 0.36, 200, 310.0)})
     code, _ = regress(monkeypatch, capsys, current, fake_run(tmp_path / "base", BASE))
     assert code == 0
-
-
-def test_span_sweep_table_and_plot(tmp_path):
-    from ensemble_bench.report.span_sweep import plot_sweep, sweep_table
-
-    records = [{"label": "a", "span_words": None, "scores": {"nq": 20.0, "gsm8k": 30.0}, "ms_per_token": 100.0},
-               {"label": "b", "span_words": None, "scores": {"nq": 25.0, "gsm8k": 10.0}, "ms_per_token": 200.0},
-               {"label": "Span-4", "span_words": 4, "scores": {"nq": 27.5, "gsm8k": 29.0}, "ms_per_token": 400.0},
-               {"label": "Span-1", "span_words": 1, "scores": {"nq": 24.0, "gsm8k": 33.0}, "ms_per_token": 900.0}]
-    table = sweep_table(records)
-    assert list(table["system"]) == ["a", "b", "Span-1", "Span-4"]
-    assert list(table["nq"]) == ["20.00", "25.00", "24.00 (-1.00)", "27.50 (+2.50)"]
-    assert list(table["gsm8k"])[2:] == ["33.00 (+3.00)", "29.00 (-1.00)"]
-    written = plot_sweep(records, tmp_path / "curve", "test")
-    assert [p.suffix for p in written] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in written)

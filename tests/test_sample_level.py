@@ -116,7 +116,7 @@ def test_rerank_picks_the_lowest_average_perplexity(bpe_tokenizer, bpe_model, sp
     rerank = Rerank(members, RerankParams(main=2), batch_size=2)
     request = REQUESTS[1]
     texts = [" the cat sat", " models are small", "", " 42 apples"]
-    averages = rerank.average_perplexities(texts, request)
+    averages = rerank.scorer.average_perplexities(request.prompt, texts)
     for k, text in enumerate(texts):
         if not text:
             assert averages[k] == math.inf

@@ -36,25 +36,63 @@ def load_tokenizer(source: ModelSource):
     return tokenizer
 
 
+QUANTIZATIONS = ("8bit", "4bit")
+
+
+def quantization_config(quantization: str | None, dtype: str):
+    """transformers' BitsAndBytesConfig for '8bit' / '4bit' (UserError when bitsandbytes is missing)."""
+    import importlib.util
+
+    import torch
+
+    if quantization is None:
+        return None
+    if quantization not in QUANTIZATIONS:
+        raise UserError(f"quantization '{quantization}' is not one of {', '.join(QUANTIZATIONS)}")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(f"quantization '{quantization}' needs the bitsandbytes package (pip install bitsandbytes)")
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=getattr(torch, dtype))
+
+
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
-                chat_template: bool = True, name: str | None = None) -> LocalMember:
-    """Load one member from a packaged name, a .gguf file, a directory or a hub id."""
+                chat_template: bool = True, name: str | None = None, *,
+                device_map: str | dict | None = None, max_memory: dict | None = None,
+                quantization: str | None = None) -> LocalMember:
+    """Load one member from a packaged name, a .gguf file, a directory or a hub id.
+
+    ``device_map`` / ``max_memory`` / ``quantization`` go to ``from_pretrained`` (accelerate places
+    the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    placement: dict = {}
+    quantized = quantization_config(quantization, dtype)
+    if quantized is not None:
+        placement["quantization_config"] = quantized
+        device_map = device_map if device_map is not None else {"": device}
+    if device_map is not None:
+        placement["device_map"] = device_map
+    if max_memory:
+        placement["max_memory"] = max_memory
     source = resolve(model)
     try:
         tokenizer = load_tokenizer(source)
         weights = AutoModelForCausalLM.from_pretrained(
-            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype))
+            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype), **placement)
     except (OSError, ValueError, ImportError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(f"cannot load model '{model}': {first}") from None
-    try:
-        weights.to(device)
-    except (RuntimeError, AssertionError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"model '{model}' does not fit on device '{device}': {first}") from None
+    if device_map is None:
+        try:
+            weights.to(device)
+        except (RuntimeError, AssertionError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"model '{model}' does not fit on device '{device}': {first}") from None
     return LocalMember(weights, tokenizer, name or model, chat_template=chat_template)

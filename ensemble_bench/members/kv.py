@@ -17,7 +17,9 @@ def _layers(cache: DynamicCache):
 
 def copy_rows(cache: DynamicCache, rows: torch.Tensor) -> DynamicCache:
     """A new cache holding a copy of ``rows`` of every layer."""
-    return DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, rows), layer.values.index_select(0, rows))
+    # rows.to(...): with a device_map the layers live on different devices
+    return DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, rows.to(layer.keys.device)),
+                                         layer.values.index_select(0, rows.to(layer.values.device)))
                                         for layer in _layers(cache)])
 
 
@@ -28,7 +30,7 @@ def append_columns(cache: DynamicCache, sub_cache: DynamicCache, rows: torch.Ten
         for name in ("keys", "values"):
             full, new = getattr(layer, name), getattr(sub, name)[:, :, -width:, :]
             grown = torch.cat([full, full.new_zeros((full.shape[0], full.shape[1], width, full.shape[3]))], dim=2)
-            grown[rows, :, -width:, :] = new
+            grown[rows.to(grown.device), :, -width:, :] = new
             setattr(layer, name, grown)
 
 

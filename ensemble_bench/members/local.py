@@ -57,24 +57,12 @@ def max_length_of(config, tokenizer) -> int:
     return DEFAULT_MAX_LENGTH
 
 
-class LocalMember(Member):
-    def __init__(self, model, tokenizer, name: str, chat_template: bool = True):
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.device = next(model.parameters()).device
-        head_size = model.get_output_embeddings().weight.shape[0]
-        self.vocab = build_vocab_view(tokenizer, head_size)
-        self.stop_ids = stop_ids_of(tokenizer, model.generation_config, self.vocab)
-        self.uses_chat_template = bool(chat_template and tokenizer.chat_template)
-        self.max_length = max_length_of(model.config, tokenizer)
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
-        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        self.prefix_token_id = bos
-        self._bos_text = tokenizer.decode([bos]) if bos is not None else None
-        self.clock = ForwardClock()
-        self._reset()
+class TokenizerSide:
+    """The tokenizer-only half of a member: text <-> ids, chat rendering, word starts.
+
+    Needs ``tokenizer``, ``vocab``, ``uses_chat_template`` and ``_bos_text``. Shared by LocalMember
+    and RemoteMember (which runs it in the driver on a copy of the actor's tokenizer).
+    """
 
     # --- text <-> ids -------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
@@ -98,6 +86,30 @@ class LocalMember(Member):
 
     def render(self, prompt: Prompt) -> list[int]:
         return self.encode(self.render_text(prompt))
+
+    def word_starts(self, text: str) -> list[int]:
+        pre = self.tokenizer.backend_tokenizer.pre_tokenizer
+        return word_starts(text, self.vocab.spelling, pre.pre_tokenize_str if pre is not None else None)
+
+
+class LocalMember(TokenizerSide, Member):
+    def __init__(self, model, tokenizer, name: str, chat_template: bool = True):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = next(model.parameters()).device
+        head_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab = build_vocab_view(tokenizer, head_size)
+        self.stop_ids = stop_ids_of(tokenizer, model.generation_config, self.vocab)
+        self.uses_chat_template = bool(chat_template and tokenizer.chat_template)
+        self.max_length = max_length_of(model.config, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.prefix_token_id = bos
+        self._bos_text = tokenizer.decode([bos]) if bos is not None else None
+        self.clock = ForwardClock()
+        self._reset()
 
     # --- batched, KV-cached stepping --------------------------------------------------------
     def _reset(self, rows: int = 0) -> None:
@@ -201,10 +213,6 @@ class LocalMember(Member):
 
     def row_ids(self) -> list[list[int]]:
         return [list(r) for r in self._ids]
-
-    def word_starts(self, text: str) -> list[int]:
-        pre = self.tokenizer.backend_tokenizer.pre_tokenizer
-        return word_starts(text, self.vocab.spelling, pre.pre_tokenize_str if pre is not None else None)
 
     def input_embeddings(self) -> torch.Tensor:
         weight = self.model.get_input_embeddings().weight.detach()

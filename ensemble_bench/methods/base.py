@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Prompt, Score
+from ensemble_bench.methods.concurrent import each
 
 
 class MethodParams(BaseModel):
@@ -164,8 +165,8 @@ class Method(ABC):
 
     def _prefill_all(self, prompts: list[list[list[int]]], requests: Sequence[GenerationRequest]) -> list:
         """Start a batch in every member (prompts cut to fit each request's budget); their log-probs."""
-        return [m.prefill([fit_prompt(m, p, r.max_new_tokens) for p, r in zip(member_prompts, requests)])
-                for m, member_prompts in zip(self.members, prompts)]
+        return each(self.members, lambda m, member_prompts: m.prefill(
+            [fit_prompt(m, p, r.max_new_tokens) for p, r in zip(member_prompts, requests)]), prompts)
 
     def _keep_rows(self, still: list[int], states: list, live: list[int]) -> tuple[list, list[int]]:
         """Drop finished rows: every member keeps ``still``; so do the per-member row ``states``

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ensemble_bench.members import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest, MethodParams
-from ensemble_bench.methods.rerank import Rerank, RerankParams
+from ensemble_bench.methods.scorers import PerplexityScorer
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import SpanMethod, SpanParams
 
@@ -34,7 +34,7 @@ class CoolFusion(SpanMethod):
 
     def __init__(self, members: Sequence[Member], params: CoolFusionParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.reranker = Rerank(members, RerankParams(main=params.main), batch_size) if params.rerank else None
+        self.reranker = PerplexityScorer(members, batch_size) if params.rerank else None
 
     def _segment_end(self, proposer: int, text: str) -> int | None:
         ends = self._common_ends(text) if self.params.align else self.members[proposer].word_starts(text)
@@ -48,6 +48,6 @@ class CoolFusion(SpanMethod):
         results = []
         for i, request in enumerate(requests):
             candidates = [fused[i]] + [a[i] for a in alone]
-            scores = self.reranker.average_perplexities([c.text for c in candidates], request)
-            results.append(candidates[scores.index(min(scores))])
+            # the fused answer first: it wins ties
+            results.append(candidates[self.reranker.choose(request.prompt, [c.text for c in candidates], 0)])
         return results

@@ -30,6 +30,7 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
                                          MethodParams, resolve_member)
+from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 from ensemble_bench.vocab.union import UnionVocab, cached_union
@@ -174,11 +175,13 @@ class Gac(Method):
         same call (the pieces are applied one by one, so the result does not depend on when).
         """
         updated = list(logprobs)
-        for index, member in enumerate(self.members):
-            needed = any(not confident[k] and rows[i].pending.get(index) for k, i in enumerate(live))
-            if needed:
-                chunks = [rows[i].pending.pop(index, []) for i in live]
-                updated[index] = self._give(index, member, chunks)
+        needed = [index for index in range(len(self.members))
+                  if any(not confident[k] and rows[i].pending.get(index) for k, i in enumerate(live))]
+        chunks = [[rows[i].pending.pop(index, []) for i in live] for index in needed]
+        results = each([self.members[index] for index in needed],
+                       lambda member, index, member_chunks: self._give(index, member, member_chunks), needed, chunks)
+        for index, result in zip(needed, results):
+            updated[index] = result
         return updated
 
     def _generator(self, request: GenerationRequest) -> torch.Generator | None:
@@ -233,7 +236,8 @@ class Gac(Method):
 
     def _feed(self, live, rows, confident, picks, logprobs) -> list[torch.Tensor]:
         updated = list(logprobs)
-        for index, member in enumerate(self.members):
+        calls = []  # (member index, chunks, direct): built here, run side by side below
+        for index in range(len(self.members)):
             chunks: list[list[bytes]] = []
             direct: list[list[int]] = []
             for k, i in enumerate(live):
@@ -248,10 +252,12 @@ class Gac(Method):
                 else:
                     direct.append([])
                     chunks.append([data])
-            if any(chunks):
-                updated[index] = self._give(index, member, chunks, direct)
-            elif any(direct):
-                updated[index] = member.extend(direct)
+            if any(chunks) or any(direct):
+                calls.append((index, chunks, direct))
+        results = each([self.members[index] for index, _, _ in calls], lambda member, call: (
+            self._give(call[0], member, call[1], call[2]) if any(call[1]) else member.extend(call[2])), calls)
+        for (index, _, _), result in zip(calls, results):
+            updated[index] = result
         return updated
 
     def _give(self, index: int, member: Member, chunks: list[list[bytes]],
@@ -284,14 +290,13 @@ class Gac(Method):
                 for values in zip(*per_member)]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
-        per_member = []
-        for member in self.members:
-            pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
-            per_member.append(member.score(pairs, batch_size=self.batch_size))
+        per_member = each(self.members, lambda member: member.score(
+            [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests],
+            batch_size=self.batch_size))
         combined = self._combine([[s.logprob for s in scores] for scores in per_member])
         return [Score(lp, all(scores[k].is_greedy for scores in per_member)) for k, lp in enumerate(combined)]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        per_member = [[sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts]
-                      for m in self.members]
+        per_member = each(self.members, lambda m: [
+            sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts])
         return self._combine(per_member)

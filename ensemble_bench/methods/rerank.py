@@ -5,44 +5,82 @@ sample-level baseline of GaC Table 3): every member scores every candidate answe
 prompt, with its own tokenisation and chat template, as the perplexity of the answer's tokens
 (Eq. 1-2: exp of the mean negative log-probability; the paper calls perplexity "an average
 value", its printed formula lost the 1/n); the answer with the lowest average perplexity over
-the members wins (Eq. 3), ties to the main model. An empty answer is never chosen unless all are.
+the members wins (Eq. 3). An empty answer is never chosen unless all are.
+
+Scorers ``reward`` and ``pairwise`` (GaC Table 3's OAssistRM / UltraRM and PairRanker rows) use a
+sequence-classification model (``scorer_model``: hub id or local path), or with ``scorer_backend:
+llm-blender`` a ranker loaded by the llm-blender package (PairRanker, PairRM, UltraRM); see ``scorers.py``. The
+scorer runs once per request; its time is part of the method's decode time, so ms/token covers
+the whole pipeline (members' generation one after another, then scoring).
 """
 
 from __future__ import annotations
 
-import math
+import time
+from collections.abc import Sequence
 from typing import Literal
 
-from ensemble_bench.methods.base import GenerationRequest
+from pydantic import model_validator
+
+from ensemble_bench.members import Member
+from ensemble_bench.methods.base import Generation, GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
+from ensemble_bench.methods.scorers import (DEFAULT_PAIR_TEMPLATE, BlenderRanker, Classifier,
+                                            ClassifierComparator, PairwiseScorer, PerplexityScorer, RewardScorer)
 
 
 class RerankParams(SampleLevelParams):
-    scorer: Literal["perplexity"] = "perplexity"
+    scorer: Literal["perplexity", "reward", "pairwise"] = "perplexity"
+    scorer_model: str | None = None  # reward / pairwise: a sequence-classification model
+    scorer_template: str | None = None  # reward: "{prompt}...{response}"; pairwise: "{prompt}...{a}...{b}"
+    scorer_backend: Literal["transformers", "llm-blender"] = "transformers"  # llm-blender: its loadranker
+    scorer_device: str = "cpu"
+    scorer_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
-
-def perplexity(logprob: float, tokens: int) -> float:
-    """Eq. 2: exp(-(1/n) sum log p); an empty answer has no perplexity (inf, never chosen)."""
-    return math.exp(-logprob / tokens) if tokens else math.inf
+    @model_validator(mode="after")
+    def _model_when_needed(self):
+        if (self.scorer == "perplexity") != (self.scorer_model is None):
+            raise ValueError("scorer_model is required by the reward and pairwise scorers and "
+                             "not taken by the perplexity scorer")
+        fields = {"reward": ("{prompt}", "{response}"), "pairwise": ("{prompt}", "{a}", "{b}")}.get(self.scorer, ())
+        if self.scorer_backend == "llm-blender" and (self.scorer == "perplexity" or self.scorer_template):
+            raise ValueError("scorer_backend llm-blender takes a reward or pairwise scorer and formats inputs itself")
+        if self.scorer_template is not None and not all(f in self.scorer_template for f in fields):
+            raise ValueError(f"scorer_template of the {self.scorer} scorer must contain {' '.join(fields)}")
+        return self
 
 
 class Rerank(SampleLevel):
     name = "rerank"
     Params = RerankParams
 
-    def _choose(self, texts: list[str], request: GenerationRequest) -> int:
-        averages = self.average_perplexities(texts, request)
-        best = min(averages)
-        return self.main if averages[self.main] == best else averages.index(best)
+    def __init__(self, members: Sequence[Member], params: RerankParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.scoring_seconds = 0.0
+        if params.scorer == "perplexity":
+            self.scorer = PerplexityScorer(members, batch_size)
+            return
+        if params.scorer_backend == "llm-blender":
+            ranker = BlenderRanker(params.scorer_model, params.scorer_device)
+            self.scorer = RewardScorer(ranker) if params.scorer == "reward" else PairwiseScorer(ranker)
+            return
+        classifier = Classifier(params.scorer_model, params.scorer_device, params.scorer_dtype)
+        if params.scorer == "reward":
+            self.scorer = RewardScorer(classifier, params.scorer_template)
+        else:
+            self.scorer = PairwiseScorer(ClassifierComparator(classifier, params.scorer_template or DEFAULT_PAIR_TEMPLATE))
 
-    def average_perplexities(self, texts: list[str], request: GenerationRequest) -> list[float]:
-        """Eq. 3's objective for each candidate: the mean over members of its perplexity."""
-        totals = [0.0] * len(texts)
-        scored = [k for k, text in enumerate(texts) if text]
-        for member in self.members:
-            context = member.render_text(request.prompt)
-            pairs = [member.encode_pair(context, texts[k]) for k in scored]
-            scores = member.score(pairs, batch_size=self.batch_size) if pairs else []
-            for k, (_, continuation), score in zip(scored, pairs, scores):
-                totals[k] += perplexity(score.logprob, len(continuation)) / len(self.members)
-        return [total if k in scored else math.inf for k, total in enumerate(totals)]
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        chosen = super().generate(requests)
+        self.timing.decode_seconds += self.scoring_seconds
+        self.scoring_seconds = 0.0
+        return chosen
+
+    def _choose(self, texts: list[str], request: GenerationRequest) -> int:
+        start = time.perf_counter()
+        choice = self.scorer.choose(request.prompt, texts, self.main)
+        self.scoring_seconds += time.perf_counter() - start
+        return choice
+
+    def info(self) -> dict:
+        return {**super().info(), "scorer": self.params.scorer}

@@ -21,7 +21,6 @@ main member's tokens. Each round is recorded (candidates, perplexities, kept sco
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,9 @@ import torch
 from ensemble_bench.members import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
                                          MethodParams, resolve_member)
+from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import split_valid_utf8
 
@@ -58,7 +59,7 @@ class SpanRow:
 
 def perplexity(logprobs: Sequence[float]) -> float:
     """exp(-(1/n) sum log p) over a segment's tokens (Cool-Fusion Eq. 1-2, SweetSpan Sec. 2.2)."""
-    return math.exp(-sum(logprobs) / len(logprobs)) if logprobs else math.inf
+    return mean_perplexity(sum(logprobs), len(logprobs))
 
 
 def text_of(member: Member, tokens: Sequence[int]) -> str:
@@ -106,7 +107,8 @@ class SpanMethod(Method):
         first = True
         while live:
             before = [len(rows[i].main_ids) for i in live]
-            proposals = [self._propose(u, [rows[i] for i in live], dists[u]) for u in range(len(self.members))]
+            proposals = each(self.members, lambda _, u: self._propose(u, [rows[i] for i in live], dists[u]),
+                             range(len(self.members)))
             choices = [self._candidates([p[k] for p in proposals]) for k in range(len(live))]
             dists = self._commit(live, rows, choices, dists)
             self.rounds += 1
@@ -195,8 +197,8 @@ class SpanMethod(Method):
                 row.rounds.append({"candidates": [key[0] for key in info["keys"]],
                                    "perplexity": [[round(x, 4) for x in t] for t in tables[k]],
                                    "kept": kept, "winner": winner})
-        return [m.extend([list(info["tokens"][v][w]) for info, w in zip(rounds, winners)])
-                for v, m in enumerate(self.members)]
+        return each(self.members, lambda m, v: m.extend([list(info["tokens"][v][w]) for info, w in zip(rounds, winners)]),
+                    range(len(self.members)))
 
     def _score(self, rounds: list[dict], dists: list[torch.Tensor]) -> list[list[list[float]]]:
         """tables[k][candidate][member] = that member's perplexity of that candidate."""
@@ -204,7 +206,7 @@ class SpanMethod(Method):
         width = max(len(info["keys"]) for info in rounds)
         if width == 1:
             return tables
-        for v, member in enumerate(self.members):
+        def score_member(member: Member, v: int) -> None:  # column v of every table; members side by side
             committed = [len(ids) for ids in member.row_ids()]
             for j in range(width):
                 rows = [k for k, info in enumerate(rounds) if len(info["keys"]) > 1 and j < len(info["keys"])]
@@ -218,6 +220,7 @@ class SpanMethod(Method):
                         logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
                     tables[k][j][v] = perplexity(logprobs)
                 member.crop(committed)
+        each(self.members, score_member, range(len(self.members)))
         return tables
 
     # --- scoring (multiple choice) -----------------------------------------------------------------

@@ -23,6 +23,7 @@ from pydantic import Field
 from ensemble_bench.members import Member, Prompt, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
                                          MethodParams, fit_prompt, resolve_member)
+from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 
@@ -95,9 +96,9 @@ class EmitterMethod(Method):
     def _feed(self, tokens: list[int]) -> list[torch.Tensor]:
         """The emitter appends its tokens; every other member takes their bytes."""
         pieces = self.members[self.emitter].vocab.pieces
-        return [member.extend([[t] for t in tokens]) if index == self.emitter else
-                give_text(member, self.appenders[index], [[pieces[t] or b""] for t in tokens])
-                for index, member in enumerate(self.members)]
+        return each(self.members, lambda member, index: member.extend([[t] for t in tokens]) if index == self.emitter
+                    else give_text(member, self.appenders[index], [[pieces[t] or b""] for t in tokens]),
+                    range(len(self.members)))
 
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
@@ -114,8 +115,8 @@ class EmitterMethod(Method):
         live = [i for i, c in enumerate(continuations) if c]
         if not live:
             return [Score(0.0, True) for _ in continuations]
-        logprobs = [m.prefill([fit_prompt(m, contexts[index][i], len(continuations[i])) for i in live])
-                    for index, m in enumerate(self.members)]
+        logprobs = each(self.members, lambda m, member_contexts: m.prefill(
+            [fit_prompt(m, member_contexts[i], len(continuations[i])) for i in live]), contexts)
         position = 0
         while live:
             targets = [continuations[i][position] for i in live]

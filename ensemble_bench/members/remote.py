@@ -1,0 +1,272 @@
+"""RemoteMember: a member whose model runs in a Ray actor (another process, GPU or machine).
+
+The actor (``MemberServer``) holds a LocalMember; ``RemoteMember`` implements the Member
+interface in the driver by forwarding calls. What crosses the wire:
+
+- once, at start: the tokenizer (pickled), the byte vocabulary view, stop ids, max length;
+  tokenizer-only calls (render, encode, decode, word_starts, encode_pair, rolling_pairs) then
+  run in the driver on that copy and never reach the actor;
+- per step (``prefill`` / ``extend`` / ``extend_scored``): the new token ids in; out, the
+  float32 next-token log-probs of the rows that received tokens only (4 x head size bytes per
+  such row) plus four clock numbers. Rows given no tokens keep their previous distribution,
+  which the driver mirrors, as it mirrors each row's ids (``row_ids`` costs no call) and the
+  NaN rows that ``crop`` leaves. An ``extend`` that gives no row a token makes no call;
+- ``crop`` and ``keep`` are sent without waiting (an actor runs its calls in order); their
+  errors are checked here first and any remote error surfaces at the next call that waits;
+- ``score`` sends token id pairs and gets (log-prob, greedy) pairs back.
+
+Methods read whole distributions (GaC projects every id onto the union vocabulary, DeePEn
+every valid id, UniTE's alignment and the span methods look up arbitrary ids), so the rows are
+sent whole: a top-k transfer would change results. ``traffic`` counts calls and bytes received.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import Member, Score
+from ensemble_bench.members.local import ForwardClock, TokenizerSide
+
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
+                 "ENSBENCH_CACHE", "TOKENIZERS_PARALLELISM")
+
+
+class MemberServer:
+    """The actor side: one LocalMember, answering with the rows that changed."""
+
+    def __init__(self, load: dict[str, Any], threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        from ensemble_bench.members import load_member
+
+        self.error: str | None = None
+        try:
+            self.member = load_member(**load)
+        except UserError as err:  # reported by describe(), as one line
+            self.error = str(err)
+
+    def describe(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error}
+        m = self.member
+        return {"tokenizer": m.tokenizer, "vocab": m.vocab, "stop_ids": m.stop_ids, "max_length": m.max_length,
+                "prefix_token_id": m.prefix_token_id, "bos_text": m._bos_text, "name": m.name,
+                "uses_chat_template": m.uses_chat_template, "device": str(m.device), "clock": self._clock()}
+
+    def _clock(self) -> tuple[float, float, int, int]:
+        c = self.member.clock
+        return c.prefill_seconds, c.decode_seconds, c.prefill_calls, c.decode_calls
+
+    @staticmethod
+    def _changed(logprobs: torch.Tensor, tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        active = [r for r, row in enumerate(tokens) if row]
+        return logprobs[active].numpy()
+
+    def prefill(self, rows):
+        return self._changed(self.member.prefill(rows), rows), self._clock()
+
+    def extend(self, tokens):
+        return self._changed(self.member.extend(tokens), tokens), self._clock()
+
+    def extend_scored(self, tokens):
+        logprobs, scored = self.member.extend_scored(tokens)
+        return self._changed(logprobs, tokens), scored, self._clock()
+
+    def crop(self, lengths) -> None:
+        self.member.crop(lengths)
+
+    def keep(self, rows) -> None:
+        self.member.keep(rows)
+
+    def row_ids(self) -> list[list[int]]:
+        return self.member.row_ids()
+
+    def score(self, pairs, batch_size: int = 8) -> list[Score]:
+        return self.member.score(pairs, batch_size=batch_size)
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.member.input_embeddings().detach().cpu().clone()
+
+
+def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    """Join the Ray cluster at ``address`` ("auto", "ray://host:port", "host:port"), or start a
+    local one (``num_cpus`` / ``num_gpus``: its size; None: what Ray detects). Once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address is None:
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING)
+    else:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot connect to the Ray cluster at '{address}': {first}") from None
+
+
+def _runtime_env() -> dict:
+    import os
+
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    return {"env_vars": env} if env else {}
+
+
+def launch(load: dict[str, Any], options: dict[str, Any] | None = None):
+    """Start the actor of one member (returns at once; the model loads in the background).
+
+    ``load``: ``load_member``'s keyword arguments; ``options``: Ray actor options (num_gpus,
+    num_cpus, resources). Several members launched before their RemoteMember is built load in parallel.
+    """
+    import ray
+
+    options = {k: v for k, v in (options or {}).items() if v is not None and v != {}}
+    cpus = options.get("num_cpus")
+    env = _runtime_env()
+    return ray.remote(MemberServer).options(**options, **({"runtime_env": env} if env else {})).remote(
+        load, threads=max(1, int(cpus)) if cpus else None)
+
+
+class RemoteMember(TokenizerSide, Member):
+    """The driver side: the Member interface over a ``MemberServer`` actor.
+
+    ``load`` / ``options``: as for ``launch``; or ``actor``, one that ``launch`` started. Call
+    ``connect`` first (or ``ray.init``). Waits until the model is loaded.
+    """
+
+    remote = True  # methods/concurrent.py: steps of remote members overlap
+
+    def __init__(self, load: dict[str, Any], options: dict[str, Any] | None = None, actor=None):
+        import ray
+
+        self.actor = actor if actor is not None else launch(load, options)
+        try:
+            info = ray.get(self.actor.describe.remote())
+        except ray.exceptions.RayError as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot start a Ray actor for model '{load.get('model')}': {first}") from None
+        if "error" in info:
+            ray.kill(self.actor)
+            raise UserError(info["error"])
+        self.tokenizer = info["tokenizer"]
+        self.vocab = info["vocab"]
+        self.stop_ids = info["stop_ids"]
+        self.max_length = info["max_length"]
+        self.prefix_token_id = info["prefix_token_id"]
+        self._bos_text = info["bos_text"]
+        self.name = info["name"]
+        self.uses_chat_template = info["uses_chat_template"]
+        self.remote_device = info["device"]  # as the actor sees it
+        self.clock = ForwardClock()
+        self._remote_clock = info["clock"]
+        self._pending: list = []
+        self._embeddings: torch.Tensor | None = None
+        self.traffic = {"step_calls": 0, "step_bytes": 0, "rows_returned": 0}
+        self._ids: list[list[int]] = []
+        self._last = torch.full((0, self.vocab.size), float("nan"))
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _wait(self, ref):
+        """The result of ``ref``; also raises any error of the calls sent without waiting."""
+        import ray
+
+        pending, self._pending = self._pending, []
+        return ray.get([*pending, ref])[-1]
+
+    def _tick(self, clock: tuple[float, float, int, int]) -> None:
+        old, self._remote_clock = self._remote_clock, clock
+        self.clock.prefill_seconds += clock[0] - old[0]
+        self.clock.decode_seconds += clock[1] - old[1]
+        self.clock.prefill_calls += clock[2] - old[2]
+        self.clock.decode_calls += clock[3] - old[3]
+
+    def _apply(self, tokens: Sequence[Sequence[int]], changed: np.ndarray) -> torch.Tensor:
+        active = [r for r, row in enumerate(tokens) if row]
+        for r in active:
+            self._ids[r].extend(int(t) for t in tokens[r])
+        if active:
+            self._last[active] = torch.from_numpy(np.array(changed, dtype=np.float32, copy=True))
+        self.traffic["step_calls"] += 1
+        self.traffic["step_bytes"] += changed.nbytes
+        self.traffic["rows_returned"] += len(active)
+        return self._last.clone()
+
+    @staticmethod
+    def _plain(rows: Sequence[Sequence[int]]) -> list[list[int]]:
+        return [[int(t) for t in row] for row in rows]
+
+    def _check_rows(self, tokens: Sequence[Sequence[int]]) -> None:
+        if len(tokens) != len(self._ids):
+            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+
+    # --- batched, KV-cached stepping --------------------------------------------------------
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        rows = self._plain(rows)
+        changed, clock = self._wait(self.actor.prefill.remote(rows))
+        self._ids = [[] for _ in rows]
+        self._last = torch.full((len(rows), self.vocab.size), float("nan"))
+        self._tick(clock)
+        return self._apply(rows, changed)
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._check_rows(tokens)
+        if not any(tokens):
+            return self._last.clone()
+        tokens = self._plain(tokens)
+        changed, clock = self._wait(self.actor.extend.remote(tokens))
+        self._tick(clock)
+        return self._apply(tokens, changed)
+
+    def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
+        self._check_rows(tokens)
+        if not any(tokens):
+            return self._last.clone(), [[] for _ in tokens]
+        tokens = self._plain(tokens)
+        changed, scored, clock = self._wait(self.actor.extend_scored.remote(tokens))
+        self._tick(clock)
+        return self._apply(tokens, changed), scored
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        lengths = [int(n) for n in lengths]
+        for r, length in enumerate(lengths):
+            if not 0 <= length <= len(self._ids[r]):
+                raise ValueError(f"row {r}: cannot crop {len(self._ids[r])} tokens to {length}")
+        for r, length in enumerate(lengths):
+            if length < len(self._ids[r]):
+                del self._ids[r][length:]
+                self._last[r] = float("nan")
+        self._pending.append(self.actor.crop.remote(lengths))
+
+    def keep(self, rows: Sequence[int]) -> None:
+        rows = [int(r) for r in rows]
+        self._last = self._last.index_select(0, torch.tensor(rows, dtype=torch.long))
+        self._ids = [self._ids[r] for r in rows]
+        self._pending.append(self.actor.keep.remote(rows))
+
+    def row_ids(self) -> list[list[int]]:
+        return [list(r) for r in self._ids]
+
+    def remote_row_ids(self) -> list[list[int]]:
+        """The actor's own view (tests: it must equal ``row_ids``)."""
+        return self._wait(self.actor.row_ids.remote())
+
+    def input_embeddings(self) -> torch.Tensor:
+        if self._embeddings is None:
+            self._embeddings = self._wait(self.actor.input_embeddings.remote())
+        return self._embeddings
+
+    # --- scoring --------------------------------------------------------------------------------
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+        plain = [(self._plain([ctx])[0], self._plain([cont])[0]) for ctx, cont in pairs]
+        return self._wait(self.actor.score.remote(plain, batch_size))
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor)

@@ -1,0 +1,187 @@
+"""Scorers of the ``rerank`` method: each picks one of the members' complete answers to a request.
+
+- ``perplexity``: every member scores every answer; lowest mean perplexity wins (Cool-Fusion Eq. 1-3).
+- ``reward``: a sequence-classification reward model scores each (prompt, answer); highest wins
+  (GaC Table 3's OAssistRM and UltraRM rows).
+- ``pairwise``: a ranker compares every pair of answers in both orders; most wins wins
+  (GaC Table 3's PairRanker row, LLM-Blender).
+
+Ties go to the ``main`` member (the first member unless the recipe says otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import Member, Prompt
+from ensemble_bench.members.local import flatten_messages
+
+DEFAULT_REWARD_TEMPLATE = None  # None: the scorer's chat template, else a (prompt, answer) text pair
+DEFAULT_PAIR_TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}"
+
+
+def best_by_score(scores: Sequence[float], main: int) -> int:
+    """Index of the highest score; among tied highest the main member's, else the first."""
+    top = max(scores)
+    return main if scores[main] == top else list(scores).index(top)
+
+
+def most_wins(count: int, beats: Callable[[int, int], bool], main: int) -> int:
+    """Round robin: every pair compared once; the candidate with most wins, ties to ``main``.
+
+    ``beats(i, j)`` says candidate i is preferred to j. In a cycle (a > b > c > a) every candidate
+    has one win and ``main`` is chosen.
+    """
+    wins = [0] * count
+    for i in range(count):
+        for j in range(i + 1, count):
+            wins[i if beats(i, j) else j] += 1
+    return best_by_score(wins, main)
+
+
+def prompt_text(prompt: Prompt) -> str:
+    return flatten_messages(prompt.messages) if prompt.is_chat else prompt.text
+
+
+def mean_perplexity(logprob: float, tokens: int) -> float:
+    """Cool-Fusion Eq. 2: exp(-(1/n) sum log p); an empty answer has no perplexity (inf, never chosen)."""
+    return math.exp(-logprob / tokens) if tokens else math.inf
+
+
+@dataclass(frozen=True)
+class PerplexityScorer:
+    members: Sequence[Member]
+    batch_size: int
+
+    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+        return best_by_score([-p for p in self.average_perplexities(prompt, texts)], main)
+
+    def average_perplexities(self, prompt: Prompt, texts: list[str]) -> list[float]:
+        """Eq. 3's objective for each candidate: the mean over members of its perplexity."""
+        totals = [0.0] * len(texts)
+        scored = [k for k, text in enumerate(texts) if text]
+        for member in self.members:
+            context = member.render_text(prompt)
+            pairs = [member.encode_pair(context, texts[k]) for k in scored]
+            scores = member.score(pairs, batch_size=self.batch_size) if pairs else []
+            for k, (_, continuation), score in zip(scored, pairs, scores):
+                totals[k] += mean_perplexity(score.logprob, len(continuation)) / len(self.members)
+        return [total if k in scored else math.inf for k, total in enumerate(totals)]
+
+
+class Classifier:
+    """A sequence-classification model whose last label's logit is the score of one input."""
+
+    def __init__(self, location: str, device: str = "cpu", dtype: str = "float32", max_length: int = 4096):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(location)
+            self.model, info = AutoModelForSequenceClassification.from_pretrained(
+                location, dtype=getattr(torch, dtype), output_loading_info=True)
+        except (OSError, ValueError, ImportError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"cannot load scorer model '{location}': {first}") from None
+        untrained = [k for k in info.get("missing_keys", []) if k.split(".")[0] in ("score", "classifier")]
+        if untrained:
+            raise UserError(f"scorer model '{location}' has no trained classification head (missing "
+                            f"{untrained[0]}); it is not a sequence-classification reward model")
+        self.model.to(device).eval()
+        self.device = device
+        self.max_length = min(max_length, getattr(self.tokenizer, "model_max_length", max_length))
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+
+    @torch.inference_mode()
+    def __call__(self, inputs: Sequence[str | tuple[str, str]]) -> list[float]:
+        """One score per input, each encoded alone (no padding, so batch order cannot change it)."""
+        scores = []
+        for item in inputs:
+            first, second = (item, None) if isinstance(item, str) else item
+            encoded = self.tokenizer(first, second, return_tensors="pt", truncation=True, max_length=self.max_length)
+            logits = self.model(**encoded.to(self.device)).logits.float()
+            scores.append(float(logits[0, -1]))
+        return scores
+
+
+@dataclass(frozen=True)
+class RewardScorer:
+    classifier: Classifier | BlenderRanker
+    template: str | None = DEFAULT_REWARD_TEMPLATE
+
+    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+        if isinstance(self.classifier, BlenderRanker):
+            scores = self.classifier.scores(prompt_text(prompt), texts)
+        else:
+            scores = self.classifier([self.format(prompt, text) for text in texts])
+        return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], main)
+
+    def format(self, prompt: Prompt, answer: str) -> str | tuple[str, str]:
+        """The reward model's own input: a template, its chat template, or a (prompt, answer) pair."""
+        question = prompt_text(prompt)
+        if self.template is not None:
+            return self.template.format(prompt=question, response=answer)
+        tokenizer = self.classifier.tokenizer
+        if tokenizer.chat_template:
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            return tokenizer.apply_chat_template(messages, tokenize=False)
+        return question, answer
+
+
+Comparator = Callable[[str, list[tuple[str, str]]], list[bool]]  # (prompt, [(a, b)]) -> a is better
+
+
+@dataclass(frozen=True)
+class ClassifierComparator:
+    """A sequence-classification ranker scores "A is better than B" for a templated (prompt, A, B);
+    both orders are asked to cancel position bias: A wins when score(A, B) >= score(B, A)."""
+
+    classifier: Classifier
+    template: str = DEFAULT_PAIR_TEMPLATE
+
+    def __call__(self, question: str, pairs: list[tuple[str, str]]) -> list[bool]:
+        texts = [self.template.format(prompt=question, a=a, b=b) for pair in pairs for a, b in (pair, pair[::-1])]
+        scores = self.classifier(texts)
+        return [scores[2 * k] >= scores[2 * k + 1] for k in range(len(pairs))]
+
+
+class BlenderRanker:
+    """A ranker loaded by the llm-blender package (its ``Blender.loadranker`` knows LLM-Blender's
+    ``llm-blender/pair-ranker`` and ``PairRM`` and UltraRM's custom head): ``compare`` in its
+    "[A,B]+[B,A]" mode (both orders) for ``pairwise``, ``rank`` scores for ``reward``."""
+
+    def __init__(self, location: str, device: str = "cpu"):
+        try:
+            import llm_blender
+        except ImportError:
+            raise UserError(f"scorer_backend llm-blender (scorer_model '{location}') needs the llm-blender "
+                            "package: pip install llm-blender") from None
+        self.blender = llm_blender.Blender()
+        self.blender.loadranker(location, device=device)
+
+    def __call__(self, question: str, pairs: list[tuple[str, str]]) -> list[bool]:
+        firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+        return [bool(x) for x in self.blender.compare([question] * len(pairs), firsts, seconds,
+                                                      mode="[A,B]+[B,A]", disable_tqdm=True)]
+
+    def scores(self, question: str, answers: list[str]) -> list[float]:
+        ranked = self.blender.rank([question], [answers], return_scores=True, disable_tqdm=True)
+        return [float(x) for x in ranked[0]]
+
+
+@dataclass(frozen=True)
+class PairwiseScorer:
+    """Every pair of answers compared once (round robin); the answer with most wins is chosen."""
+
+    compare: Comparator
+
+    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+        pairs = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))]
+        verdicts = dict(zip(pairs, self.compare(prompt_text(prompt), [(texts[i], texts[j]) for i, j in pairs])))
+        return most_wins(len(texts), lambda i, j: verdicts[i, j], main)

@@ -1,0 +1,111 @@
+"""`ensbench plot`: accuracy vs latency per row, and accuracy vs one swept method parameter (GaC's
+threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via matplotlib."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.report.summary import finished_recipe, row_scores
+from ensemble_bench.report.tables import resolve_run
+from ensemble_bench.tasks import get_benchmark
+
+LOG2_PARAMETERS = ("span_words", "k")
+
+
+def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[dict]:
+    """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
+    the members alone), scores in %, ms/token and % ensembled."""
+    records = []
+    for run_dir in map(resolve_run, run_dirs):
+        recipe = finished_recipe(run_dir)
+        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+        for timing_path in sorted(run_dir.glob("*/timing.json")):
+            timing = json.loads(timing_path.read_text())
+            fraction = timing.get("ensembled_fraction")
+            records.append({
+                "label": timing["label"], "method": timing["method"],
+                "value": timing.get("params", {}).get(param) if param and timing["method"] != "single" else None,
+                "scores": {name: 100 * v for name, (v, _) in row_scores(timing_path.parent, benches).items()},
+                "ms_per_token": timing.get("decode_ms_per_token"),
+                "ensembled_pct": 100 * fraction if fraction is not None else None})
+    return records
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path_stem: Path) -> list[Path]:
+    written = []
+    for suffix in (".png", ".svg"):
+        target = path_stem.with_name(path_stem.name + suffix)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(target, dpi=150)
+        written.append(target)
+    return written
+
+
+def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str) -> list[Path]:
+    """Score vs the parameter per benchmark, the best member dashed; % ensembled (if recorded and
+    not always 100) on a second axis."""
+    swept = sorted((r for r in records if r["value"] is not None), key=lambda r: r["value"])
+    if not swept:
+        raise UserError(f"no row of the runs sets '{param}' (sweep it in a recipe: sweep: {{{param}: [...]}})")
+    members = [r for r in records if r["method"] == "single"]
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(5.5, 3.6))
+    for bench in sorted({b for r in swept for b in r["scores"]}):
+        points = [(r["value"], r["scores"][bench]) for r in swept if bench in r["scores"]]
+        line, = axis.plot(*zip(*points), marker="o", label=f"{swept[0]['method']}, {bench}")
+        best = max((m["scores"][bench] for m in members if bench in m["scores"]), default=None)
+        if best is not None:
+            axis.axhline(best, linestyle="--", color=line.get_color(), linewidth=1, label=f"best member, {bench}")
+    values = [r["value"] for r in swept]
+    if param in LOG2_PARAMETERS:
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(values, [str(v) for v in values])
+    axis.set_xlabel(param)
+    axis.set_ylabel("score (%)")
+    axis.set_ylim(bottom=0)
+    shares = [(r["value"], r["ensembled_pct"]) for r in swept if r["ensembled_pct"] is not None]
+    if shares and any(share < 100 for _, share in shares):
+        second = axis.twinx()
+        second.plot(*zip(*shares), color="grey", linestyle=":", marker="s", label="% ensembled")
+        second.set_ylabel("% of tokens ensembled")
+        second.set_ylim(0, 100)
+        second.legend(fontsize=7, loc="lower right")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7, loc="upper left")
+    figure.tight_layout()
+    written = _save(figure, path_stem)
+    plt.close(figure)
+    return written
+
+
+def plot_accuracy_latency(records: list[dict], path_stem: Path, title: str) -> list[Path]:
+    """Mean score over the benchmarks every row has vs ms/token, one labelled point per row."""
+    shared = set.intersection(*(set(r["scores"]) for r in records)) if records else set()
+    points = [r for r in records if r["ms_per_token"] and shared]
+    if not points:
+        raise UserError("no rows with ms/token and a benchmark in common to plot")
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    for record in points:
+        score = sum(record["scores"][b] for b in shared) / len(shared)
+        axis.scatter(record["ms_per_token"], score, marker="o" if record["method"] == "single" else "^")
+        axis.annotate(record["label"], (record["ms_per_token"], score), fontsize=7, xytext=(3, 3),
+                      textcoords="offset points")
+    axis.set_xlabel("latency (ms/token)")
+    axis.set_ylabel(f"mean score over {', '.join(sorted(shared))} (%)")
+    axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    written = _save(figure, path_stem)
+    plt.close(figure)
+    return written

@@ -1,0 +1,80 @@
+"""Reproduce a paper table: run its recipes (finished runs are reused) and write the table.
+
+    python scripts/reproduce.py table3 --scale offline     # packaged models, small limits, CPU
+    python scripts/reproduce.py table3                     # the paper's models (GPUs, model hub)
+
+Writes results/tables/<layout>[-<block>][_offline].{md,tex,csv} with the paper's numbers beside ours.
+The `make reproduce-*` targets call this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# target -> scale -> [(layout, block or None, [recipes])]; blocks of one paper table get one file each
+PAPER_SWEETSPAN = [(f"sweetspan_table{n}", block, [f"sweetspan_{task}_{setting}" for task in tasks])
+                   for n, tasks in ((2, ("mbpp", "gsm8k")), (3, ("nq",)))
+                   for block, setting in (("4 Good", "4good"), ("3 Good & 1 Bad", "3good1bad"),
+                                          ("2 Good & 2 Bad", "2good2bad"))]
+TARGETS = {
+    "table3": {"paper": [("gac_table3", "openchat and SOLAR", ["gac_table3_openchat_solar"]),
+                         ("gac_table3", "Mixtral and Yi", ["gac_table3_mixtral_yi"])],
+               "offline": [("gac_table3", "openchat and SOLAR", ["gac_table3"])]},
+    "table4": {"paper": [("gac_table4", None, ["gac_table4"])], "offline": [("gac_table4", None, ["gac_table4"])]},
+    "table5": {"paper": [("gac_table5", None, ["gac_table5"])], "offline": [("gac_table5", None, ["gac_table5"])]},
+    "unite-table3": {"paper": [("unite_table3", None, ["unite_table3_openchat_mistral", "unite_table3_three"])],
+                     "offline": [("unite_table3", None, ["unite_table3"])]},
+    "unite-table4": {"paper": [("unite_table4", None, ["unite_table4_llama3_qwen2", "unite_table4_three"])],
+                     "offline": [("unite_table4", None, ["unite_table4"])]},
+    "deepen-table1": {"paper": [("deepen_table1", None, sorted(p.stem for p in (ROOT / "recipes" / "paper").glob(
+                                     "deepen_table1_*.yaml")))],
+                      "offline": [("deepen_table1", None, ["deepen_table1"])]},
+    "sweetspan": {"paper": [("sweetspan_table7", None, ["sweetspan_nq_4good", "sweetspan_gsm8k_4good",
+                                                        "sweetspan_mbpp_4good"])] + PAPER_SWEETSPAN,
+                  "offline": [("sweetspan_table7", None, ["sweetspan_nq", "sweetspan_gsm8k"])]},
+    "coolfusion": {"paper": [("coolfusion_table3", None, ["coolfusion_table3_cool2", "coolfusion_table3_cool3",
+                                                          "coolfusion_table3_cool_align_off", "coolfusion_table3_cool_rerank",
+                                                          "coolfusion_table3_rerank3"])],
+                   "offline": [("coolfusion_table3", None, ["coolfusion_table3"])]},
+}
+
+
+def ensbench(*args: str) -> None:
+    command = [str(Path(sys.executable).with_name("ensbench")), *args]
+    print("+", " ".join(command), flush=True)
+    done = subprocess.run(command, cwd=ROOT)
+    if done.returncode:
+        sys.exit(done.returncode)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", choices=sorted(TARGETS))
+    parser.add_argument("--scale", choices=("paper", "offline"), default="paper")
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    folder = "offline" if args.scale == "offline" else "paper"
+    for layout, block, recipes in TARGETS[args.target][args.scale]:
+        runs = []
+        for name in recipes:
+            path = ROOT / "recipes" / folder / f"{name}.yaml"
+            ensbench("run", str(path), "--reuse", "--threads", str(args.threads))
+            recipe = yaml.safe_load(path.read_text())
+            runs.append(str(ROOT / recipe.get("output", "results") / recipe["name"]))
+        stem = layout + (f"-{re.sub(r'[^a-z0-9]+', '_', block.lower()).strip('_')}" if block else "")
+        out = ROOT / "results" / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        ensbench("table", *runs, "--layout", layout, "--paper", "--out", str(out), *(["--block", block] if block else []))
+        print(out.with_name(out.name + ".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Finished run folders written by the tests themselves (recipe.yaml, summary.md, per-row
+timing.json and lm-eval-shaped results), for the reporting commands."""
+
+import json
+
+import yaml
+
+TASKS = {"arc_c": ("arc_challenge", "acc,none"), "nq": ("nq_open", "exact_match,remove_whitespace")}
+
+
+def fake_run(folder, rows, recipe=None):
+    """rows: label -> (method, {benchmark: (score 0..1, n)}, timing extras) in the recipe's row order."""
+    folder.mkdir(parents=True)
+    recipe = recipe or {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"},
+                                                   {"model": "qwen2.5-0.5b", "name": "b"}],
+                        "method": "gac", "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    (folder / "summary.md").write_text("done\n")
+    for label, (method, scores, timing) in rows.items():
+        row = folder / label
+        row.mkdir()
+        (row / "timing.json").write_text(json.dumps({"label": label, "method": method, **timing}))
+        results = {"results": {TASKS[b][0]: {TASKS[b][1]: s} for b, (s, _) in scores.items()},
+                   "n-samples": {TASKS[b][0]: {"effective": n} for b, (_, n) in scores.items()}}
+        (row / "results_1.json").write_text(json.dumps(results))
+    return folder
