@@ -13,18 +13,7 @@ SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install demo test test-fast bench clean regress baseline \
-	# CI's regression guard: fixed examples of the packaged models against the committed baseline.
-# Latency is judged as ensemble ms/token over the members' sum in the same run, +50% allowed
-# (CI machines differ from the one that stored the baseline); `make baseline` refreshes it.
-regress: install
-	$(BIN)/ensbench run recipes/ci/regress.yaml --fresh --threads $(THREADS)
-	$(BIN)/ensbench regress results/ci_regress --baseline results/baseline/ci_regress --latency-tolerance 0.5
-
-baseline: install
-	$(BIN)/ensbench run recipes/ci/regress.yaml --fresh --threads $(THREADS)
-	$(BIN)/python scripts/store_baseline.py results/ci_regress results/baseline/ci_regress
-
-reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
+	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-sweetspan reproduce-coolfusion
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine.
@@ -51,6 +40,17 @@ test-fast: install
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1
 	$(BIN)/python scripts/bench_methods.py --threads 1
+
+# CI's regression guard: fixed examples of the packaged models against the committed baseline.
+# Latency is judged as ensemble ms/token over the members' sum in the same run, +50% allowed
+# (CI machines differ from the one that stored the baseline); `make baseline` refreshes it.
+regress: install
+	$(BIN)/ensbench run recipes/ci/regress.yaml --fresh --threads $(THREADS)
+	$(BIN)/ensbench regress results/ci_regress --baseline results/baseline/ci_regress --latency-tolerance 0.5
+
+baseline: install
+	$(BIN)/ensbench run recipes/ci/regress.yaml --fresh --threads $(THREADS)
+	$(BIN)/python scripts/store_baseline.py results/ci_regress results/baseline/ci_regress
 
 reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 reproduce-deepen-table1 reproduce-sweetspan reproduce-coolfusion: install
