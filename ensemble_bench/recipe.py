@@ -166,17 +166,13 @@ class Recipe(BaseModel):
         (name, values), = self.sweep.items()
         return [{name: value} for value in values]
 
-    @field_validator("method", mode="before")
+    @field_validator("method", "methods", "tasks", mode="before")
     @classmethod
-    def _method_as_name(cls, value):
-        return {"name": value} if isinstance(value, str) else value
-
-    @field_validator("methods", mode="before")
-    @classmethod
-    def _methods_as_names(cls, value):
+    def _names_as_mappings(cls, value):
+        """`gac` is short for `{name: gac}`, alone or in a list."""
         if isinstance(value, list):
-            return [{"name": m} if isinstance(m, str) else m for m in value]
-        return value
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return {"name": value} if isinstance(value, str) else value
 
     @property
     def ensembles(self) -> list[MethodSpec]:
@@ -187,13 +183,6 @@ class Recipe(BaseModel):
         """Indices (into ``members``) of the members one method entry ensembles."""
         labels = [m.label for m in self.members]
         return tuple(labels.index(n) for n in spec.members) if spec.members else tuple(range(len(labels)))
-
-    @field_validator("tasks", mode="before")
-    @classmethod
-    def _task_as_name(cls, value):
-        if isinstance(value, list):
-            return [{"name": t} if isinstance(t, str) else t for t in value]
-        return value
 
     @model_validator(mode="after")
     def _labels_unique(self):

@@ -77,11 +77,15 @@ def paper_rows(layout: Layout) -> list[tuple[str, str]]:
     return list(dict.fromkeys(zip(found.block, found.row)))
 
 
-def paper_value(layout: Layout, block: str, row: str, column: str) -> float | None:
+@cache
+def _paper_cells() -> dict[tuple[str, str, str, str], float]:
     numbers = paper_numbers()
-    hit = numbers[(numbers.layout == layout.name) & (numbers.block == block) & (numbers.row == row) &
-                  (numbers.column == column)]
-    return float(hit.value.iloc[0]) if len(hit) else None
+    return {(l, b, r, c): float(v) for l, b, r, c, v in
+            zip(numbers.layout, numbers.block, numbers.row, numbers.column, numbers.value)}
+
+
+def paper_value(layout: Layout, block: str, row: str, column: str) -> float | None:
+    return _paper_cells().get((layout.name, block, row, column))
 
 
 # --- our rows ---------------------------------------------------------------------------------
