@@ -49,6 +49,7 @@ def test_plot_command_writes_png_and_svg(sweep_run, tmp_path, monkeypatch, extra
 def test_threshold_records_carry_the_ensembled_share(tmp_path):
     recipe = {**RECIPE, "method": {"name": "gac", "gate": "a", "threshold": 0.5}, "sweep": {"threshold": [0.5]}}
     rows = {"a": ("single", {"nq": (0.2, 50)}, {"decode_ms_per_token": 100.0}),
+            "b": ("single", {"nq": (0.25, 50)}, {"decode_ms_per_token": 200.0}),
             "gac-threshold=0.5": ("gac", {"nq": (0.3, 50)}, {"decode_ms_per_token": 150.0, "ensembled_fraction": 0.4})}
     run = with_params(fake_run(tmp_path / "run", rows, recipe), {"gac-threshold=0.5": {"threshold": 0.5}})
     gated = [r for r in parameter_records([run], "threshold") if r["value"] is not None]

@@ -9,8 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods.rerank import Rerank, RerankParams
-from ensemble_bench.methods.scorers import (Classifier, ClassifierComparator, PairwiseScorer, RewardScorer, best_by_score,
-                                            most_wins)
+from ensemble_bench.methods.scorers import (Classifier, ClassifierComparator, ClassifierReward, PairwiseScorer,
+                                            RewardScorer, best_by_score, most_wins)
 from ensemble_bench.methods.single import Single
 from tests.tiny import REQUESTS
 
@@ -62,13 +62,14 @@ def direct_score(path, text):
 
 
 def test_reward_scorer_picks_the_highest_reward_and_is_deterministic(reward_dir):
-    scorer = RewardScorer(Classifier(reward_dir))
+    reward = ClassifierReward(Classifier(reward_dir))
+    scorer = RewardScorer(reward)
     prompt = Prompt(text="Question: What is 12 plus 30?")
     texts = [" Answer: 42.", " The quick brown fox.", " Answer: 42.", ""]
-    formatted = [scorer.format(prompt, t) for t in texts]
+    formatted = [reward.format(prompt, t) for t in texts]
     assert formatted[0].startswith("<|im_start|>user\nQuestion")  # the scorer's own chat template
     scores = [direct_score(reward_dir, f) for f in formatted]
-    assert scorer.classifier(formatted) == pytest.approx(scores, abs=1e-5)
+    assert reward.scores(prompt, texts) == pytest.approx(scores, abs=1e-5)
     expected = max(range(3), key=lambda k: (scores[k], -k))  # the empty answer is never chosen
     assert scorer.choose(prompt, texts, 0) == expected
     twins = [" Answer: 42.", " Answer: 42."]
@@ -78,7 +79,7 @@ def test_reward_scorer_picks_the_highest_reward_and_is_deterministic(reward_dir)
 
 def test_reward_template_and_pairwise_scorer(reward_dir):
     classifier = Classifier(reward_dir)
-    reward = RewardScorer(classifier, "Human: {prompt}\nAssistant: {response}")
+    reward = ClassifierReward(classifier, "Human: {prompt}\nAssistant: {response}")
     assert reward.format(Prompt(text="Hi"), "Hello") == "Human: Hi\nAssistant: Hello"
     comparator = ClassifierComparator(classifier)
     prompt = Prompt(text="Question: What is 12 plus 30?")

@@ -25,8 +25,8 @@ from pydantic import model_validator
 from ensemble_bench.members import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
-from ensemble_bench.methods.scorers import (DEFAULT_PAIR_TEMPLATE, BlenderRanker, Classifier,
-                                            ClassifierComparator, PairwiseScorer, PerplexityScorer, RewardScorer)
+from ensemble_bench.methods.scorers import (DEFAULT_PAIR_TEMPLATE, BlenderRanker, Classifier, ClassifierComparator,
+                                            ClassifierReward, PairwiseScorer, PerplexityScorer, RewardScorer)
 
 
 class RerankParams(SampleLevelParams):
@@ -66,7 +66,7 @@ class Rerank(SampleLevel):
             return
         classifier = Classifier(params.scorer_model, params.scorer_device, params.scorer_dtype)
         if params.scorer == "reward":
-            self.scorer = RewardScorer(classifier, params.scorer_template)
+            self.scorer = RewardScorer(ClassifierReward(classifier, params.scorer_template))
         else:
             self.scorer = PairwiseScorer(ClassifierComparator(classifier, params.scorer_template or DEFAULT_PAIR_TEMPLATE))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -111,16 +112,14 @@ class Classifier:
 
 
 @dataclass(frozen=True)
-class RewardScorer:
-    classifier: Classifier | BlenderRanker
+class ClassifierReward:
+    """A reward model's score of each answer, on its own input format (see ``format``)."""
+
+    classifier: Classifier
     template: str | None = DEFAULT_REWARD_TEMPLATE
 
-    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
-        if isinstance(self.classifier, BlenderRanker):
-            scores = self.classifier.scores(prompt_text(prompt), texts)
-        else:
-            scores = self.classifier([self.format(prompt, text) for text in texts])
-        return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], main)
+    def scores(self, prompt: Prompt, texts: list[str]) -> list[float]:
+        return self.classifier([self.format(prompt, text) for text in texts])
 
     def format(self, prompt: Prompt, answer: str) -> str | tuple[str, str]:
         """The reward model's own input: a template, its chat template, or a (prompt, answer) pair."""
@@ -132,6 +131,21 @@ class RewardScorer:
             messages = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
             return tokenizer.apply_chat_template(messages, tokenize=False)
         return question, answer
+
+
+class Reward(Protocol):
+    def scores(self, prompt: Prompt, texts: list[str]) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class RewardScorer:
+    """The answer with the highest reward wins (an empty answer never does)."""
+
+    reward: Reward
+
+    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+        scores = self.reward.scores(prompt, texts)
+        return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], main)
 
 
 Comparator = Callable[[str, list[tuple[str, str]]], list[bool]]  # (prompt, [(a, b)]) -> a is better
@@ -170,8 +184,8 @@ class BlenderRanker:
         return [bool(x) for x in self.blender.compare([question] * len(pairs), firsts, seconds,
                                                       mode="[A,B]+[B,A]", disable_tqdm=True)]
 
-    def scores(self, question: str, answers: list[str]) -> list[float]:
-        ranked = self.blender.rank([question], [answers], return_scores=True, disable_tqdm=True)
+    def scores(self, prompt: Prompt, answers: list[str]) -> list[float]:
+        ranked = self.blender.rank([prompt_text(prompt)], [answers], return_scores=True, disable_tqdm=True)
         return [float(x) for x in ranked[0]]
 
 

@@ -3,13 +3,11 @@ threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import finished_recipe, row_scores
+from ensemble_bench.report.summary import run_rows
 from ensemble_bench.report.tables import resolve_run
-from ensemble_bench.tasks import get_benchmark
 
 LOG2_PARAMETERS = ("span_words", "k")
 
@@ -18,18 +16,15 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
     """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
     the members alone), scores in %, ms/token and % ensembled."""
     records = []
-    for run_dir in map(resolve_run, run_dirs):
-        recipe = finished_recipe(run_dir)
-        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
-        for timing_path in sorted(run_dir.glob("*/timing.json")):
-            timing = json.loads(timing_path.read_text())
-            fraction = timing.get("ensembled_fraction")
-            records.append({
-                "label": timing["label"], "method": timing["method"],
-                "value": timing.get("params", {}).get(param) if param and timing["method"] != "single" else None,
-                "scores": {name: 100 * v for name, (v, _) in row_scores(timing_path.parent, benches).items()},
-                "ms_per_token": timing.get("decode_ms_per_token"),
-                "ensembled_pct": 100 * fraction if fraction is not None else None})
+    for row in (row for run_dir in map(resolve_run, run_dirs) for row in run_rows(run_dir)):
+        timing = row.timing
+        fraction = timing.get("ensembled_fraction")
+        records.append({
+            "label": row.plan.label, "method": row.plan.method,
+            "value": timing.get("params", {}).get(param) if param and row.plan.method != "single" else None,
+            "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
+            "ms_per_token": timing.get("decode_ms_per_token"),
+            "ensembled_pct": 100 * fraction if fraction is not None else None})
     return records
 
 

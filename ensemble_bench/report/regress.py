@@ -13,14 +13,12 @@ the baseline's ratio x (1 + tolerance).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import NormalDist
 
-from ensemble_bench.report.summary import finished_recipe, row_scores
-from ensemble_bench.tasks import get_benchmark
+from ensemble_bench.report.summary import run_rows
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,8 @@ class Check:
 
 
 def load_rows(run_dir: Path) -> dict[str, RowFacts]:
-    recipe = finished_recipe(run_dir)
-    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
-    rows = {}
-    for timing_path in sorted(run_dir.glob("*/timing.json")):
-        timing = json.loads(timing_path.read_text())
-        rows[timing["label"]] = RowFacts(timing["method"], row_scores(timing_path.parent, benches),
-                                         timing.get("decode_ms_per_token"))
-    return rows
+    return {row.plan.label: RowFacts(row.plan.method, row.scores, row.timing.get("decode_ms_per_token"))
+            for row in run_rows(run_dir)}
 
 
 def latency_ratios(rows: dict[str, RowFacts]) -> dict[str, float]:

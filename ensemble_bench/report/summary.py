@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -62,17 +63,36 @@ def finished_recipe(run_dir: Path):
     return parse_recipe(yaml.safe_load((run_dir / "recipe.yaml").read_text()), str(run_dir / "recipe.yaml"))
 
 
-def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
+@dataclass(frozen=True)
+class RunRow:
+    """One evaluated row of a run: its plan (runner.RowPlan), its timing.json and its scores."""
+    plan: object
+    timing: dict
+    scores: dict[str, tuple[float, int]]  # benchmark name -> (score 0..1, examples)
+
+
+def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
+    """Every planned row of a run (finished unless ``recipe`` is given), in plan order."""
     from ensemble_bench.runner import plan_rows
 
+    recipe = recipe or finished_recipe(run_dir)
+    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    rows = []
+    for plan in plan_rows(recipe):
+        timing = run_dir / plan.label / "timing.json"
+        if not timing.exists():
+            raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
+        rows.append(RunRow(plan, json.loads(timing.read_text()), row_scores(timing.parent, benches)))
+    return rows
+
+
+def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
     benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
     records = []
-    for row in plan_rows(recipe):
-        row_dir = run_dir / row.label
-        timing = json.loads((row_dir / "timing.json").read_text())
-        record = {"model": row.label, "method": row.method}
+    for row in run_rows(run_dir, recipe):
+        timing, scores = row.timing, row.scores
+        record = {"model": row.plan.label, "method": row.plan.method}
         values = []
-        scores = row_scores(row_dir, benches)
         for bench in benches:
             value = scores.get(bench.name)
             column = f"{bench.name} ({bench.primary_metric.split(',')[0]})"

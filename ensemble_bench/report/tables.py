@@ -8,7 +8,6 @@ recipe per benchmark). Scores are in %, latency in ms/token.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -18,8 +17,7 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import DONE_FILE, finished_recipe, row_scores
-from ensemble_bench.tasks import get_benchmark
+from ensemble_bench.report.summary import DONE_FILE, finished_recipe, run_rows
 
 HERE = Path(__file__).parent
 NOT_RUN = "not run"
@@ -105,23 +103,19 @@ def _column_key(benchmark: str) -> str:
 
 def collect_rows(run_dirs: list[Path]) -> tuple[dict[str, OurRow], dict[str, str]]:
     """Our rows by label (merged over runs), and the position aliases member:I / entry:I."""
-    from ensemble_bench.runner import plan_rows
-
     rows: dict[str, OurRow] = {}
     aliases: dict[str, str] = {}
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
-        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
-        for plan in plan_rows(recipe):
-            row_dir = run_dir / plan.label
-            timing = json.loads((row_dir / "timing.json").read_text())
+        for row in run_rows(run_dir, recipe):
+            plan = row.plan
             ours = rows.setdefault(plan.label, OurRow(plan.label, plan.method))
-            for name, (score, examples) in row_scores(row_dir, benches).items():
+            for name, (score, examples) in row.scores.items():
                 ours.values[_column_key(name)] = 100 * score
                 ours.examples[_column_key(name)] = examples
             for column, (key, scale) in TIMING_COLUMNS.items():
-                if timing.get(key) is not None:
-                    ours.values[column] = scale * timing[key]
+                if row.timing.get(key) is not None:
+                    ours.values[column] = scale * row.timing[key]
             if plan.spec is not None:
                 params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
                 if params.get("threshold") is not None:
