@@ -16,15 +16,15 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
     """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
     the members alone), scores in %, ms/token and % ensembled."""
     records = []
-    for row in (row for run_dir in map(resolve_run, run_dirs) for row in run_rows(run_dir)):
-        timing = row.timing
-        fraction = timing.get("ensembled_fraction")
-        records.append({
-            "label": row.plan.label, "method": row.plan.method,
-            "value": timing.get("params", {}).get(param) if param and row.plan.method != "single" else None,
-            "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
-            "ms_per_token": timing.get("decode_ms_per_token"),
-            "ensembled_pct": 100 * fraction if fraction is not None else None})
+    for run_dir in map(resolve_run, run_dirs):
+        for row in run_rows(run_dir):
+            fraction = row.timing.get("ensembled_fraction")
+            records.append({
+                "label": row.plan.label, "method": row.plan.method,
+                "value": row.timing.get("params", {}).get(param) if param and row.plan.method != "single" else None,
+                "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
+                "ms_per_token": row.timing.get("decode_ms_per_token"),
+                "ensembled_pct": 100 * fraction if fraction is not None else None})
     return records
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import yaml
@@ -12,6 +13,9 @@ import yaml
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
+
+if TYPE_CHECKING:  # runner imports this module
+    from ensemble_bench.runner import Row
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
 
@@ -65,8 +69,8 @@ def finished_recipe(run_dir: Path):
 
 @dataclass(frozen=True)
 class RunRow:
-    """One evaluated row of a run: its plan (runner.RowPlan), its timing.json and its scores."""
-    plan: object
+    """One evaluated row of a run: its plan, its timing.json and its scores."""
+    plan: Row
     timing: dict
     scores: dict[str, tuple[float, int]]  # benchmark name -> (score 0..1, examples)
 
