@@ -12,6 +12,11 @@ from pathlib import Path
 
 import click
 import typer
+
+try:  # typer >= 0.2x parses with its own copy of click, whose exceptions are other classes
+    from typer import _click as typer_click
+except ImportError:
+    typer_click = click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -247,10 +252,10 @@ def main() -> None:
     except UserError as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
-    except click.exceptions.ClickException as err:
+    except (click.exceptions.ClickException, typer_click.exceptions.ClickException) as err:
         err.show()
-        sys.exit(2)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+        sys.exit(err.exit_code)
+    except (click.exceptions.Abort, typer_click.exceptions.Abort, KeyboardInterrupt):
         Console(stderr=True).print("interrupted: run the same command again to resume")
         sys.exit(130)
     if isinstance(code, int) and code:

@@ -86,6 +86,19 @@ def test_subprocess_error_has_no_traceback(tmp_path):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args", [["bench"], ["run", "--bogus", "x.yaml"], ["run"]])
+def test_command_line_mistakes_are_usage_errors(args, monkeypatch, capsys):
+    code, out = run_cli(monkeypatch, capsys, *args)
+    assert code == 2
+    assert "Error" in out.err and "Traceback" not in out.err + out.out
+
+
+def test_no_arguments_shows_help(monkeypatch, capsys):
+    code, out = run_cli(monkeypatch, capsys)
+    assert "Usage" in out.out + out.err and "Traceback" not in out.err + out.out
+    assert code in (0, 2)  # click >= 8.2 exits 2 after the help (no command given)
+
+
 GAC = textwrap.dedent("""\
     name: gac
     members:

@@ -11,7 +11,7 @@ from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.span_level import perplexity, text_of
+from ensemble_bench.methods.span_level import Proposal, SpanRow, perplexity, text_of
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
@@ -78,20 +78,44 @@ def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model
                "tokens": [[tuple(encode_continuation(m, t)) if t else () for t in row] for m in members]}
               for row in segments]
     rounds[1]["keys"][1] = ("", "stop_id")  # an empty final segment: only the stop is scored
-    tables = method._score(rounds, dists)
-    for k in range(2):
-        for j, text in enumerate(segments[k]):
-            for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
+    unread = [Proposal("", (), "length")] * 2  # nothing read while proposing: every candidate gets a forward
+    for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
+        scores, held = method._score(v, rounds, dists[v], unread, [len(c) for c in contexts[v]])
+        for k in range(2):
+            for j, text in enumerate(segments[k]):
                 if text:
                     expected = direct_perplexity(model, contexts[v][k], list(rounds[k]["tokens"][v][j]))
                 else:
                     with torch.no_grad():
                         last = model(torch.tensor([contexts[v][k]])).logits[0, -1].float().log_softmax(-1)
                     expected = math.exp(-max(float(last[s]) for s in member.stop_ids))
-                assert tables[k][j][v] == pytest.approx(expected, rel=1e-4)
-    for member, context in zip(members, contexts):  # scoring leaves every member at its prefix
-        assert member.row_ids() == context
+                assert scores[k][j] == pytest.approx(expected, rel=1e-4)
+        # each row's cache ends with the last candidate it scored, and says so
+        assert [h.index for h in held] == [1, 1]
+        assert member.row_ids() == [contexts[v][k] + list(rounds[k]["tokens"][v][1]) for k in range(2)]
     assert perplexity([]) == math.inf
+
+
+def test_a_proposers_own_scores_equal_a_direct_computation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    method = CoolFusion(members, CoolFusionParams(align=False), batch_size=3)  # frequent boundaries
+    requests = [GenerationRequest(Prompt(text=CORPUS[i][:14 + 7 * i]), ("\n\n",), 60) for i in range(3)]
+    read = 0
+    for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
+        contexts = [member.render(r.prompt) for r in requests]
+        proposals = method._propose(v, [SpanRow(r) for r in requests], member.prefill(contexts))
+        for context, proposal, ids in zip(contexts, proposals, member.row_ids()):
+            if proposal.final == "length":  # its last token was never fed: scored later by a forward
+                assert proposal.logprobs is None and ids == context
+                continue
+            read += 1
+            expected = direct_perplexity(model, context, list(proposal.tokens))
+            assert perplexity(proposal.logprobs) == pytest.approx(expected, rel=1e-4)
+            assert ids == context + list(proposal.tokens)  # the cache keeps the segment
+            with torch.no_grad():
+                after = model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
+            assert torch.allclose(proposal.after, after, atol=1e-4)
+    assert read >= 2
 
 
 # ------------------------------------------------------------------ identity
@@ -102,6 +126,22 @@ def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
     alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
     method_cls = SweetSpan if isinstance(params, SweetSpanParams) else CoolFusion
     assert outputs(method_cls([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
+
+
+@pytest.mark.parametrize("same_model", ["bpe"], indirect=True)
+@pytest.mark.parametrize("span_words", [1, 2])
+def test_agreeing_rounds_cost_only_the_proposals(same_model, span_words):
+    """When all members propose the same segment, each keeps the cache it proposed with: about one
+    decode pass per generated token, as for the member alone (not one more per round to commit).
+    Batch 1: in a batch, a round lasts as long as its longest proposal."""
+    alone_member = same_model("solo")
+    alone = outputs(Single([alone_member], Single.Params(), batch_size=1))
+    pair = [same_model("a"), same_model("b")]
+    method = SweetSpan(pair, SweetSpanParams(span_words=span_words), batch_size=1)
+    assert outputs(method) == alone
+    for member in pair:  # at most one extra pass per request: a final segment's last token, re-fed
+        assert member.clock.decode_calls <= alone_member.clock.decode_calls + len(alone)
+    assert method.rounds > len(alone)  # so a commit pass per round would break the bound
 
 
 # ------------------------------------------------------------------ naive reference

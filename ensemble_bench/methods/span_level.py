@@ -5,14 +5,18 @@ tokenisation; one segment wins; every member appends it.
 A round, batched over requests, with every member's KV cache kept at the committed prefix:
 1. propose: each member decodes greedily from the prefix until ``_segment_end`` finds the end of
    its segment in its new text (or it emits a stop id, reaches the token budget or an ``until``
-   string: a final segment); the tokens past the end are dropped (the cache is cropped back);
-2. score: each distinct segment is fed to every member from the prefix (a member that proposed it
-   uses its own tokens, the others their own tokenisation of the text), the perplexity of its
-   tokens is read off the forward pass, and the member is cropped back to the prefix (the
-   prefix is never recomputed). A final segment also scores the member's most probable stop
-   id at its end. A round with one distinct segment skips scoring;
+   string: a final segment); the tokens past the end are dropped (the cache is cropped back to
+   the prefix plus the segment). The log-probs it read while decoding are its own scores of its
+   segment;
+2. score: each member feeds every other distinct segment from the prefix (its own tokenisation
+   of the text) and reads the perplexity of its tokens off the forward pass (the prefix is never
+   recomputed). A final segment also scores the member's most probable stop id at its end (an
+   ``until`` or ``length`` segment is scored by a forward pass, its last token not being fed while
+   proposing). A round with one distinct segment skips scoring;
 3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean);
-4. commit: every member appends the winner's tokens (its own tokens for it, as in step 2).
+4. commit: a member whose cache already ends with the winner (the last segment it fed) keeps it;
+   the others are cropped to the prefix and append the winner's tokens. A round in which all
+   members agree thus costs each member only its proposal's forward passes.
 
 The text is the main member's own decode of its committed tokens; the token budget counts the
 main member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,11 +45,20 @@ class SpanParams(MethodParams):
     main: int | str = 0  # renders the text, counts the token budget, wins ties
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Proposal:
     text: str
     tokens: tuple[int, ...]  # the proposer's own ids for the text
     final: str | None        # why the proposer stops after it ("stop_id", "length", "until"), or None
+    logprobs: tuple[float, ...] | None = None  # the proposer's scores of it (step 2's terms); None: not read
+    after: torch.Tensor | None = None  # the proposer's next-token log-probs when its cache ends with it
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """What a member's cache holds past the prefix of one row: candidate ``index``, then ``after``."""
+    index: int
+    after: torch.Tensor
 
 
 @dataclass
@@ -107,10 +120,11 @@ class SpanMethod(Method):
         first = True
         while live:
             before = [len(rows[i].main_ids) for i in live]
+            prefix = [[len(ids) for ids in m.row_ids()] for m in self.members]
             proposals = each(self.members, lambda _, u: self._propose(u, [rows[i] for i in live], dists[u]),
                              range(len(self.members)))
             choices = [self._candidates([p[k] for p in proposals]) for k in range(len(live))]
-            dists = self._commit(live, rows, choices, dists)
+            dists = self._commit(live, rows, choices, dists, proposals, prefix)
             self.rounds += 1
             added = [len(rows[i].main_ids) - b for i, b in zip(live, before)]
             self.timing.tokens_generated += sum(added)
@@ -128,21 +142,37 @@ class SpanMethod(Method):
         return results
 
     def _propose(self, proposer: int, rows: list[SpanRow], dist: torch.Tensor) -> list[Proposal]:
-        """Step 1 for one member over the live rows; leaves the member at the committed prefix."""
+        """Step 1 for one member over the live rows; leaves the member at the committed prefix plus
+        its own segment where its cache holds all of it (else at the prefix)."""
         member = self.members[proposer]
         committed = [len(ids) for ids in member.row_ids()]
         tokens: list[list[int]] = [[] for _ in rows]
+        seen: list[list[torch.Tensor]] = [[] for _ in rows]  # the distribution each token was picked from
         done: list[Proposal | None] = [None] * len(rows)
         while any(d is None for d in done):
             picks = dist.argmax(dim=-1).tolist()
             for k, row in enumerate(rows):
                 if done[k] is None:
+                    seen[k].append(dist[k].clone())
                     done[k] = self._extend_proposal(proposer, row, tokens[k], picks[k])
             growing = [[tokens[k][-1]] if done[k] is None else [] for k in range(len(rows))]
             if any(growing):
                 dist = member.extend(growing)
-        member.crop(committed)
-        return done
+        proposals = [self._self_scored(member, proposal, dists) for proposal, dists in zip(done, seen)]
+        member.crop([n + (len(p.tokens) if p.after is not None else 0) for n, p in zip(committed, proposals)])
+        return proposals
+
+    @staticmethod
+    def _self_scored(member: Member, proposal: Proposal, seen: list[torch.Tensor]) -> Proposal:
+        """The proposal with the proposer's own log-probs of it, where decoding read all of them and
+        fed all its tokens (not after an ``until`` / ``length`` stop: its last token was not fed)."""
+        count = len(proposal.tokens)
+        if proposal.final not in (None, "stop_id") or count >= len(seen):
+            return proposal
+        logprobs = [float(seen[j][token]) for j, token in enumerate(proposal.tokens)]
+        if proposal.final == "stop_id":
+            logprobs.append(max(float(seen[count][s]) for s in member.stop_ids))
+        return replace(proposal, logprobs=tuple(logprobs), after=seen[count])
 
     def _extend_proposal(self, proposer: int, row: SpanRow, tokens: list[int], token: int) -> Proposal | None:
         member = self.members[proposer]
@@ -176,15 +206,18 @@ class SpanMethod(Method):
     def _encode(self, member_index: int, text: str) -> list[int]:
         return encode_continuation(self.members[member_index], text) if text else []
 
-    def _commit(self, live: list[int], rows: list[SpanRow], rounds: list[dict], dists: list[torch.Tensor]):
+    def _commit(self, live: list[int], rows: list[SpanRow], rounds: list[dict], dists: list[torch.Tensor],
+                proposals: list[list[Proposal]], prefix: list[list[int]]) -> list[torch.Tensor]:
         """Steps 2-4 for all rows at once: score (where there is a choice), choose, append."""
-        tables = self._score(rounds, dists)
+        scored = each(self.members, lambda _, v: self._score(v, rounds, dists[v], proposals[v], prefix[v]),
+                      range(len(self.members)))
         winners = []
         for k, (i, info) in enumerate(zip(live, rounds)):
+            table = [[scored[v][0][k][j] for v in range(len(self.members))] for j in range(len(info["keys"]))]
             if len(info["keys"]) == 1:
                 winner, kept = 0, [[True] * len(self.members)]
             else:
-                winner, kept = self._choose(tables[k])
+                winner, kept = self._choose(table)
             winners.append(winner)
             text, final = info["keys"][winner]
             row = rows[i]
@@ -195,33 +228,55 @@ class SpanMethod(Method):
                 row.finish = "length"
             if len(info["keys"]) > 1:
                 row.rounds.append({"candidates": [key[0] for key in info["keys"]],
-                                   "perplexity": [[round(x, 4) for x in t] for t in tables[k]],
+                                   "perplexity": [[round(x, 4) for x in t] for t in table],
                                    "kept": kept, "winner": winner})
-        return each(self.members, lambda m, v: m.extend([list(info["tokens"][v][w]) for info, w in zip(rounds, winners)]),
+        return each(self.members, lambda m, v: self._append_winners(m, [info["tokens"][v] for info in rounds], winners,
+                                                                    scored[v][1], dists[v], prefix[v]),
                     range(len(self.members)))
 
-    def _score(self, rounds: list[dict], dists: list[torch.Tensor]) -> list[list[list[float]]]:
-        """tables[k][candidate][member] = that member's perplexity of that candidate."""
-        tables = [[[0.0] * len(self.members) for _ in info["keys"]] for info in rounds]
-        width = max(len(info["keys"]) for info in rounds)
-        if width == 1:
-            return tables
-        def score_member(member: Member, v: int) -> None:  # column v of every table; members side by side
-            committed = [len(ids) for ids in member.row_ids()]
-            for j in range(width):
-                rows = [k for k, info in enumerate(rounds) if len(info["keys"]) > 1 and j < len(info["keys"])]
-                feed = [list(rounds[k]["tokens"][v][j]) if k in rows else [] for k in range(len(rounds))]
-                after, scored = member.extend_scored(feed)
-                for k in rows:
-                    tokens = feed[k]
-                    logprobs = ([float(dists[v][k, tokens[0]])] + scored[k]) if tokens else []
-                    if rounds[k]["keys"][j][1] is not None:  # a final segment: the member's stop at its end
-                        end = after[k] if tokens else dists[v][k]
-                        logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
-                    tables[k][j][v] = perplexity(logprobs)
-                member.crop(committed)
-        each(self.members, score_member, range(len(self.members)))
-        return tables
+    def _score(self, v: int, rounds: list[dict], dist: torch.Tensor, proposals: list[Proposal],
+               prefix: list[int]) -> tuple[list[list[float]], list[Held | None]]:
+        """Step 2 for member ``v``: per row, its perplexity of each candidate (0.0 where the row has
+        no choice) and what its cache holds past the prefix afterwards."""
+        member = self.members[v]
+        scores = [[0.0] * len(info["keys"]) for info in rounds]
+        held: list[Held | None] = []
+        todo: list[list[int]] = []
+        for k, (info, proposal) in enumerate(zip(rounds, proposals)):
+            own = info["keys"].index((proposal.text, proposal.final)) if proposal.logprobs is not None else None
+            held.append(Held(own, proposal.after) if proposal.after is not None else None)
+            if len(info["keys"]) > 1 and own is not None:
+                scores[k][own] = perplexity(proposal.logprobs)
+            todo.append([j for j in range(len(info["keys"])) if j != own] if len(info["keys"]) > 1 else [])
+        for step in range(max(len(t) for t in todo)):
+            fed = [k for k in range(len(rounds)) if step < len(todo[k])]
+            member.crop([prefix[k] if k in fed else len(ids) for k, ids in enumerate(member.row_ids())])
+            feed = [list(rounds[k]["tokens"][v][todo[k][step]]) if k in fed else [] for k in range(len(rounds))]
+            after, scored = member.extend_scored(feed)
+            for k in fed:
+                j, tokens = todo[k][step], feed[k]
+                logprobs = ([float(dist[k, tokens[0]])] + scored[k]) if tokens else []
+                end = after[k] if tokens else dist[k]
+                if rounds[k]["keys"][j][1] is not None:  # a final segment: the member's stop at its end
+                    logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
+                scores[k][j] = perplexity(logprobs)
+                held[k] = Held(j, end)
+        return scores, held
+
+    def _append_winners(self, member: Member, tokens: list[list[tuple[int, ...]]], winners: list[int],
+                        held: list[Held | None], dist: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        """Step 4 for one member: rows whose cache ends with the winner keep it; the others go back
+        to the prefix and append it. Returns the member's next-token log-probs of every row."""
+        keeps = [h is not None and h.index == w for h, w in zip(held, winners)]
+        member.crop([len(ids) if keep else prefix[k] for k, (ids, keep) in enumerate(zip(member.row_ids(), keeps))])
+        feed = [[] if keep else list(row[w]) for row, w, keep in zip(tokens, winners, keeps)]
+        out = member.extend(feed)
+        for k, keep in enumerate(keeps):
+            if keep:
+                out[k] = held[k].after
+            elif not feed[k]:  # an empty winner: the member stays at the prefix
+                out[k] = dist[k]
+        return out
 
     # --- scoring (multiple choice) -----------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
