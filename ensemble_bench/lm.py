@@ -51,7 +51,7 @@ class EnsembleLM(LM):
         self.method = method
         self.label = label
         self.progress = progress
-        self.chunk_size = chunk_size or max(1, method.batch_size) * 4
+        self.chunk_size = chunk_size or max(1, method.batch_size)  # answers are cached per batch
         self.requests_computed = 0  # answered by the method in this process (not from the response cache)
 
     @classmethod

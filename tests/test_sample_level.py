@@ -100,6 +100,19 @@ def test_choices_of_one_question_stay_in_one_chunk(bpe_tokenizer, bpe_model):
         assert len(holding) == 1, (context, chunks)
 
 
+def test_answers_are_cached_as_each_batch_finishes(bpe_tokenizer, bpe_model):
+    """An interrupted run loses at most the batch in progress."""
+    events = []
+    method = Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params(), batch_size=2)
+    generate = method.generate
+    method.generate = lambda batch: events.append(f"generate {len(batch)}") or generate(batch)
+    lm = EnsembleLM(method, "s")
+    lm.set_cache_hook(SimpleNamespace(add_partial=lambda *args: events.append("cached")))
+    requests = [SimpleNamespace(args=(CORPUS[i][:20], {"until": ["\n"], "max_gen_toks": 4})) for i in range(5)]
+    assert len(lm.generate_until(requests)) == 5
+    assert events == ["generate 2", "cached", "cached"] * 2 + ["generate 1", "cached"]
+
+
 # ------------------------------------------------------------------ rerank (perplexity)
 def direct_perplexity(member, model, prompt, text):
     """exp(-mean log p) of the answer's tokens, from one plain forward over prompt + answer."""
