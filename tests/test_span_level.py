@@ -103,7 +103,8 @@ def test_a_proposers_own_scores_equal_a_direct_computation(bpe_tokenizer, bpe_mo
     read = 0
     for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
         contexts = [member.render(r.prompt) for r in requests]
-        proposals = method._propose(v, [SpanRow(r) for r in requests], member.prefill(contexts))
+        proposals = method._propose(v, [SpanRow(r) for r in requests], member.prefill(contexts),
+                                    [len(c) for c in contexts])
         for context, proposal, ids in zip(contexts, proposals, member.row_ids()):
             if proposal.final == "length":  # its last token was never fed: scored later by a forward
                 assert proposal.logprobs is None and ids == context

@@ -121,7 +121,8 @@ class SpanMethod(Method):
         while live:
             before = [len(rows[i].main_ids) for i in live]
             prefix = [[len(ids) for ids in m.row_ids()] for m in self.members]
-            proposals = each(self.members, lambda _, u: self._propose(u, [rows[i] for i in live], dists[u]),
+            live_rows = [rows[i] for i in live]
+            proposals = each(self.members, lambda _, u: self._propose(u, live_rows, dists[u], prefix[u]),
                              range(len(self.members)))
             choices = [self._candidates([p[k] for p in proposals]) for k in range(len(live))]
             dists = self._commit(live, rows, choices, dists, proposals, prefix)
@@ -141,25 +142,25 @@ class SpanMethod(Method):
             results.append(Generation(text, len(row.main_ids), row.finish or "length"))
         return results
 
-    def _propose(self, proposer: int, rows: list[SpanRow], dist: torch.Tensor) -> list[Proposal]:
-        """Step 1 for one member over the live rows; leaves the member at the committed prefix plus
-        its own segment where its cache holds all of it (else at the prefix)."""
+    def _propose(self, proposer: int, rows: list[SpanRow], dist: torch.Tensor, prefix: list[int]) -> list[Proposal]:
+        """Step 1 for one member over the live rows (``prefix``: its committed lengths); leaves the
+        member at the prefix plus its own segment where its cache holds all of it (else at the prefix)."""
         member = self.members[proposer]
-        committed = [len(ids) for ids in member.row_ids()]
         tokens: list[list[int]] = [[] for _ in rows]
-        seen: list[list[torch.Tensor]] = [[] for _ in rows]  # the distribution each token was picked from
+        # the distribution each token was picked from: views, as ``extend`` returns a new tensor each call
+        seen: list[list[torch.Tensor]] = [[] for _ in rows]
         done: list[Proposal | None] = [None] * len(rows)
         while any(d is None for d in done):
             picks = dist.argmax(dim=-1).tolist()
             for k, row in enumerate(rows):
                 if done[k] is None:
-                    seen[k].append(dist[k].clone())
+                    seen[k].append(dist[k])
                     done[k] = self._extend_proposal(proposer, row, tokens[k], picks[k])
             growing = [[tokens[k][-1]] if done[k] is None else [] for k in range(len(rows))]
             if any(growing):
                 dist = member.extend(growing)
         proposals = [self._self_scored(member, proposal, dists) for proposal, dists in zip(done, seen)]
-        member.crop([n + (len(p.tokens) if p.after is not None else 0) for n, p in zip(committed, proposals)])
+        member.crop([n + (len(p.tokens) if p.after is not None else 0) for n, p in zip(prefix, proposals)])
         return proposals
 
     @staticmethod
