@@ -17,6 +17,7 @@ try:  # typer >= 0.2x parses with its own copy of click, whose exceptions are ot
     from typer import _click as typer_click
 except ImportError:
     typer_click = click
+HELP_REQUESTS = tuple({getattr(module.exceptions, "NoArgsIsHelpError", None) for module in (click, typer_click)} - {None})
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -252,8 +253,12 @@ def main() -> None:
     except UserError as err:
         Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
-    except (click.exceptions.ClickException, typer_click.exceptions.ClickException) as err:
+    except HELP_REQUESTS as err:  # no command given: the help, as click prints it
         err.show()
+        sys.exit(err.exit_code)
+    except (click.exceptions.ClickException, typer_click.exceptions.ClickException) as err:
+        Console(stderr=True).print(f"[bold red]error:[/] {err.format_message()} (ensbench --help)",
+                                   highlight=False, soft_wrap=True)
         sys.exit(err.exit_code)
     except (click.exceptions.Abort, typer_click.exceptions.Abort, KeyboardInterrupt):
         Console(stderr=True).print("interrupted: run the same command again to resume")

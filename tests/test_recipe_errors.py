@@ -90,7 +90,8 @@ def test_subprocess_error_has_no_traceback(tmp_path):
 def test_command_line_mistakes_are_usage_errors(args, monkeypatch, capsys):
     code, out = run_cli(monkeypatch, capsys, *args)
     assert code == 2
-    assert "Error" in out.err and "Traceback" not in out.err + out.out
+    assert out.err.startswith("error:") and len(out.err.strip().splitlines()) == 1, out.err
+    assert "Traceback" not in out.err + out.out
 
 
 def test_no_arguments_shows_help(monkeypatch, capsys):
