@@ -7,7 +7,7 @@ import pytest
 
 from ensemble_bench.cli import main
 from ensemble_bench.report.plots import parameter_records
-from ensemble_bench.report.span_sweep import sweep_records, sweep_table
+from ensemble_bench.report.span_sweep import sweep_records, sweep_table, timed_by
 from tests.fake_runs import fake_run
 
 RECIPE = {"name": "sweep", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
@@ -37,6 +37,17 @@ def test_span_sweep_table(sweep_run):
     assert list(table["system"]) == ["a", "b", "Span-1", "Span-4"]
     assert list(table["nq"]) == ["20.00", "25.00", "24.00 (-1.00)", "27.50 (+2.50)"]
     assert list(table["arc_c"])[2:] == ["33.00 (+3.00)", "29.00 (-1.00)"]
+
+
+def test_span_sweep_latency_comes_from_the_timing_run(sweep_run, tmp_path):
+    rows = {"a": ("single", {"nq": (0.5, 8)}, {"decode_ms_per_token": 50.0}),
+            "b": ("single", {"nq": (0.5, 8)}, {"decode_ms_per_token": 60.0}),
+            "sweetspan-span_words=4": ("sweetspan", {"nq": (0.5, 8)}, {"decode_ms_per_token": 300.0})}
+    timing_run = with_params(fake_run(tmp_path / "timing", rows, {**RECIPE, "sweep": {"span_words": [4]}}),
+                             {"sweetspan-span_words=4": {"span_words": 4}})
+    table = sweep_table(timed_by(sweep_records([sweep_run]), sweep_records([timing_run])))
+    assert list(table["ms/token"]) == ["50.0", "60.0", "", "300.0"]  # Span-1 was not timed there
+    assert list(table["nq"])[3] == "27.50 (+2.50)"  # scores stay the sweep's
 
 
 @pytest.mark.parametrize("extra", [["--param", "span_words"], []])

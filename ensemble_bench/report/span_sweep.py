@@ -16,6 +16,14 @@ def sweep_records(run_dirs: list[Path]) -> list[dict]:
     return [{**r, "label": f"Span-{r['value']}"} if r["value"] is not None else r for r in records]
 
 
+def timed_by(records: list[dict], timing_records: list[dict]) -> list[dict]:
+    """The records with ms/token taken from another run's rows of the same labels (None where that
+    run lacks the row): for a sweep computed in several sittings, whose own timing covers only the
+    last one, beside a short run that timed every row under the same conditions."""
+    timed = {r["label"]: r["ms_per_token"] for r in timing_records}
+    return [{**r, "ms_per_token": timed.get(r["label"])} for r in records]
+
+
 def sweep_table(records: list[dict]) -> pd.DataFrame:
     """Members first, then Span-N by N; each cell 'score (+diff to the best member)'; the benchmarks
     the sweep covers."""
