@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 # tqdm reads its settings when it is first imported: silence the libraries' own bars (GGUF
 # conversion, lm-eval's request loops) before anything imports them; runs show one rich bar.
@@ -17,12 +18,25 @@ try:  # typer >= 0.2x parses with its own copy of click, whose exceptions are ot
     from typer import _click as typer_click
 except ImportError:
     typer_click = click
-HELP_REQUESTS = tuple({getattr(module.exceptions, "NoArgsIsHelpError", None) for module in (click, typer_click)} - {None})
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault
+
+
+def _classes(name: str) -> tuple[type[BaseException], ...]:
+    """The exception classes called ``name`` in click, typer's copy of click and typer (where they exist)."""
+    found = {getattr(getattr(module, "exceptions", None), name, None) for module in (click, typer_click, typer)}
+    return tuple(c for c in found if isinstance(c, type) and issubclass(c, BaseException))
+
+
+HELP_REQUESTS = _classes("NoArgsIsHelpError")
+USAGE_ERRORS = _classes("ClickException")
+INTERRUPTS = _classes("Abort") + (KeyboardInterrupt,)
+INTERRUPTED = 130  # also what typer >= 0.2x returns for a Ctrl-C in non-standalone mode
+BUG = 70  # EX_SOFTWARE
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Benchmark training-free ensembles of LLMs with different tokenizers.")
@@ -71,18 +85,23 @@ def _plan_table(recipe) -> Table:
 
 @app.command()
 def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the plan; load nothing."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate, check the machine (output folder, devices, "
+                                                              "network) and print the plan; load nothing."),
         fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists."),
         reuse: bool = typer.Option(False, "--reuse", help="If this exact recipe has a finished run, show it; run nothing."),
         threads: int = typer.Option(int(os.environ.get("ENSBENCH_THREADS", "0")), help="torch CPU threads (0: default).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.recipe import load_recipe
 
+    from ensemble_bench.runner import finished_run, preflight, run_recipe
+
     loaded = load_recipe(recipe)
     console.print(_plan_table(loaded))
+    problems = preflight(loaded)
+    if problems:
+        raise EnvironmentFault("; ".join(problems))
     if dry_run:
         return
-    from ensemble_bench.runner import finished_run, run_recipe
 
     done = finished_run(loaded) if reuse and not fresh else None
     if done is not None:
@@ -161,10 +180,15 @@ def regress(current: Path = typer.Argument(..., help="finished run, or results/<
             confidence: float = typer.Option(0.95, min=0.5, max=0.9999, help="one-sided confidence of the accuracy check"),
             latency_tolerance: float = typer.Option(0.25, min=0.0, help="allowed growth of ms/token / sum(members)")):
     """Fail (exit 1) when accuracy drops beyond a binomial interval or the latency ratio grows."""
-    from ensemble_bench.report.regress import compare, load_rows
+    from ensemble_bench.report.regress import compare, load_rows, recipe_difference
+    from ensemble_bench.report.summary import finished_recipe
     from ensemble_bench.report.tables import resolve_run
 
     current, baseline = resolve_run(current), resolve_run(baseline)
+    difference = recipe_difference(finished_recipe(current), finished_recipe(baseline))
+    if difference:
+        raise UserError(f"{baseline}: not a run of the same recipe as {current} ({difference}); "
+                        "compare against a baseline run of this recipe")
     checks = compare(load_rows(current), load_rows(baseline), confidence, latency_tolerance)
     table = Table(title=f"regress: {current} vs {baseline} (accuracy: one-sided {confidence:.0%} binomial interval; "
                         f"latency: ratio to the same run's members x {1 + latency_tolerance:g})")
@@ -247,22 +271,56 @@ def list_things():
         console.print(table)
 
 
+def _say(line: str, prefix: str = "error:") -> None:
+    """One line on stderr, never read as markup; a broken stderr is no reason for a second fault."""
+    try:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble((prefix, "bold red"), " ", line))
+    except Exception:  # noqa: BLE001 - nothing left to tell the user with
+        pass
+
+
+def _interrupted() -> int:
+    _say("run the same command again to resume", prefix="interrupted:")
+    return INTERRUPTED
+
+
+def _report_bug(err: BaseException) -> int:
+    traceback.print_exception(type(err), err, err.__traceback__)
+    _say("this is a bug in ensbench, not in your input: please report it with the traceback above")
+    return BUG
+
+
+def _exit_code(err: BaseException) -> int:
+    """Tell the user about ``err`` (one line for every expected fault) and return the exit code."""
+    if isinstance(err, HELP_REQUESTS):  # no command given: the help, as click prints it
+        err.show()
+        return err.exit_code
+    if isinstance(err, (UserError, EnvironmentFault)):
+        _say(str(err))
+        return err.exit_code
+    if isinstance(err, USAGE_ERRORS):
+        _say(f"{err.format_message()} (ensbench --help)")
+        return err.exit_code
+    if isinstance(err, INTERRUPTS):
+        return _interrupted()
+    fault = environment_fault(err)
+    return _exit_code(fault) if fault is not None else _report_bug(err)
+
+
 def main() -> None:
+    """The ``ensbench`` entry point: exit 0 done, 1 regression or environment fault, 2 user error,
+    70 a bug (with its traceback), 130 interrupted."""
     try:
         code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
-    except UserError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
-        sys.exit(err.exit_code)
-    except HELP_REQUESTS as err:  # no command given: the help, as click prints it
-        err.show()
-        sys.exit(err.exit_code)
-    except (click.exceptions.ClickException, typer_click.exceptions.ClickException) as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err.format_message()} (ensbench --help)",
-                                   highlight=False, soft_wrap=True)
-        sys.exit(err.exit_code)
-    except (click.exceptions.Abort, typer_click.exceptions.Abort, KeyboardInterrupt):
-        Console(stderr=True).print("interrupted: run the same command again to resume")
-        sys.exit(130)
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: BLE001 - every fault ends here: one line, or a bug report
+        try:
+            code = _exit_code(err)
+        except BaseException:  # noqa: BLE001 - the handler itself must not end in a traceback
+            code = BUG
+    else:
+        code = _interrupted() if code == INTERRUPTED else code
     if isinstance(code, int) and code:
         sys.exit(code)
 

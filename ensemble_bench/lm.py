@@ -181,3 +181,8 @@ def lm_eval_main() -> None:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    except ValueError as err:  # lm-eval's own parse of --model_args / --gen_kwargs JSON
+        if not str(err).startswith("Invalid JSON"):
+            raise
+        print(f"error: {str(err).splitlines()[0]} (ensbench-lm-eval run --help)", file=sys.stderr)
+        sys.exit(UserError.exit_code)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,12 +20,20 @@ from ensemble_bench.methods import get_method
 from ensemble_bench.tasks import get_benchmark
 
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+# every name that becomes a file or folder name (recipe, member, row): no separators, no leading dot
+LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"
+SAFE_NAME = "letters, digits and . _ = + - (starting with a letter or digit)"
+
+
+def is_safe_label(label: str) -> bool:
+    """Whether ``label`` is safe as one path component inside a run folder."""
+    return bool(re.fullmatch(LABEL, label)) and len(label) <= 200
 
 
 class MemberSpec(BaseModel):
     model_config = STRICT
     model: str = Field(min_length=1)
-    name: str | None = None
+    name: str | None = Field(default=None, pattern=LABEL, max_length=200)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
     chat_template: bool = True
@@ -108,8 +117,6 @@ def check_placement(recipe: Recipe, source: str) -> None:
                             "package (pip install bitsandbytes)")
 
 
-LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"
-
 
 class MethodSpec(BaseModel):
     """One ensemble row: a method, its parameters (the other keys) and optionally a row label and
@@ -135,7 +142,7 @@ class TaskSpec(BaseModel):
 
 class Recipe(BaseModel):
     model_config = STRICT
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=200)
     description: str = ""
     members: list[MemberSpec] = Field(min_length=1)
     method: MethodSpec | None = None  # one ensemble row; or
@@ -187,6 +194,10 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _labels_unique(self):
         labels = [m.label for m in self.members]
+        unsafe = next((label for label in labels if not is_safe_label(label)), None)
+        if unsafe is not None:
+            raise ValueError(f"the model name gives the label {unsafe!r}, not a safe folder name: set 'name' "
+                             f"({SAFE_NAME})")
         if len(set(labels)) != len(labels):
             raise ValueError(f"member names must be unique (got {labels}); set 'name' on each member")
         if (self.method is None) == (self.methods is None):
@@ -254,6 +265,10 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
             check_spec(member.model)
         except UserError as err:
             raise UserError(f"{source}: members[{i}].model: {err}") from None
+        folder = Path(member.model).expanduser()
+        if folder.is_dir() and not (folder / "config.json").is_file():
+            raise UserError(f"{source}: members[{i}].model: folder '{member.model}' holds no saved model "
+                            "(no config.json): name a folder written by save_pretrained, or a hub id")
     from ensemble_bench.runner import plan_rows
     try:
         plan_rows(recipe)
@@ -290,14 +305,30 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
     return method, params
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+            seen.add(key if isinstance(key, (str, int, float, bool)) else id(key_node))
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as err:
         raise UserError(f"{path}: cannot read recipe: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): "
+                        "save the recipe as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

@@ -20,6 +20,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import sqlite3
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,13 +33,14 @@ from pathlib import Path
 import yaml
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import UserError
-from ensemble_bench.recipe import Recipe, parse_recipe, validate_method
+from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.recipe import SAFE_NAME, Recipe, is_safe_label, parse_recipe, validate_method
 from ensemble_bench.report.summary import DONE_FILE as DONE
 from ensemble_bench.tasks import Benchmark, get_benchmark
 from ensemble_bench.tasks.code_exec import ALLOW_ENV
 
-
+HUB = ("huggingface.co", 443)
+OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 
 @dataclass(frozen=True)
 class Row:
@@ -61,6 +66,10 @@ def plan_rows(recipe: Recipe) -> list[Row]:
             ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index))
     rows = (singles if recipe.singles or not ensembles else []) + ensembles
     labels = [row.label for row in rows]
+    unsafe = next((label for label in labels if not is_safe_label(label)), None)
+    if unsafe is not None:
+        raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
+                        "give the method entry a 'label'")
     repeated = next((label for label in labels if labels.count(label) > 1), None)
     if repeated:
         raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
@@ -80,7 +89,69 @@ def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int
     return chosen
 
 
+# --- checks before anything is loaded (run and --dry-run) -------------------------------------------
+def _network_problem(recipe: Recipe) -> str | None:
+    if recipe.data != "hub":
+        return None
+    offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    if offline:
+        return (f"data: hub needs the network but {offline[0]} is set: use data: offline (benchmarks with a "
+                "packaged copy) or unset it")
+    try:
+        socket.create_connection(HUB, timeout=3).close()
+    except OSError as err:
+        return f"data: hub cannot reach {HUB[0]} ({err.strerror or err}): check the network, or use data: offline"
+    return None
+
+
+def _device_problems(recipe: Recipe) -> list[str]:
+    """Members placed on a device this machine lacks (with Ray, devices belong to the cluster's nodes)."""
+    placed = [(i, m.device) for i, m in enumerate(recipe.members) if m.device_map is None and m.device != "cpu"]
+    if recipe.placement.kind == "ray" or not placed:
+        return []
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problems = []
+    for i, device in placed:
+        if device.startswith("cuda") and int(device.partition(":")[2] or 0) >= gpus:
+            problems.append(f"members[{i}].device: '{device}' is not available (this machine has {gpus} CUDA "
+                            "device(s)): use device: cpu or another index")
+        elif device == "mps" and not torch.backends.mps.is_available():
+            problems.append(f"members[{i}].device: 'mps' is not available on this machine: use device: cpu")
+    return problems
+
+
+def _output_problem(recipe: Recipe) -> str | None:
+    target = Path(recipe.output).expanduser() / recipe.name
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        return f"output: '{existing}' is a file, not a folder: set output: to a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"output: cannot write in '{existing}' ({err.strerror or err}): make it writable or choose another output:"
+    return None
+
+
+def preflight(recipe: Recipe) -> list[str]:
+    """What would stop the run on this machine, found before any model is loaded: the output folder,
+    the members' devices, the network for ``data: hub``. One line each; empty when all is well."""
+    return [p for p in (_output_problem(recipe), *_device_problems(recipe), _network_problem(recipe)) if p]
+
+
 # --- run directories ---------------------------------------------------------------------------
+def inside(folder: Path, name: str) -> Path:
+    """``folder / name``, refused unless it is an entry of that folder (no separator, no '..', no
+    link out): every path the runner writes or deletes goes through here (labels are also checked
+    when the recipe is read)."""
+    path = folder / name
+    if name in ("", ".", "..") or "/" in name or "\\" in name or path.resolve().parent != folder.resolve():
+        raise UserError(f"{name!r} would be written outside the run folder {folder}; refused")
+    return path
+
+
 def _runs_of(recipe: Recipe) -> list[Path]:
     """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
     runs stay findable when the fingerprint's own definition changes."""
@@ -173,9 +244,9 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
-    partial = run_dir / f".{row.label}.partial"
+    partial = inside(run_dir, f".{row.label}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    cache = run_dir / "cache"
+    cache = inside(run_dir, "cache")
     cache.mkdir(parents=True, exist_ok=True)
     chat = any(recipe.members[i].chat_template for i in row.members)
     for limit, group in groups:
@@ -183,7 +254,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         results = simple_evaluate(
             model=lm, tasks=[group], task_manager=task_manager,
             limit=limit, log_samples=True, bootstrap_iters=0, evaluation_tracker=tracker,
-            use_cache=str(cache / row.label), apply_chat_template=chat,
+            use_cache=str(inside(cache, row.label)), apply_chat_template=chat,
             fewshot_as_multiturn=recipe.fewshot_as_multiturn and chat,
             random_seed=recipe.seed, numpy_random_seed=recipe.seed, torch_random_seed=recipe.seed,
             fewshot_random_seed=recipe.seed, verbosity="ERROR",
@@ -205,9 +276,77 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
         atomic_write_text(partial / "span_trace.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces))
-    final = run_dir / row.label
+    final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
+
+
+# --- resuming: the state an interrupted run left ------------------------------------------------------
+def _damage(row_dir: Path) -> str | None:
+    """Why a finished row's files cannot be used (missing or not parsing), or None."""
+    results = sorted(row_dir.glob("results_*.json"))
+    samples = sorted(row_dir.glob("samples_*.jsonl"))
+    if not results or not samples:
+        return "its results_*.json or samples_*.jsonl are missing"
+    for path in [row_dir / "timing.json", *results, *samples]:
+        try:
+            text = path.read_text(encoding="utf-8")
+            for line in text.splitlines() if path.suffix == ".jsonl" else [text]:
+                json.loads(line)
+        except (OSError, ValueError) as err:
+            return f"{path.name} does not parse ({type(err).__name__})"
+    return None
+
+
+def cache_db(run_dir: Path, label: str) -> Path:
+    """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
+    return inside(run_dir / "cache", f"{label}_rank0.db")
+
+
+def check_cache(db: Path) -> None:
+    """One line naming the file when a response cache does not open as a database."""
+    if not db.exists():
+        return
+    try:
+        connection = sqlite3.connect(db)
+        try:
+            verdict = connection.execute("pragma quick_check").fetchone()[0]
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as err:
+        verdict = str(err)
+    if verdict != "ok":
+        raise EnvironmentFault(f"{db}: the response cache is damaged ({verdict}): remove this file (its answers "
+                               "are recomputed) and run the same command again")
+
+
+def _rows_to_compute(run_dir: Path, rows: list[Row], on_row) -> list[Row]:
+    """Validate the finished rows of a resumed run before computing anything: a damaged one is moved
+    aside (to .<row>.damaged) and recomputed from its response cache; every cache to be read must open."""
+    todo = []
+    for row in rows:
+        row_dir = inside(run_dir, row.label)
+        if (row_dir / "timing.json").exists() or row_dir.exists():
+            why = _damage(row_dir)
+            if why is None:
+                on_row and on_row(row, "kept from the interrupted run")
+                continue
+            aside = inside(run_dir, f".{row.label}.damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(row_dir, aside)
+            on_row and on_row(row, f"damaged ({why}): recomputed from the response cache")
+        check_cache(cache_db(run_dir, row.label))
+        todo.append(row)
+    return todo
+
+
+def _quiet_git_hash() -> str | None:
+    """lm-eval's git hash of the working folder, without git's "fatal: not a git repository" per row."""
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | None, str]]]:
@@ -235,6 +374,9 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.tasks.offline import include_defaults_needed
 
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
     run_dir, resumed = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_recipe(run_dir, recipe)
@@ -244,10 +386,7 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     if recipe.allow_code_execution:
         os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
-    for row in plan_rows(recipe):
-        if (run_dir / row.label / "timing.json").exists():
-            on_row and on_row(row, "kept from the interrupted run")
-            continue
+    for row in _rows_to_compute(run_dir, plan_rows(recipe), on_row):
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
         lm = LM_CLASSES[row.method](method, row.label,

@@ -20,6 +20,10 @@ from statistics import NormalDist
 
 from ensemble_bench.report.summary import run_rows
 
+# recipe fields that do not change the numbers: names, the output folder, where members run
+NEUTRAL_FIELDS = {"name", "description", "output", "placement"}
+NEUTRAL_MEMBER_FIELDS = {"num_gpus", "num_cpus", "resources"}
+
 
 @dataclass(frozen=True)
 class RowFacts:
@@ -36,6 +40,33 @@ class Check:
     current: float
     allowed: float     # the worst current value that still passes
     passed: bool
+
+
+def _flat(value, path: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _flat(item, f"{path}.{key}" if path else str(key)).items()}
+    if isinstance(value, list):
+        return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{path}[{i}]").items()}
+    return {path: value}
+
+
+def _numbers_fields(recipe) -> dict[str, object]:
+    """Every field of a recipe that can change a score or a timing, flattened (members[0].dtype: ...)."""
+    dumped = recipe.model_dump(mode="json", exclude=NEUTRAL_FIELDS)
+    dumped["members"] = [{k: v for k, v in m.items() if k not in NEUTRAL_MEMBER_FIELDS} for m in dumped["members"]]
+    dumped["tasks"] = [{**t, "limit": recipe.task_limit(task)} for t, task in zip(dumped.pop("tasks"), recipe.tasks)]
+    dumped.pop("limit")
+    return _flat(dumped)
+
+
+def recipe_difference(current, baseline) -> str | None:
+    """The first field in which two recipes differ in a way that changes the numbers, or None."""
+    now, base = _numbers_fields(current), _numbers_fields(baseline)
+    differing = [k for k in list(dict.fromkeys([*base, *now])) if base.get(k, "(absent)") != now.get(k, "(absent)")]
+    if not differing:
+        return None
+    field = differing[0]
+    return f"{field}: {now.get(field, '(absent)')!r} vs the baseline's {base.get(field, '(absent)')!r}"
 
 
 def load_rows(run_dir: Path) -> dict[str, RowFacts]:

@@ -10,12 +10,11 @@ of the model's generated answers over the generation tasks (multiple-choice task
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import finished_recipe, row_scores
+from ensemble_bench.report.summary import finished_recipe, read_json_lines, row_scores
 from ensemble_bench.tasks import get_benchmark
 
 
@@ -40,8 +39,8 @@ class Decision:
 def _response_words(row_dir: Path) -> list[int]:
     words = []
     for samples in sorted(row_dir.glob("samples_*.jsonl")):
-        for line in samples.read_text().splitlines():
-            for response in json.loads(line).get("resps", []):
+        for record in read_json_lines(samples):
+            for response in record.get("resps", []):
                 if response and isinstance(response[0], str):
                     words.append(len(response[0].split()))
     return words

@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
 if TYPE_CHECKING:  # runner imports this module
@@ -43,8 +43,28 @@ def metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
     return sum(v * n for v, n in found) / total, total
 
 
+def damaged(path: Path, err: Exception) -> EnvironmentFault:
+    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
+                            "--fresh, or leave this run out")
+
+
+def read_json(path: Path):
+    """A JSON file of a run, or one line naming the damaged file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise damaged(path, err) from None
+
+
+def read_json_lines(path: Path) -> list:
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, ValueError) as err:
+        raise damaged(path, err) from None
+
+
 def _row_results(row_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(row_dir.rglob("results_*.json"))]
+    return [read_json(p) for p in sorted(row_dir.rglob("results_*.json"))]
 
 
 def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float, int]]:
@@ -64,7 +84,12 @@ def finished_recipe(run_dir: Path):
 
     if not (run_dir / DONE_FILE).exists() or not (run_dir / "recipe.yaml").exists():
         raise UserError(f"{run_dir}: not a finished ensbench run (no summary.md / recipe.yaml)")
-    return parse_recipe(yaml.safe_load((run_dir / "recipe.yaml").read_text()), str(run_dir / "recipe.yaml"))
+    path = run_dir / "recipe.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        raise damaged(path, err) from None
+    return parse_recipe(data, str(path))
 
 
 @dataclass(frozen=True)
@@ -86,7 +111,7 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
         timing = run_dir / plan.label / "timing.json"
         if not timing.exists():
             raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
-        rows.append(RunRow(plan, json.loads(timing.read_text()), row_scores(timing.parent, benches)))
+        rows.append(RunRow(plan, read_json(timing), row_scores(timing.parent, benches)))
     return rows
 
 
