@@ -142,7 +142,7 @@ class TaskSpec(BaseModel):
 
 class Recipe(BaseModel):
     model_config = STRICT
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=200)
+    name: str = Field(pattern=LABEL, max_length=200)
     description: str = ""
     members: list[MemberSpec] = Field(min_length=1)
     method: MethodSpec | None = None  # one ensemble row; or
@@ -233,6 +233,8 @@ def _pydantic_line(source: str, err: ValidationError, prefix: str = "") -> str:
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown field"
+    if first["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
+        message = f"not a safe folder name: use {SAFE_NAME}, no path separators"
     given = first.get("input")
     shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else f" (got {given!r})"
     return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"

@@ -124,14 +124,16 @@ def _device_problems(recipe: Recipe) -> list[str]:
 
 def _output_problem(recipe: Recipe) -> str | None:
     target = Path(recipe.output).expanduser() / recipe.name
-    existing = next(p for p in (target, *target.parents) if p.exists())
-    if not existing.is_dir():
-        return f"output: '{existing}' is a file, not a folder: set output: to a folder"
+    existing = None
     try:
+        existing = next(p for p in (target, *target.parents) if p.exists())
+        if not existing.is_dir():
+            return f"output: '{existing}' is a file, not a folder: set output: to a folder"
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        return f"output: cannot write in '{existing}' ({err.strerror or err}): make it writable or choose another output:"
+        where = existing or err.filename or recipe.output
+        return f"output: cannot write in '{where}' ({err.strerror or err}): make it writable or choose another output:"
     return None
 
 
