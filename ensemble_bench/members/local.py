@@ -117,7 +117,9 @@ class LocalMember(TokenizerSide, Member):
         self._cache = DynamicCache()
         self._mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
         self._ids: list[list[int]] = [[] for _ in range(rows)]
-        self._last = torch.full((rows, self.vocab.size), float("nan"))
+        # next-token log-probs per row, on the model's device; replaced, never written in place,
+        # so the tensor a call returned is never changed by a later call
+        self._last = torch.full((rows, self.vocab.size), float("nan"), device=self.device)
 
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         self._reset(len(rows))
@@ -137,7 +139,7 @@ class LocalMember(TokenizerSide, Member):
     def _append(self, tokens: Sequence[Sequence[int]], phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
         active = [r for r, row in enumerate(tokens) if row]
         if not active:
-            return self._last.clone()
+            return self._last
         ids, new_mask = _left_padded([tokens[r] for r in active], self.pad_id)
         for r in active:
             self._ids[r].extend(int(t) for t in tokens[r])
@@ -149,15 +151,21 @@ class LocalMember(TokenizerSide, Member):
             full_mask = torch.zeros_like(full_ids)
             full_ids[active], full_mask[active] = ids, new_mask
             logprobs, self._mask = self._forward(self._cache, self._mask, full_ids, full_mask, phase, keep)
-            logprobs = logprobs[active]
+            if len(active) < len(tokens):
+                logprobs = logprobs[active]
         if scored is not None:
             for k, r in enumerate(active):  # log p of each appended token after the first
                 row = list(tokens[r])
                 first = logprobs.shape[1] - len(row)
-                scored[r] = [float(logprobs[k, first + j - 1, row[j]]) for j in range(1, len(row))]
-        self._last[active] = logprobs[:, -1]
+                positions = torch.arange(first, first + len(row) - 1, device=logprobs.device)
+                targets = torch.tensor(row[1:], dtype=torch.long, device=logprobs.device)
+                scored[r] = logprobs[k, positions, targets].tolist()
+        if len(active) == len(tokens):
+            self._last = logprobs[:, -1]
+        else:
+            self._last = self._last.index_copy(0, torch.tensor(active, dtype=torch.long, device=self.device), logprobs[:, -1])
         self._mask = kv.left_align_padding(self._cache, self._mask)
-        return self._last.clone()
+        return self._last
 
     def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,
@@ -180,7 +188,7 @@ class LocalMember(TokenizerSide, Member):
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        logprobs = out.logits[:, -keep:, :].float().log_softmax(dim=-1).cpu()
+        logprobs = out.logits[:, -keep:, :].float().log_softmax(dim=-1)
         self._tick(phase, time.perf_counter() - start)
         return logprobs, mask
 
@@ -193,6 +201,7 @@ class LocalMember(TokenizerSide, Member):
             self.clock.decode_calls += 1
 
     def crop(self, lengths: Sequence[int]) -> None:
+        cropped = []
         for r, length in enumerate(lengths):
             current = len(self._ids[r])
             if not 0 <= length <= current:
@@ -200,7 +209,9 @@ class LocalMember(TokenizerSide, Member):
             if length < current:
                 self._mask[r, self._mask.shape[1] - (current - length):] = 0
                 del self._ids[r][length:]
-                self._last[r] = float("nan")
+                cropped.append(r)
+        if cropped:
+            self._last = self._last.index_fill(0, torch.tensor(cropped, dtype=torch.long, device=self.device), float("nan"))
         self._mask = kv.left_align_padding(self._cache, self._mask)
 
     def keep(self, rows: Sequence[int]) -> None:
@@ -208,7 +219,7 @@ class LocalMember(TokenizerSide, Member):
         kv.select_rows(self._cache, index)
         self._mask = self._mask.index_select(0, index.to(self.device))
         self._ids = [self._ids[r] for r in rows]
-        self._last = self._last.index_select(0, index)
+        self._last = self._last.index_select(0, index.to(self.device))
         self._mask = kv.left_align_padding(self._cache, self._mask)
 
     def row_ids(self) -> list[list[int]]:
@@ -241,11 +252,11 @@ class LocalMember(TokenizerSide, Member):
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                              position_ids=positions.to(self.device), use_cache=False, logits_to_keep=keep)
-        logprobs = out.logits.float().log_softmax(dim=-1).cpu()
+        logprobs = out.logits.float().log_softmax(dim=-1)
         scores = []
         for r, (_, cont) in enumerate(pairs):
             rows = logprobs[r, logprobs.shape[1] - len(cont):]
-            target = torch.tensor(list(cont), dtype=torch.long)
+            target = torch.tensor(list(cont), dtype=torch.long, device=logprobs.device)
             picked = rows.gather(1, target[:, None]).squeeze(1)
             scores.append(Score(float(picked.sum()), bool((rows.argmax(dim=-1) == target).all())))
         return scores

@@ -92,6 +92,8 @@ class Deepen(EmitterMethod):
     def _support(self, index: int, probs: torch.Tensor) -> torch.Tensor:
         """The member's most probable valid ids (all valid ids when ``support`` is null)."""
         valid = self.valid[index]
+        if valid.device != probs.device:  # the member's log-probs stay on its device
+            valid = self.valid[index] = valid.to(probs.device)
         if self.params.support is None or self.params.support >= int(valid.sum()):
             return valid.nonzero().flatten()
         masked = probs.masked_fill(~valid, -1.0)
@@ -112,12 +114,12 @@ class Deepen(EmitterMethod):
             target = sum(w * r for w, r in zip(self.weights, relative))  # Eq. 5
             search, search_rows = supports[self.emitter], held[self.emitter]
             if targets is not None and not bool((search == targets[row]).any()):
-                extra = torch.tensor([targets[row]])
+                extra = torch.tensor([targets[row]], device=search.device)
                 search = torch.cat([search, extra])
                 search_rows = None if search_rows is None else torch.cat([search_rows, main_space.rows(extra)])
             updated = inverse_transform(probs[self.emitter][row][search], search, main_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
-            updated = updated.cpu()
+            updated = updated.to(search.device)
             choices.append(int(search[int(updated.argmax())]))
             if targets is None:
                 self.support_rows += 1

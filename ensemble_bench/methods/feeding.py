@@ -14,10 +14,11 @@ from ensemble_bench.members import Member
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 
 
-def encode_continuation(member: Member, text: str) -> list[int]:
+def encode_continuation(member: Member, text: str, anchor: list[int] | None = None) -> list[int]:
     """Ids for text that continues a sequence: encoded behind an anchor, the anchor's ids removed
-    (no BOS, no SentencePiece dummy-prefix space)."""
-    anchor = member.encode("\n", add_special_tokens=False)
+    (no BOS, no SentencePiece dummy-prefix space). ``anchor``: the member's ids of the anchor, if known."""
+    if anchor is None:
+        anchor = member.encode("\n", add_special_tokens=False)
     ids = member.encode("\n" + text, add_special_tokens=False)
     if ids[:len(anchor)] == anchor:
         return ids[len(anchor):]
@@ -33,9 +34,10 @@ def text_lookup(member: Member) -> dict[bytes, int]:
 
 
 def text_appender(member: Member, window: int, by_bytes: dict[bytes, int] | None = None) -> TextAppender:
+    anchor = member.encode("\n", add_special_tokens=False)
     return TextAppender(member.vocab.pieces, text_lookup(member) if by_bytes is None else by_bytes,
                         single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
-                        lambda text: encode_continuation(member, text), window)
+                        lambda text: encode_continuation(member, text, anchor), window)
 
 
 def give_text(member: Member, appender: TextAppender, chunks: Sequence[Sequence[bytes]],

@@ -33,6 +33,7 @@ from ensemble_bench.methods.base import (Generation, GenerationRequest, Loglikel
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
+from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab, cached_union
 
 
@@ -121,6 +122,8 @@ class Gac(Method):
         self.gate = resolve_gate(params, [m.name for m in members])
         self.union: UnionVocab = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                               cache_dir() / "union")
+        self.mixture = UnionMixture(self.union, self.weights.tolist(), [m.vocab.size for m in members])
+        self.stop_entries = frozenset(self.union.stop_mask.nonzero().flatten().tolist())
         self.appenders = [text_appender(m, params.window, self.union.maps[i].by_bytes) for i, m in enumerate(members)]
         self.reference = self.gate if self.gate is not None else 0  # whose decode renders the text
         self.stats = GacStats()
@@ -131,8 +134,10 @@ class Gac(Method):
         resolve_gate(params, labels)
 
     def info(self) -> dict:
+        decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
         return {**super().info(), "union_size": self.union.size, "gate_index": self.gate,
-                "weights_resolved": self.weights.tolist(), **self.stats.summary()}
+                "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
+                **self.stats.summary()}
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -166,7 +171,7 @@ class Gac(Method):
         rows = logprobs[0].shape[0]
         if self.gate is None:
             return torch.zeros(rows, dtype=torch.bool)
-        return logprobs[self.gate].max(dim=-1).values.exp() > self.params.threshold
+        return (logprobs[self.gate].max(dim=-1).values.exp() > self.params.threshold).cpu()
 
     def _catch_up(self, live, rows, confident, logprobs) -> list[torch.Tensor]:
         """Members that skipped steps are given the pieces they missed, once a row needs them.
@@ -190,32 +195,40 @@ class Gac(Method):
         key = zlib.crc32(repr((request.prompt, request.until)).encode())
         return torch.Generator().manual_seed(self.params.seed * 1_000_003 + key)
 
-    def _pick(self, logprobs: torch.Tensor, generator: torch.Generator | None) -> int:
-        """Greedy, or a draw from p^(1/T) with the row's own generator."""
-        if generator is None:
-            return int(logprobs.argmax())
-        tempered = (logprobs / self.params.temperature).softmax(dim=-1)
-        return int(torch.multinomial(tempered, 1, generator=generator))
+    def _pick(self, logprobs: torch.Tensor, generator: torch.Generator) -> int:
+        """A draw from p^(1/T) with the row's own generator."""
+        tempered = (logprobs.float() / self.params.temperature).softmax(dim=-1)
+        return int(torch.multinomial(tempered.cpu(), 1, generator=generator))
 
     def _choose(self, logprobs, confident, generators) -> list[tuple[int, bytes | None]]:
         """(union index or gate id, bytes or None for stop) per live row."""
         picks: list[tuple[int, bytes | None]] = [(-1, None)] * confident.shape[0]
-        if confident.any():
+        gate_rows = confident.nonzero().flatten().tolist()
+        if gate_rows:
             gate_member = self.members[self.gate]
-            for k in confident.nonzero().flatten().tolist():
-                token = self._pick(logprobs[self.gate][k], generators[k])
-                stop = token in gate_member.stop_ids
-                picks[k] = (token, None if stop else (gate_member.vocab.pieces[token] or b""))
-        ensemble_rows = (~confident).nonzero().flatten()
-        if len(ensemble_rows):
-            mixed = torch.zeros((len(ensemble_rows), self.union.size), dtype=torch.float32)
-            for lp, weight, mapping in zip(logprobs, self.weights, self.union.maps):
-                mixed += weight * mapping.project(lp[ensemble_rows].exp(), self.union.size)  # Eq. 3 (Sec. 4.3)
-            mixed /= self.weights.sum()
-            for row, k in enumerate(ensemble_rows.tolist()):
-                index = self._pick(mixed[row] if generators[k] is None else mixed[row].log(), generators[k])
-                picks[k] = (index, None if self.union.is_stop(index) else self.union.entries[index])
+            for k, token in zip(gate_rows, self._pick_rows(logprobs[self.gate], gate_rows, generators)):
+                picks[k] = (token, None if token in gate_member.stop_ids else (gate_member.vocab.pieces[token] or b""))
+        ensemble_rows = (~confident).nonzero().flatten().tolist()
+        if ensemble_rows:
+            for k, index in zip(ensemble_rows, self._mix_and_pick(logprobs, ensemble_rows, generators)):
+                picks[k] = (index, None if index in self.stop_entries else self.union.entries[index])
         return picks
+
+    def _pick_rows(self, logprobs: torch.Tensor, rows: list[int], generators) -> list[int]:
+        """The gate's own token for these rows: greedy in one batched argmax, or drawn per row."""
+        chosen = _rows(logprobs, rows)
+        if all(generators[k] is None for k in rows):
+            return chosen.argmax(dim=-1).tolist()
+        return [self._pick(chosen[j], generators[k]) for j, k in enumerate(rows)]
+
+    def _mix_and_pick(self, logprobs, rows: list[int], generators) -> list[int]:
+        """Union entries for these rows: the exact greedy argmax of Eq. 3 (vocab/mixture.py), or a
+        draw from the full mixture per row when sampling."""
+        chosen = [_rows(lp, rows) for lp in logprobs]
+        if all(generators[k] is None for k in rows):
+            return self.mixture.greedy(chosen)
+        mixed = self.mixture.full(chosen)  # Eq. 3 (Sec. 4.3)
+        return [self._pick(mixed[j].log(), generators[k]) for j, k in enumerate(rows)]
 
     def _advance(self, live, rows, confident, picks) -> None:
         to_reference = self.union.maps[self.reference].to_member
@@ -300,3 +313,10 @@ class Gac(Method):
         per_member = each(self.members, lambda m: [
             sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts])
         return self._combine(per_member)
+
+
+def _rows(logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """These rows of a member's log-probs (no copy when they are all of them, in order)."""
+    if rows == list(range(logprobs.shape[0])):
+        return logprobs
+    return logprobs.index_select(0, torch.tensor(rows, dtype=torch.long, device=logprobs.device))

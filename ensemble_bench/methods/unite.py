@@ -22,7 +22,8 @@ from pydantic import Field
 from ensemble_bench.members import Member
 from ensemble_bench.methods.base import normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
-from ensemble_bench.vocab.topk import (Aligned, TopKAligner, average_aligned, member_topk, union_keys)
+from ensemble_bench.vocab.fast_topk import block_topk
+from ensemble_bench.vocab.topk import Aligned, TopKAligner, average_aligned, member_topk, union_keys
 
 
 class UniteParams(EmitterParams):
@@ -51,11 +52,17 @@ class Unite(EmitterMethod):
             normalised_weights(params.weights, len(labels))
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        probs = [lp.exp() for lp in logprobs]
-        top_ids = [p.topk(min(self.params.k, p.shape[-1]), dim=-1).indices.tolist() for p in probs]
-        choices, scored = [], []
-        for row in range(probs[0].shape[0]):
-            topks = [member_topk(a, ids[row], p[row]) for a, ids, p in zip(self.aligners, top_ids, probs)]
+        """Algorithm 1 for every row: top-k and stop ids in batched tensor ops on each member's
+        device; keys and rules per row on the host; then one gather per member of the aligned ids'
+        probabilities."""
+        tops = [block_topk(lp, min(self.params.k, lp.shape[-1])) for lp in logprobs]
+        top_ids = [ids.tolist() for _, ids in tops]
+        top_probs = [values.exp().tolist() for values, _ in tops]
+        best_stops = [best_stop_ids(lp, aligner.stop_ids) for lp, aligner in zip(logprobs, self.aligners)]
+        plans = []  # per row: the union keys V^u and, per member, (id, rule) of each key
+        for row in range(len(top_ids[0])):
+            topks = [member_topk(a, ids[row], dict(zip(ids[row], probs[row])))
+                     for a, ids, probs in zip(self.aligners, top_ids, top_probs)]
             keys = union_keys(topks)
             if targets is None:
                 self.union_sizes += len(keys)
@@ -64,8 +71,13 @@ class Unite(EmitterMethod):
                 target_key = self.aligners[self.emitter].key(targets[row])
                 if target_key is not None and target_key not in keys:
                     keys.append(target_key)
-            aligned = [[a.align(key, p[row], topk) for key in keys]  # rules 1-3
-                       for a, p, topk in zip(self.aligners, probs, topks)]
+            plans.append((keys, [[a.aligned_token(key, topk, stops[row]) for key in keys]  # rules 1-3
+                                 for a, topk, stops in zip(self.aligners, topks, best_stops)]))
+        probs = [token_probs(lp, [tokens[index] for _, tokens in plans]) for index, lp in enumerate(logprobs)]
+        choices, scored = [], []
+        for row, (keys, tokens) in enumerate(plans):
+            aligned = [[Aligned(token, prob, rule) for (token, rule), prob in zip(member_tokens, member_probs[row])]
+                       for member_tokens, member_probs in zip(tokens, probs)]
             averaged = average_aligned(aligned, self.weights)  # Alg. 1 line 13
             emitted = aligned[self.emitter]
             choices.append(self._best(emitted, averaged))  # Alg. 1 line 14
@@ -84,3 +96,20 @@ class Unite(EmitterMethod):
         return {**super().info(), "weights_resolved": self.weights,
                 "tokens_manipulated_per_step": self.union_sizes / self.union_rows if self.union_rows else None}
 
+
+def best_stop_ids(logprobs: torch.Tensor, stop_ids: frozenset[int]) -> list[int | None]:
+    """Each row's most probable stop id (the lowest on ties), or None without stop ids."""
+    if not stop_ids:
+        return [None] * logprobs.shape[0]
+    ordered = sorted(stop_ids)
+    best = logprobs[:, torch.tensor(ordered, device=logprobs.device)].argmax(dim=-1).tolist()
+    return [ordered[k] for k in best]
+
+
+def token_probs(logprobs: torch.Tensor, tokens: list[list[tuple[int, int]]]) -> list[list[float]]:
+    """Per row, the probability of each (id, rule) in ``tokens[row]`` (0 for id -1): one gather."""
+    rows = [row for row, row_tokens in enumerate(tokens) for token, _ in row_tokens if token >= 0]
+    ids = [token for row_tokens in tokens for token, _ in row_tokens if token >= 0]
+    index = torch.tensor([rows, ids], dtype=torch.long, device=logprobs.device)
+    flat = iter(logprobs[index[0], index[1]].exp().tolist())
+    return [[next(flat) if token >= 0 else 0.0 for token, _ in row_tokens] for row_tokens in tokens]

@@ -61,19 +61,26 @@ class TopKAligner:
 
     def align(self, key: bytes, probs: Sequence[float], topk: dict[bytes, int]) -> Aligned:
         """Rules 1-3 for one key; ``topk`` maps this member's top-k keys to their ids and
-        ``probs`` is its full next-token distribution (indexable by id)."""
+        ``probs`` is its next-token distribution (indexable by id)."""
+        best_stop = None
+        if key == STOP and key not in topk:  # the member's most probable stop id stands for "stop"
+            best_stop = max(sorted(self.stop_ids), key=lambda i: probs[i], default=None)
+        token, rule = self.aligned_token(key, topk, best_stop)
+        return Aligned(token, float(probs[token]) if token >= 0 else 0.0, rule)
+
+    def aligned_token(self, key: bytes, topk: dict[bytes, int], best_stop: int | None) -> tuple[int, int]:
+        """(id, rule) of rules 1-3 for one key, without probabilities (-1: none); ``best_stop``
+        is the member's most probable stop id."""
         if key in topk:  # rule 1
-            return Aligned(topk[key], float(probs[topk[key]]), RULE_TOPK)
-        if key == STOP:  # the member's most probable stop id stands for "stop"
-            best = max(self.stop_ids, key=lambda i: probs[i], default=None)
-            return Aligned(-1, 0.0, RULE_NONE) if best is None else Aligned(best, float(probs[best]), RULE_VOCAB)
+            return topk[key], RULE_TOPK
+        if key == STOP:
+            return (-1, RULE_NONE) if best_stop is None else (best_stop, RULE_VOCAB)
         token = self._by_key.get(key)
         if token is not None:  # rule 2
-            return Aligned(token, float(probs[token]), RULE_VOCAB)
+            return token, RULE_VOCAB
         if key.startswith(SPECIAL):  # a control token this member does not have
-            return Aligned(-1, 0.0, RULE_NONE)
-        token = self.first_subtoken(key)  # rule 3
-        return Aligned(token, float(probs[token]), RULE_FIRST_SUBTOKEN)
+            return -1, RULE_NONE
+        return self.first_subtoken(key), RULE_FIRST_SUBTOKEN  # rule 3
 
     def first_subtoken(self, key: bytes) -> int:
         if key not in self._first_subtoken:

@@ -34,8 +34,8 @@ class MemberMap:
 
     def project(self, probs: torch.Tensor, union_size: int) -> torch.Tensor:
         """p^i(.) M^i: member probabilities [rows, V_i] -> union space [rows, U] (scatter-add)."""
-        out = torch.zeros((probs.shape[0], union_size), dtype=probs.dtype)
-        return out.index_add_(1, self.union_ids, probs[:, self.src_ids])
+        out = torch.zeros((probs.shape[0], union_size), dtype=probs.dtype, device=probs.device)
+        return out.index_add_(1, self.union_ids.to(probs.device), probs[:, self.src_ids.to(probs.device)])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,312 @@
+"""The methods' own per-step cost, isolated from the members' (issue 18).
+
+Members are real tokenizers of big models (Llama-2 32k, Llama-3 128k, Qwen2 152k; Gemma-3 256k
+when its packaged model is in the cache) in front of near-free random models (one layer, hidden
+size 16), so that a step is almost all vocabulary-sized work. The output heads are scaled so that
+next-token distributions are peaked like a trained model's (top-1 probability 0.1-0.9) rather
+than flat; the share of GaC rows that the top-k bound decides is printed beside the timings.
+
+For each member pair and batch size, in one process: the raw model forward alone (cached greedy
+loop, no Member), each member alone (method ``single``), and every method; per configuration the
+ms per decode step, the overhead over the members' summed steps (ms per step and per row), and
+where the method's own time goes (exclusive time per phase: member forward incl. log-softmax,
+combine/choose, feeding/re-tokenisation, KV-cache edits, the rest = the loop's bookkeeping).
+
+    python scripts/bench_overhead.py [--pairs llama3+qwen2] [--batch-sizes 1 8 32 64] [--tokens 16]
+           [--methods gac gac-gated unite deepen] [--threads 1] [--repeats 3] [--device cpu] [--shape tiny]
+           [--json out.json] [--check gac:8:1.30]
+
+``--check METHOD:BATCH:LIMIT`` exits 1 when that ensemble's ms/step over its members' sum
+exceeds LIMIT (the CI guard uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PROMPTS = [
+    "The capital of France is", "def add(a, b):\n    return", "Question: what is 15 + 27?\nAnswer:",
+    "Café culture in Tokyo", "Once upon a time, in a land far away,", "Translate 'good morning' into German:",
+    "List three prime numbers:", "The mitochondria is the",
+]
+HEAD_SCALE = 300.0  # random head weights x this: peaked distributions (see the module docstring)
+
+
+class PhaseClock:
+    """Exclusive wall time per named phase: a phase entered inside another is not counted twice."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._stack: list[list] = []
+
+    @contextmanager
+    def phase(self, name: str):
+        self._stack.append([name, time.perf_counter(), 0.0])
+        try:
+            yield
+        finally:
+            name, start, inner = self._stack.pop()
+            elapsed = time.perf_counter() - start
+            self.seconds[name] += elapsed - inner
+            if self._stack:
+                self._stack[-1][2] += elapsed
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            with self.phase(name):
+                return original(*args, **kwargs)
+        setattr(owner, attribute, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+
+def instrument(clock: PhaseClock) -> None:
+    """Time the phases of every method by wrapping the functions that do them."""
+    from ensemble_bench.members import kv, local
+    from ensemble_bench.methods import deepen, feeding, gac, token_level, unite
+
+    clock.wrap(local.LocalMember, "_forward", "member forward")
+    for module in (feeding, gac, token_level):
+        clock.wrap(module, "give_text", "feeding")
+    for name in ("left_align_padding", "select_rows", "copy_rows", "append_columns"):
+        clock.wrap(kv, name, "cache edits")
+    clock.wrap(gac.Gac, "_choose", "combine+choose")
+    clock.wrap(unite.Unite, "_step", "combine+choose")
+    clock.wrap(deepen.Deepen, "_step", "combine+choose")
+
+
+# The real shapes of Llama-3-8B and Qwen2-7B (their config.json), for --shape 7b (GPU, bf16).
+SEVEN_B = {
+    "llama3": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                   num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0),
+    "qwen2": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, vocab_size=152064, rope_theta=1000000.0),
+}
+
+
+def tiny_member(vocab: str, device: str, shape: str = "tiny"):
+    """A random model behind a real tokenizer: one layer of hidden size 16 (``tiny``), or the
+    real 7B/8B shape in bf16 (``7b``; Qwen2's attention biases left out)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ensemble_bench.members import LocalMember
+
+    tokenizer = load_tokenizer(vocab)
+    head = max(len(tokenizer), 1 + max(tokenizer.get_vocab().values()))
+    if vocab == "qwen2":
+        head = 151936  # Qwen2's head is padded beyond its tokenizer
+    torch.manual_seed(len(vocab))
+    if shape == "7b":
+        config = LlamaConfig(**{**SEVEN_B[vocab], "vocab_size": max(head, SEVEN_B[vocab]["vocab_size"])},
+                             max_position_embeddings=8192, tie_word_embeddings=False)
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).eval()
+        torch.set_default_dtype(torch.float32)
+    else:
+        config = LlamaConfig(vocab_size=head, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                             tie_word_embeddings=False)
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            model.lm_head.weight.mul_(HEAD_SCALE)
+    return LocalMember(model.to(device), tokenizer, vocab, chat_template=False)
+
+
+def load_tokenizer(vocab: str):
+    if vocab == "gemma3":
+        from ensemble_bench.members import load_tokenizer as from_source
+        from ensemble_bench.members.sources import resolve
+
+        return from_source(resolve("gemma3-270m"))
+    from ensemble_bench.members.vocab_files import load_vocab_tokenizer
+
+    return load_vocab_tokenizer(vocab)
+
+
+def raw_forward_ms(member, prompts: list[str], tokens: int) -> float:
+    """ms per step of the model's own cached greedy loop (argmax of its logits; no Member)."""
+    import torch
+    from transformers import DynamicCache
+
+    from ensemble_bench.members.local import _left_padded
+
+    ids, mask = _left_padded([member.encode(p) for p in prompts], member.pad_id)
+    ids, mask = ids.to(member.device), mask.to(member.device)
+    cache = DynamicCache()
+    elapsed = 0.0
+    with torch.inference_mode():
+        for step in range(tokens):
+            positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+            sync(member.device)
+            start = time.perf_counter()
+            out = member.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                               use_cache=True, logits_to_keep=1)
+            ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+            sync(member.device)
+            if step:
+                elapsed += time.perf_counter() - start
+            mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+    return 1000 * elapsed / (tokens - 1)
+
+
+def sync(device) -> None:
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def make_methods(members, names: list[str]):
+    from ensemble_bench.methods.deepen import Deepen, DeepenParams
+    from ensemble_bench.methods.gac import Gac, GacParams
+    from ensemble_bench.methods.unite import Unite, UniteParams
+
+    factories = {
+        "gac": lambda b: Gac(members, GacParams(), batch_size=b),
+        "gac-gated": lambda b: Gac(members, GacParams(threshold=0.5, gate=0), batch_size=b),
+        "unite": lambda b: Unite(members, UniteParams(primary=0), batch_size=b),
+        "deepen": lambda b: Deepen(members, DeepenParams(main=0), batch_size=b),
+    }
+    return {name: factories[name] for name in names}
+
+
+def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, float], float]:
+    """(ms per decode step, exclusive ms per step per phase, share of GaC rows the bound decided)."""
+    from ensemble_bench.methods.base import Timing
+
+    for member in method.members:
+        sync(member.device)
+    clock.reset()
+    method.timing = Timing()
+    method.generate(requests)
+    for member in method.members:
+        sync(member.device)
+    info = method.info()
+    steps = info["decode_steps"] + info["generation_batches"]  # phases also ran in the first step
+    phases = {name: 1000 * seconds / steps for name, seconds in clock.seconds.items()}
+    return info["decode_ms_per_token"], phases, info.get("bound_decided_fraction")
+
+
+def measure(makers: dict, requests, repeats: int, clock: PhaseClock) -> dict:
+    """Every configuration once per round, ``repeats`` rounds (a load change hits all of them
+    alike); per configuration the median ms/step and the phases of its fastest round."""
+    built = {name: make() for name, make in makers.items()}  # one instance each: warm caches, as in a run
+    for method in built.values():
+        method.generate(requests[:1])  # warm-up
+    runs = {name: [] for name in makers}
+    for _ in range(repeats):
+        for name, method in built.items():
+            runs[name].append(run_once(method, requests, clock))
+    result = {}
+    for name, rounds in runs.items():
+        fastest = min(rounds, key=lambda r: r[0])
+        result[name] = {"ms_per_step": statistics.median(r[0] for r in rounds), "phases": fastest[1],
+                        "bound": fastest[2]}
+    return result
+
+
+def bench_pair(pair: str, args, clock: PhaseClock) -> list[dict]:
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.single import Single
+
+    members = [tiny_member(v, args.device, args.shape) for v in pair.split("+")]
+    methods = make_methods(members, args.methods)
+    rows = []
+    for batch in args.batch_sizes:
+        prompts = (PROMPTS * (batch // len(PROMPTS) + 1))[:batch]
+        requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
+        result = {"pair": pair, "batch": batch,
+                  "raw": {m.name: statistics.median(raw_forward_ms(m, prompts, args.tokens) for _ in range(args.repeats))
+                          for m in members}}
+        makers = {f"member:{m.name}": lambda m=m: Single([m], Single.Params(), batch_size=batch) for m in members}
+        makers.update({name: lambda f=f: f(batch) for name, f in methods.items()})
+        measured = measure(makers, requests, args.repeats, clock)
+        result["members"] = {m.name: measured[f"member:{m.name}"] for m in members}
+        result["methods"] = {name: measured[name] for name in methods}
+        rows.append(result)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| pair | batch | raw fwd sum | members' sum | member / raw | method | ms/step | x members | "
+          "overhead ms (per row) | combine+choose | feeding | cache edits | other |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        raw = sum(r["raw"].values())
+        members = sum(m["ms_per_step"] for m in r["members"].values())
+        for name, m in r["methods"].items():
+            overhead = m["ms_per_step"] - members
+            p = m["phases"]
+            other = m["ms_per_step"] - sum(p.values())
+            print(f"| {r['pair']} | {r['batch']} | {raw:.2f} | {members:.2f} | {members / raw:.2f} | {name} | "
+                  f"{m['ms_per_step']:.2f} | {m['ms_per_step'] / members:.2f} | {overhead:+.2f} "
+                  f"({overhead / r['batch']:+.3f}) | {p.get('combine+choose', 0):.2f} | {p.get('feeding', 0):.2f} | "
+                  f"{p.get('cache edits', 0):.2f} | {other:.2f} |")
+    bounds = [(r["pair"], r["batch"], m["bound"]) for r in rows for n, m in r["methods"].items()
+              if n == "gac" and m["bound"] is not None]
+    if bounds:
+        print("\nGaC rows decided by the top-k bound (no full union projection): " +
+              ", ".join(f"{p} b{b}: {100 * v:.1f}%" for p, b, v in bounds))
+
+
+def check(rows: list[dict], spec: str) -> bool:
+    method, batch, limit = spec.split(":")
+    for r in rows:
+        if r["batch"] == int(batch) and method in r["methods"]:
+            members = sum(m["ms_per_step"] for m in r["members"].values())
+            ratio = r["methods"][method]["ms_per_step"] / members
+            verdict = ratio <= float(limit)
+            print(f"check {r['pair']} {method} batch {batch}: {ratio:.3f} x members' sum (limit {limit}): "
+                  f"{'ok' if verdict else 'TOO SLOW'}")
+            return verdict
+    print(f"check {spec}: no such configuration was measured")
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", nargs="+", default=["llama3+qwen2"])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--methods", nargs="+", default=["gac", "gac-gated", "unite", "deepen"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shape", choices=["tiny", "7b"], default="tiny", help="7b: real Llama-3-8B / Qwen2-7B shapes, bf16")
+    parser.add_argument("--json", default=None, help="also write the raw figures here")
+    parser.add_argument("--check", default=None, help="METHOD:BATCH:LIMIT (exit 1 above the limit)")
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    clock = PhaseClock()
+    instrument(clock)
+    rows = [row for pair in args.pairs for row in bench_pair(pair, args, clock)]
+    print_table(rows)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    if args.check and not check(rows, args.check):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
