@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install demo test test-fast bench clean regress baseline \
+.PHONY: install demo test test-fast bench bench-overhead bench-overhead-check clean regress baseline \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-sweetspan reproduce-coolfusion
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
@@ -40,6 +40,16 @@ test-fast: install
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1
 	$(BIN)/python scripts/bench_methods.py --threads 1
+
+# The methods' own per-step cost: real 32k-152k tokenizers before near-free random models (issue 18).
+bench-overhead: install
+	$(BIN)/python scripts/bench_overhead.py --threads 1 --pairs llama3+qwen2 llama2+llama3
+	$(BIN)/python scripts/bench_overhead.py --threads 1 --methods deepen --batch-sizes 1 8 --repeats 1
+
+# CI's guard on that cost: GaC at batch 8 with the Llama-3 + Qwen2 vocabularies must stay within
+# 1.5x its members' summed ms/step (measured 0.97-1.08x; the old per-row host loop took 2.2-5.0x).
+bench-overhead-check: install
+	$(BIN)/python scripts/bench_overhead.py --threads 1 --methods gac --batch-sizes 8 --repeats 5 --check gac:8:1.5
 
 # CI's regression guard: fixed examples of the packaged models against the committed baseline.
 # Latency is judged as ensemble ms/token over the members' sum in the same run, +50% allowed

@@ -14,7 +14,7 @@ combine/choose, feeding/re-tokenisation, KV-cache edits, the rest = the loop's b
 
     python scripts/bench_overhead.py [--pairs llama3+qwen2] [--batch-sizes 1 8 32 64] [--tokens 16]
            [--methods gac gac-gated unite deepen] [--threads 1] [--repeats 3] [--device cpu] [--shape tiny]
-           [--json out.json] [--check gac:8:1.30]
+           [--json out.json] [--plot STEM] [--check gac:8:1.5]
 
 ``--check METHOD:BATCH:LIMIT`` exits 1 when that ensemble's ms/step over its members' sum
 exceeds LIMIT (the CI guard uses it).
@@ -266,6 +266,33 @@ def print_table(rows: list[dict]) -> None:
               ", ".join(f"{p} b{b}: {100 * v:.1f}%" for p, b, v in bounds))
 
 
+def plot(rows: list[dict], stem: str) -> None:
+    """Ensemble ms/step over the members' summed ms/step against the batch size (PNG and SVG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        members = sum(m["ms_per_step"] for m in r["members"].values())
+        for name, m in r["methods"].items():
+            series[f"{name} ({r['pair']})"].append((r["batch"], m["ms_per_step"] / members))
+    for label, points in series.items():
+        axes.plot(*zip(*points), marker="o", label=label)
+    axes.axhline(1.0, color="grey", linewidth=0.8)
+    axes.axhline(1.2, color="grey", linestyle="--", linewidth=0.8, label="1.20x target")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("ensemble ms/step / members' sum")
+    axes.set_title("Method overhead, near-free members, real vocabularies")
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    for suffix in (".png", ".svg"):
+        figure.savefig(stem + suffix)
+
+
 def check(rows: list[dict], spec: str) -> bool:
     method, batch, limit = spec.split(":")
     for r in rows:
@@ -292,6 +319,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=["tiny", "7b"], default="tiny", help="7b: real Llama-3-8B / Qwen2-7B shapes, bf16")
     parser.add_argument("--json", default=None, help="also write the raw figures here")
     parser.add_argument("--check", default=None, help="METHOD:BATCH:LIMIT (exit 1 above the limit)")
+    parser.add_argument("--plot", default=None, help="path stem: writes STEM.png and STEM.svg")
     args = parser.parse_args()
 
     import torch
@@ -304,6 +332,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
     if args.check and not check(rows, args.check):
         sys.exit(1)
 

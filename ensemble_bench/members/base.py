@@ -1,7 +1,10 @@
 """The Member interface: one causal LM and its tokenizer, driven step by step by a method.
 
-Plain data in and out (token id lists, float32 CPU tensors, frozen dataclasses) so that a remote
-implementation (a Ray actor) can stand behind the same interface.
+Plain data in and out (token id lists, float32 tensors, frozen dataclasses) so that a remote
+implementation (a Ray actor) can stand behind the same interface. Next-token log-probs stay on
+the member's device (a CUDA member's distributions never cross to the host as a whole; methods
+reduce them there and move only ids and a few values); a returned tensor is never changed by a
+later call.
 
 Batched decoding state lives inside the member: ``prefill`` starts a batch of rows, ``extend``
 appends tokens to rows and returns each row's next-token log-probabilities, ``crop`` rolls rows
@@ -100,7 +103,7 @@ class Member(ABC):
     # --- batched, KV-cached stepping --------------------------------------------------------
     @abstractmethod
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Start a batch (left padded); return next-token log-probs, float32 [rows, head]."""
+        """Start a batch (left padded); return next-token log-probs, float32 [rows, head], on the member's device."""
 
     @abstractmethod
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
