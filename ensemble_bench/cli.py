@@ -23,7 +23,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault
+from ensemble_bench.tasks import list_benchmarks
+
+# The commands import the rest of the package inside themselves: recipes, methods, members, the
+# runner and the reports load torch, transformers, lm-eval or pandas, which `ensbench --help` and a
+# one-line usage error should not wait seconds for.
 
 
 def _classes(name: str) -> tuple[type[BaseException], ...]:
@@ -64,7 +70,7 @@ def _quiet_libraries() -> None:
 
 
 def _plan_table(recipe) -> Table:
-    from ensemble_bench.runner import plan_rows, selected_benchmarks
+    from ensemble_bench.recipe import plan_rows, selected_benchmarks
 
     table = Table(title=f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
     for column in ("row", "method", "members", "benchmark", "lm-eval task", "shots", "limit"):
@@ -147,7 +153,6 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
     """UniTE's determine-then-ensemble: pick compatible models from earlier runs; write a recipe."""
     import yaml
 
-    from ensemble_bench.cache import atomic_write_text
     from ensemble_bench.methods import get_method
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
@@ -214,7 +219,6 @@ def table(runs: list[Path] = typer.Argument(..., help="finished runs, or results
           block: str = typer.Option(None, help="only this block of the paper's table"),
           out: Path = typer.Option(None, help="write <out>.md, <out>.tex and <out>.csv (default: print Markdown)")):
     """Our results in the layout of a paper's table (rows the runs lack are marked 'not run')."""
-    from ensemble_bench.cache import atomic_write_text
     from ensemble_bench.report.tables import build_table, get_layout, render
 
     chosen = get_layout(layout)
@@ -247,7 +251,6 @@ def list_things():
     """Methods, packaged offline models and benchmarks."""
     from ensemble_bench.members.sources import PACKAGED
     from ensemble_bench.methods import METHODS
-    from ensemble_bench.tasks import list_benchmarks
 
     methods = Table(title="methods")
     methods.add_column("name")

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from lm_eval.api.model import LM
 
+from ensemble_bench.build import build_from_model_args
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
-from ensemble_bench.methods import (GenerationRequest, LoglikelihoodRequest, Method)
+from ensemble_bench.methods import METHODS, GenerationRequest, LoglikelihoodRequest, Method
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
@@ -65,9 +66,8 @@ class EnsembleLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> EnsembleLM:
-        from ensemble_bench.runner import build_lm_from_dict
-
-        return build_lm_from_dict(dict(arg_dict), cls.method_name, additional_config or {})
+        row, method = build_from_model_args(dict(arg_dict), cls.method_name, additional_config or {})
+        return LM_CLASSES[row.method](method, row.label)
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
     @property
@@ -147,8 +147,6 @@ def _subclass_for(method_name: str) -> type[EnsembleLM]:
 
 
 def _build_subclasses() -> dict[str, type[EnsembleLM]]:
-    from ensemble_bench.methods import METHODS
-
     return {name: _subclass_for(name) for name in METHODS}
 
 

@@ -1,4 +1,5 @@
-"""Recipes: YAML files naming members, a method and its hyper-parameters, tasks and shots.
+"""Recipes: YAML files naming members, a method and its hyper-parameters, tasks and shots; and the
+plan of a recipe (its rows and benchmarks).
 
 Every bad field becomes one ``UserError`` line: ``<file>: <field>: <what is allowed>``.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.sources import check_spec
 from ensemble_bench.methods import get_method
-from ensemble_bench.tasks import get_benchmark
+from ensemble_bench.tasks import Benchmark, get_benchmark
 
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 # every name that becomes a file or folder name (recipe, member, row): no separators, no leading dot
@@ -220,6 +222,54 @@ class Recipe(BaseModel):
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
+# --- the plan of a recipe: its rows and benchmarks ---------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One evaluated model of a run."""
+
+    label: str
+    method: str
+    members: tuple[int, ...]  # indices into recipe.members
+    overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
+    spec: int | None = None  # index into recipe.ensembles (None: a member alone)
+
+
+def plan_rows(recipe: Recipe) -> list[Row]:
+    """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
+    and sweep point. Labels are unique (a recipe that repeats one is refused)."""
+    singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
+    ensembles = []
+    for index, spec in enumerate(recipe.ensembles):
+        if spec.name == "single":
+            continue
+        for point in recipe.sweep_points():
+            label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
+            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index))
+    rows = (singles if recipe.singles or not ensembles else []) + ensembles
+    labels = [row.label for row in rows]
+    unsafe = next((label for label in labels if not is_safe_label(label)), None)
+    if unsafe is not None:
+        raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
+                        "give the method entry a 'label'")
+    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    if repeated:
+        raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
+    return rows
+
+
+def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
+    """(benchmark, shots, limit) per recipe task; refuses benchmarks that cannot run yet."""
+    chosen = []
+    for task in recipe.tasks:
+        bench = get_benchmark(task.name, task.variant)
+        if bench.needs:
+            raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
+        if recipe.data == "offline" and not bench.offline:
+            raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
+        chosen.append((bench, task.shots, recipe.task_limit(task)))
+    return chosen
+
+
 def _field_path(loc, prefix: str = "") -> str:
     path = prefix
     for part in loc:
@@ -271,7 +321,6 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         if folder.is_dir() and not (folder / "config.json").is_file():
             raise UserError(f"{source}: members[{i}].model: folder '{member.model}' holds no saved model "
                             "(no config.json): name a folder written by save_pretrained, or a hub id")
-    from ensemble_bench.runner import plan_rows
     try:
         plan_rows(recipe)
     except UserError as err:

@@ -26,68 +26,21 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
 
+import torch
 import yaml
 
+from ensemble_bench.build import MemberPool, build_method
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError
-from ensemble_bench.recipe import SAFE_NAME, Recipe, is_safe_label, parse_recipe, validate_method
-from ensemble_bench.report.summary import DONE_FILE as DONE
-from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
+from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
 from ensemble_bench.tasks.code_exec import ALLOW_ENV
+from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
 
 HUB = ("huggingface.co", 443)
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-
-@dataclass(frozen=True)
-class Row:
-    """One evaluated model of a run."""
-
-    label: str
-    method: str
-    members: tuple[int, ...]  # indices into recipe.members
-    overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
-    spec: int | None = None  # index into recipe.ensembles (None: a member alone)
-
-
-def plan_rows(recipe: Recipe) -> list[Row]:
-    """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
-    and sweep point. Labels are unique (a recipe that repeats one is refused)."""
-    singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
-    ensembles = []
-    for index, spec in enumerate(recipe.ensembles):
-        if spec.name == "single":
-            continue
-        for point in recipe.sweep_points():
-            label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
-            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index))
-    rows = (singles if recipe.singles or not ensembles else []) + ensembles
-    labels = [row.label for row in rows]
-    unsafe = next((label for label in labels if not is_safe_label(label)), None)
-    if unsafe is not None:
-        raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
-                        "give the method entry a 'label'")
-    repeated = next((label for label in labels if labels.count(label) > 1), None)
-    if repeated:
-        raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
-    return rows
-
-
-def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
-    """(benchmark, shots, limit) per recipe task; refuses benchmarks that cannot run yet."""
-    chosen = []
-    for task in recipe.tasks:
-        bench = get_benchmark(task.name, task.variant)
-        if bench.needs:
-            raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
-        if recipe.data == "offline" and not bench.offline:
-            raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
-        chosen.append((bench, task.shots, recipe.task_limit(task)))
-    return chosen
-
 
 # --- checks before anything is loaded (run and --dry-run) -------------------------------------------
 def _network_problem(recipe: Recipe) -> str | None:
@@ -109,8 +62,6 @@ def _device_problems(recipe: Recipe) -> list[str]:
     placed = [(i, m.device) for i, m in enumerate(recipe.members) if m.device_map is None and m.device != "cpu"]
     if recipe.placement.kind == "ray" or not placed:
         return []
-    import torch
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problems = []
     for i, device in placed:
@@ -188,57 +139,6 @@ def finished_run(recipe: Recipe) -> Path | None:
 def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
     dumped = recipe.model_dump(mode="json", exclude_none=True)
     atomic_write_text(run_dir / "recipe.yaml", yaml.safe_dump(dumped, sort_keys=False))
-
-
-# --- building models ------------------------------------------------------------------------------
-class MemberPool:
-    """Loads each recipe member once and shares it between rows."""
-
-    def __init__(self, recipe: Recipe):
-        self.recipe = recipe
-        self._loaded: dict[int, object] = {}
-        self._actors: dict[int, object] = {}  # placement ray: every member's actor, loading side by side
-
-    def get(self, index: int):
-        if index not in self._loaded:
-            spec = self.recipe.members[index]
-            placement = self.recipe.placement
-            if placement.kind == "ray":  # the model in a Ray actor; members/remote.py
-                from ensemble_bench.members.remote import RemoteMember, connect, launch
-
-                connect(placement.address, placement.num_cpus, placement.num_gpus)
-                if not self._actors:
-                    self._actors = {i: launch(s.load_kwargs(), s.actor_options()) for i, s in enumerate(self.recipe.members)}
-                self._loaded[index] = RemoteMember(spec.load_kwargs(), actor=self._actors[index])
-            else:
-                from ensemble_bench.members import load_member
-
-                self._loaded[index] = load_member(**spec.load_kwargs())
-        return self._loaded[index]
-
-
-def build_method(recipe: Recipe, row: Row, pool: MemberPool):
-    from ensemble_bench.methods import get_method
-
-    method_cls = get_method(row.method)
-    params = (method_cls.Params() if row.spec is None else
-              validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1])
-    members = [pool.get(i) for i in row.members]
-    return method_cls(members, params, batch_size=recipe.batch_size)
-
-
-def build_lm_from_dict(data: dict, method_name: str | None, extra: dict):
-    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method)."""
-    from ensemble_bench.lm import LM_CLASSES
-
-    data.setdefault("name", "cli")
-    data.setdefault("tasks", ["piqa"])
-    data.setdefault("method", method_name or "single")
-    if extra.get("batch_size") and "batch_size" not in data:
-        data["batch_size"] = int(extra["batch_size"])
-    recipe = parse_recipe(data, "--model_args")
-    row = plan_rows(recipe)[-1]
-    return LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label)
 
 
 # --- evaluation -----------------------------------------------------------------------------------
@@ -353,8 +253,6 @@ def _quiet_git_hash() -> str | None:
 
 def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | None, str]]]:
     """Task configs for the run: one lm-eval group per distinct limit, all in one folder."""
-    from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
-
     chosen = selected_benchmarks(recipe)
     if recipe.data == "offline":
         ensure_offline_data([b for b, _, _ in chosen])
@@ -370,13 +268,10 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | N
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
     """Run every row of the recipe; return the run directory (with summary.md when done)."""
+    import lm_eval.evaluator  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     from lm_eval.tasks import TaskManager
 
-    from ensemble_bench.lm import LM_CLASSES
-    from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.tasks.offline import include_defaults_needed
-
-    import lm_eval.evaluator
+    from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
     lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
     run_dir, resumed = _run_dir(recipe, fresh)

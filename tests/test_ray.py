@@ -139,7 +139,7 @@ def test_emitter_methods_remote_equal_local(pairs, method):
 
 def test_member_pool_builds_remote_members(cluster, tiny_dirs):
     from ensemble_bench.members.remote import RemoteMember
-    from ensemble_bench.runner import MemberPool
+    from ensemble_bench.build import MemberPool
 
     recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "bpe", "num_cpus": 0}],
                            "method": "single", "tasks": ["piqa"], "placement": {"kind": "ray"}})

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import yaml
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.recipe import Row, parse_recipe, plan_rows
 from ensemble_bench.tasks import Benchmark, get_benchmark
-
-if TYPE_CHECKING:  # runner imports this module
-    from ensemble_bench.runner import Row
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
 
@@ -80,8 +77,6 @@ def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float
 
 def finished_recipe(run_dir: Path):
     """The recipe of a finished run folder (UserError if it is not one)."""
-    from ensemble_bench.recipe import parse_recipe
-
     if not (run_dir / DONE_FILE).exists() or not (run_dir / "recipe.yaml").exists():
         raise UserError(f"{run_dir}: not a finished ensbench run (no summary.md / recipe.yaml)")
     path = run_dir / "recipe.yaml"
@@ -102,8 +97,6 @@ class RunRow:
 
 def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     """Every planned row of a run (finished unless ``recipe`` is given), in plan order."""
-    from ensemble_bench.runner import plan_rows
-
     recipe = recipe or finished_recipe(run_dir)
     benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
     rows = []

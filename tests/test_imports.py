@@ -1,0 +1,114 @@
+"""The package's import graph, read with ``ast``: no cycle among module-level imports, and the seams
+of the design hold (members and vocab know nothing of methods, the runner, lm-eval's adapter or the
+CLI; methods know nothing of lm-eval, the adapter, the runner or the CLI), in function-level imports
+too."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ensemble_bench"
+TOP = "ensemble_bench"
+FORBIDDEN = {  # package -> modules (and their submodules) it must not import
+    f"{TOP}.members": (f"{TOP}.methods", f"{TOP}.runner", f"{TOP}.lm", f"{TOP}.cli"),
+    f"{TOP}.vocab": (f"{TOP}.methods", f"{TOP}.runner", f"{TOP}.lm", f"{TOP}.cli"),
+    f"{TOP}.methods": (f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    """The modules one import statement names (relative imports resolved; ``from pkg import mod``
+    names the submodule when there is one)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    base = node.module or ""
+    if node.level:
+        package = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+        base = f"{package}.{base}" if base else package
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def is_type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports_of(module: str) -> tuple[set[str], set[str]]:
+    """(imports run when the module is imported, imports inside functions or classes' methods)."""
+    top, inner = set(), set()
+
+    def visit(node, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (inner if nested else top).update(imported(child, module))
+            elif isinstance(child, ast.If) and is_type_checking(child):
+                continue  # typing only, never run
+            else:
+                visit(child, nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(MODULES[module].read_text()), False)
+    return top, inner
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph (as a closed path), or None."""
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        path.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    return next((c for node in sorted(edges) if node not in state and (c := visit(node))), None)
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_graph_sees_known_imports():
+    assert f"{TOP}.errors" in GRAPH[f"{TOP}.cli"][0]
+    assert "ray" in GRAPH[f"{TOP}.members.remote"][1]
+
+
+def test_no_cycle_among_module_level_imports():
+    edges = {module: {t for t in top if t in MODULES} for module, (top, _) in GRAPH.items()}
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_cycle_hidden_in_function_level_imports():
+    edges = {module: {t for t in top | inner if t in MODULES} for module, (top, inner) in GRAPH.items()}
+    cycle = find_cycle(edges)
+    assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_seams_hold():
+    broken = [f"{module} imports {target}"
+              for module, (top, inner) in GRAPH.items()
+              for package, banned in FORBIDDEN.items() if within(module, package)
+              for target in top | inner if any(within(target, b) for b in banned)]
+    assert not broken, "; ".join(broken)
