@@ -33,8 +33,9 @@ from ensemble_bench.methods.base import (Generation, GenerationRequest, Loglikel
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.feeding import give_text, text_appender
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
+from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
-from ensemble_bench.vocab.union import UnionVocab, cached_union
+from ensemble_bench.vocab.union import UnionVocab
 
 
 class GacParams(MethodParams):

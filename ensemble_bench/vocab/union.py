@@ -7,6 +7,7 @@ a stop entry keyed by its literal text in a namespace of its own, so members sha
 member ensembled with itself then picks exactly what it picks alone); choosing any stop entry
 ends the row. Other special tokens and padded head rows map nowhere. The maps are sparse index
 arrays (``src_ids[k] -> union_ids[k]``) applied with a scatter-add, never dense |V| x |U| matrices.
+(Cached on disk by ``ensemble_bench.union_cache``; this module only computes.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -79,11 +79,12 @@ def build_union(views: Sequence[VocabView], stop_ids: Sequence[Sequence[int]]) -
         pairs.append((torch.tensor(src, dtype=torch.long), torch.tensor(dst, dtype=torch.long)))
     entries = tuple(sorted(index, key=index.__getitem__))
     stop_mask = torch.tensor([e.startswith(STOP_KEY) for e in entries], dtype=torch.bool)
-    maps = tuple(_member_map(src, dst, entries) for src, dst in pairs)
+    maps = tuple(member_map(src, dst, entries) for src, dst in pairs)
     return UnionVocab(entries, maps, stop_mask)
 
 
-def _member_map(src: torch.Tensor, dst: torch.Tensor, entries: tuple[bytes, ...]) -> MemberMap:
+def member_map(src: torch.Tensor, dst: torch.Tensor, entries: tuple[bytes, ...]) -> MemberMap:
+    """One member's map from its (id -> union index) pairs."""
     missing = torch.iinfo(torch.long).max
     to_member = torch.full((len(entries),), missing, dtype=torch.long)
     to_member.scatter_reduce_(0, dst, src, reduce="amin")  # lowest id among duplicates
@@ -92,21 +93,3 @@ def _member_map(src: torch.Tensor, dst: torch.Tensor, entries: tuple[bytes, ...]
     for token_id, union_id in zip(src.tolist(), dst.tolist()):
         by_bytes.setdefault(entries[union_id], token_id)
     return MemberMap(src, dst, to_member, by_bytes)
-
-
-def cached_union(views: Sequence[VocabView], stop_ids: Sequence[Sequence[int]], folder: Path) -> UnionVocab:
-    """``build_union`` cached on disk, keyed by the members' vocabulary fingerprints."""
-    key = "-".join(vocab_fingerprint(v, s) for v, s in zip(views, stop_ids))
-    path = folder / f"union-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
-    if path.exists():
-        saved = torch.load(path, weights_only=False)
-        entries = tuple(saved["entries"])
-        return UnionVocab(entries, tuple(_member_map(src, dst, entries) for src, dst in saved["maps"]),
-                          saved["stop_mask"])
-    union = build_union(views, stop_ids)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    torch.save({"entries": list(union.entries), "stop_mask": union.stop_mask,
-                "maps": [(m.src_ids, m.union_ids) for m in union.maps]}, partial)
-    partial.replace(path)
-    return union
