@@ -20,7 +20,7 @@ from lm_eval.api.model import LM
 from ensemble_bench.build import build_from_model_args
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
-from ensemble_bench.methods import METHODS, GenerationRequest, LoglikelihoodRequest, Method
+from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
@@ -44,7 +44,7 @@ def stop_strings(until) -> tuple[str, ...]:
 class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
-    method_name: str | None = None  # set on the per-method subclasses registered below
+    method_name: str | None = None  # set on the per-method subclasses below
 
     def __init__(self, method: Method, label: str, progress: Callable[[int], None] | None = None,
                  chunk_size: int | None = None):
@@ -141,17 +141,45 @@ class EnsembleLM(LM):
                                    self.method.loglikelihood_rolling)
 
 
-def _subclass_for(method_name: str) -> type[EnsembleLM]:
-    class_name = "".join(part.capitalize() for part in method_name.replace("-", "_").split("_")) + "LM"
-    return type(class_name, (EnsembleLM,), {"method_name": method_name, "__module__": __name__})
+# --- one registered lm-eval model per method (the class name is its "module:Class" target) -----------
+class SingleLM(EnsembleLM):
+    method_name = "single"
 
 
-def _build_subclasses() -> dict[str, type[EnsembleLM]]:
-    return {name: _subclass_for(name) for name in METHODS}
+class GacLM(EnsembleLM):
+    method_name = "gac"
 
 
-LM_CLASSES = _build_subclasses()
-globals().update({cls.__name__: cls for cls in LM_CLASSES.values()})
+class UniteLM(EnsembleLM):
+    method_name = "unite"
+
+
+class DeepenLM(EnsembleLM):
+    method_name = "deepen"
+
+
+class VotingLM(EnsembleLM):
+    method_name = "voting"
+
+
+class MbrLM(EnsembleLM):
+    method_name = "mbr"
+
+
+class RerankLM(EnsembleLM):
+    method_name = "rerank"
+
+
+class CoolfusionLM(EnsembleLM):
+    method_name = "coolfusion"
+
+
+class SweetspanLM(EnsembleLM):
+    method_name = "sweetspan"
+
+
+LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
+    SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM)}
 
 
 def register_all() -> None:
