@@ -39,6 +39,7 @@ from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import split_valid_utf8
+from ensemble_bench.vocab.words import common_ends
 
 
 class SpanParams(MethodParams):
@@ -103,10 +104,8 @@ class SpanMethod(Method):
         return means.index(min(means)), [[True] * len(row) for row in table]
 
     def _common_ends(self, text: str) -> list[int]:
-        common = set(self.members[0].word_starts(text))
-        for member in self.members[1:]:
-            common &= set(member.word_starts(text))
-        return sorted(common)
+        """Offsets in ``text`` where every member's tokenizer starts a word (Cool-Fusion Sec. 2.1-2.2)."""
+        return common_ends([member.word_starts(text) for member in self.members])
 
     # --- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
