@@ -183,14 +183,16 @@ LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
 
 
 def register_all() -> None:
-    """Register each method under its own lm-eval model name, as a lazy "module:Class" target.
-
-    Must run after ``lm_eval.models`` is imported (that import fills the registry first).
+    """Register each method under its own lm-eval model name, as a lazy "module:Class" target;
+    calling it again is harmless. Must run after ``lm_eval.models`` is imported (that import fills
+    the registry first).
     """
     import lm_eval.models  # noqa: F401
     from lm_eval.api.registry import model_registry
 
     for name, cls in LM_CLASSES.items():
+        if name in model_registry and model_registry.get(name) is cls:
+            continue  # registered (and resolved) by an earlier call
         model_registry.register(name, target=f"{__name__}:{cls.__name__}")
 
 

@@ -44,8 +44,6 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
 
-    import torch
-
     from ensemble_bench.members import LocalMember, Prompt
     from ensemble_bench.methods import LoglikelihoodRequest
     from tests.tiny import REQUESTS, byte_bpe_tokenizer, sentencepiece_tokenizer, tiny_llama

@@ -49,3 +49,15 @@ def same_model(request):
     tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
     model = request.getfixturevalue(f"{request.param}_model")
     return lambda name: LocalMember(model, tokenizer, name)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Two tiny models with different tokenizers, saved as ordinary local model directories."""
+    dirs = []
+    for name, tokenizer in (("tiny-bpe", byte_bpe_tokenizer()), ("tiny-sp", sentencepiece_tokenizer())):
+        path = tmp_path_factory.mktemp(name)
+        tiny_llama(len(tokenizer), seed=len(dirs) + 1).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs.append(str(path))
+    return dirs

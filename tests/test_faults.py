@@ -23,7 +23,6 @@ import typer
 from ensemble_bench import cli
 from ensemble_bench.errors import EnvironmentFault, UserError
 from tests.fake_runs import fake_run
-from tests.tiny import byte_bpe_tokenizer, sentencepiece_tokenizer, tiny_llama
 
 ONE_MEMBER = textwrap.dedent("""\
     name: hostile
@@ -56,17 +55,6 @@ def one_line(out) -> str:
     assert len(lines) == 1, out.err
     assert "Traceback" not in out.err + out.out
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    dirs = []
-    for name, tokenizer in (("tiny-bpe", byte_bpe_tokenizer()), ("tiny-sp", sentencepiece_tokenizer())):
-        path = tmp_path_factory.mktemp(name)
-        tiny_llama(len(tokenizer), seed=len(dirs) + 1).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        dirs.append(path)
-    return dirs
 
 
 def tiny_recipe(dirs, output, limit=4):

@@ -21,20 +21,9 @@ from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.recipe import parse_recipe
-from tests.tiny import CORPUS, REQUESTS, byte_bpe_tokenizer, outputs, sentencepiece_tokenizer, tiny_llama
+from tests.tiny import CORPUS, REQUESTS, outputs
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    dirs = []
-    for name, tokenizer in (("tiny-bpe", byte_bpe_tokenizer()), ("tiny-sp", sentencepiece_tokenizer())):
-        path = tmp_path_factory.mktemp(name)
-        tiny_llama(len(tokenizer), seed=len(dirs) + 1).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        dirs.append(str(path))
-    return dirs
 
 
 @pytest.fixture(scope="module")

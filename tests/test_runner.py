@@ -8,22 +8,8 @@ import textwrap
 import pytest
 
 from ensemble_bench.cli import main
-from tests.tiny import byte_bpe_tokenizer, sentencepiece_tokenizer, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("offline_data")
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory):
-    """Two tiny models with different tokenizers, saved as ordinary local model directories."""
-    dirs = []
-    for name, tokenizer in (("tiny-bpe", byte_bpe_tokenizer()), ("tiny-sp", sentencepiece_tokenizer())):
-        model = tiny_llama(len(tokenizer), seed=len(dirs) + 1)
-        path = tmp_path_factory.mktemp(name)
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        dirs.append(path)
-    return dirs
 
 
 def recipe_text(dirs, output):
