@@ -1,0 +1,379 @@
+"""Seq2SeqMember: an encoder-decoder model (NLLB / M2M100, mBART-50, Marian, T5) behind the Member
+interface.
+
+The encoder runs once per row, at ``prefill``; ``extend`` / ``crop`` / ``keep`` act on the decoder
+and its KV cache (self-attention cache edited row-wise like LocalMember's, cross-attention cache and
+encoder states kept per row). Rows of ids are plain lists, so a row carries its encoder input:
+
+    row = encoder ids + [SOURCE_END] + decoder ids
+
+``render`` and ``encode_pair`` build such rows; ``row_ids`` / ``crop`` lengths count the DECODER ids
+only (the forced start and target-language tokens included), so the methods' crop-to-prefix logic
+never reaches into the source. A row without SOURCE_END is all encoder input (the decoder starts
+from the model's decoder start token).
+
+Which text goes to the encoder (docs/translation.md): a translation prompt ends with the two lines
+
+    <Source language>: <sentence>
+    <Target language>:
+
+(the Flores tasks' format); then the encoder gets the sentence alone (no few-shot scaffolding) with
+the family's source-language marker, and the decoder starts from the family's forced target-language
+token (NLLB ``deu_Latn``, M2M100 ``__de__``, mBART-50 ``de_DE``, Marian ``>>de<<`` where the
+vocabulary has it; T5 gets the task prefix "translate English to German: " instead). Any other
+prompt goes to the encoder whole.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache, EncoderDecoderCache
+
+from ensemble_bench.members import kv
+from ensemble_bench.members.base import ForwardClock, Member, Prompt, Score, flatten_messages
+from ensemble_bench.members.local import max_length_of, stop_ids_of
+from ensemble_bench.members.tokenizer_side import TokenizerSide
+from ensemble_bench.vocab import build_vocab_view
+
+SOURCE_END = -1  # separates a row's encoder ids from its decoder ids (never a real token id)
+
+# Language name (as the translation prompts spell it) -> ISO 639-1 and NLLB / mBART-50 codes.
+LANGUAGES: dict[str, tuple[str, str, str]] = {
+    "English": ("en", "eng_Latn", "en_XX"),
+    "German": ("de", "deu_Latn", "de_DE"),
+    "Romanian": ("ro", "ron_Latn", "ro_RO"),
+    "French": ("fr", "fra_Latn", "fr_XX"),
+    "Spanish": ("es", "spa_Latn", "es_XX"),
+    "Czech": ("cs", "ces_Latn", "cs_CZ"),
+    "Russian": ("ru", "rus_Cyrl", "ru_RU"),
+    "Chinese": ("zh", "zho_Hans", "zh_CN"),
+    "Japanese": ("ja", "jpn_Jpan", "ja_XX"),
+}
+
+_PAIR = re.compile(r"(?:^|\n)([A-Z][a-z]+): ([^\n]+)\n([A-Z][a-z]+):[ \t]*$")
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A translation request found in a prompt: the sentence and both language names."""
+
+    source: str
+    source_language: str
+    target_language: str
+
+
+def find_translation(text: str) -> Translation | None:
+    """The sentence and languages of a prompt ending '<Src>: <sentence>\\n<Tgt>:' (known names only)."""
+    match = _PAIR.search(text)
+    if match is None or match.group(1) not in LANGUAGES or match.group(3) not in LANGUAGES:
+        return None
+    return Translation(match.group(2).strip(), match.group(1), match.group(3))
+
+
+def source_text(prompt: Prompt) -> str:
+    """The text a seq2seq member reads: a chat's last user turn (else all turns joined), or the text."""
+    if not prompt.is_chat:
+        return prompt.text
+    users = [content for role, content in prompt.messages if role == "user"]
+    whole = flatten_messages(prompt.messages)
+    return users[-1] if users and find_translation(users[-1]) else whole
+
+
+def language_token(tokenizer, family: str, language: str) -> int | None:
+    """The id of the family's marker for ``language`` (None where the vocabulary has none)."""
+    iso, nllb, mbart = LANGUAGES[language]
+    candidates = {"m2m_100": (nllb, f"__{iso}__"), "nllb-moe": (nllb,), "mbart": (mbart,),
+                  "marian": (f">>{iso}<<",)}.get(family, ())
+    unk = tokenizer.unk_token_id
+    for token in candidates:
+        found = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(found, int) and found != unk:
+            return found
+    return None
+
+
+class _PinnedPositions(nn.Module):
+    """Wraps a decoder's absolute position embedding so that each row's tokens get their logical
+    positions (rows are left padded: the model's own count would include the padding)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.positions: torch.Tensor | None = None  # [rows, new tokens], 0-based, set per forward
+
+    def forward(self, *args, **kwargs):
+        if self.positions is None:
+            return self.inner(*args, **kwargs)
+        return self._lookup(self.positions)
+
+    def _lookup(self, positions: torch.Tensor) -> torch.Tensor:
+        inner = self.inner
+        if hasattr(inner, "make_weights") and hasattr(inner, "weights"):  # M2M100 / NLLB sinusoids
+            index = positions + inner.padding_idx + 1
+            if int(index.max()) >= inner.weights.size(0):
+                inner.make_weights(int(index.max()) + 1 + inner.offset, inner.embedding_dim, inner.padding_idx)
+            table = inner.weights.to(positions.device)
+            return table.index_select(0, index.reshape(-1)).view(*index.shape, -1).detach()
+        if type(inner).__name__.endswith("SinusoidalPositionalEmbedding"):  # Marian
+            return inner(positions.shape, 0, position_ids=positions)
+        return inner(positions, 0, position_ids=positions)  # BART / mBART learned positions
+
+
+def pin_decoder_positions(model) -> _PinnedPositions | None:
+    """Install (once) the position wrapper on the decoder; None for relative-position models (T5)."""
+    decoder = model.get_decoder()
+    current = getattr(decoder, "embed_positions", None)
+    if current is None:
+        return None
+    if not isinstance(current, _PinnedPositions):
+        current = _PinnedPositions(current)
+        decoder.embed_positions = current
+    return current
+
+
+class Seq2SeqMember(TokenizerSide, Member):
+    """An encoder-decoder model in this process, stepped on the decoder side."""
+
+    uses_chat_template = False  # the encoder reads the source, not a chat
+    remote = False
+
+    def __init__(self, model, tokenizer, name: str):
+        if not getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError(f"member '{name}': {type(model).__name__} is not an encoder-decoder model")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.family = model.config.model_type
+        self.device = next(model.parameters()).device
+        self.vocab = build_vocab_view(tokenizer, model.get_output_embeddings().weight.shape[0])
+        self.stop_ids = stop_ids_of(tokenizer, model.generation_config, self.vocab)
+        self.max_length = max_length_of(model.config, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        start = model.config.decoder_start_token_id
+        if start is None:
+            start = getattr(model.generation_config, "decoder_start_token_id", None)
+        self.start_id = int(start if start is not None else self.pad_id)
+        self.prefix_token_id = self.start_id
+        self._bos_text = None
+        self._positions = pin_decoder_positions(model)
+        self.clock = ForwardClock()
+        self._reset(0)
+
+    # --- prompts -> rows ---------------------------------------------------------------------------
+    def render_text(self, prompt: Prompt) -> str:
+        return source_text(prompt)
+
+    def render(self, prompt: Prompt) -> list[int]:
+        return self.source_row(self.render_text(prompt))
+
+    def source_row(self, text: str) -> list[int]:
+        """encoder ids + [SOURCE_END] + decoder prefix for a prompt's text (see the module docstring)."""
+        found = find_translation(text)
+        if found is None:
+            return self.tokenizer.encode(text) + [SOURCE_END, self.start_id]
+        body = found.source
+        if self.family in ("t5", "mt5", "umt5"):
+            body = f"translate {found.source_language} to {found.target_language}: {found.source}"
+        encoder = self.tokenizer.encode(body, add_special_tokens=False)
+        source_code = language_token(self.tokenizer, self.family, found.source_language)
+        target_code = language_token(self.tokenizer, self.family, found.target_language)
+        eos = self.tokenizer.eos_token_id
+        if self.family == "marian":
+            encoder = ([target_code] if target_code is not None else []) + encoder
+            source_code = target_code = None
+        head = [source_code] if source_code is not None else []
+        tail = [eos] if eos is not None else []
+        decoder = [self.start_id] + ([target_code] if target_code is not None else [])
+        return head + encoder + tail + [SOURCE_END] + decoder
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """The context's row (encoder input + decoder prefix) and the continuation's decoder ids."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        return self.source_row(context), self.encode(continuation, add_special_tokens=False)
+
+    def rolling_pairs(self, text: str) -> list[tuple[list[int], list[int]]]:
+        """Windows of the text as decoder output over an empty source (perplexity tasks)."""
+        ids = self.encode(text, add_special_tokens=False)
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        return [(eos + [SOURCE_END, self.start_id] + ids[:start], ids[start:start + self.max_length])
+                for start in range(0, len(ids), self.max_length)]
+
+    # --- batched, KV-cached stepping --------------------------------------------------------
+    def _reset(self, rows: int) -> None:
+        """Empty decoder state for ``rows`` rows (the encoder states are set by ``prefill``)."""
+        self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        self._mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+        self._ids: list[list[int]] = [[] for _ in range(rows)]
+        self._last = torch.full((rows, self.vocab.size), float("nan"), device=self.device)
+
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        split = [split_row(row, self.start_id) for row in rows]
+        self._reset(len(rows))
+        self._encoded, self._encoder_mask = self._encode([s for s, _ in split])
+        return self._append([d for _, d in split], phase="prefill")
+
+    def _encode(self, sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the encoder once over right-padded sources; (hidden states, mask)."""
+        ids, mask = _right_padded(sources, self.pad_id)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            hidden = self.model.get_encoder()(input_ids=ids.to(self.device),
+                                              attention_mask=mask.to(self.device)).last_hidden_state
+        self.clock.prefill_seconds += time.perf_counter() - start
+        return hidden, mask.to(self.device)
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        self._check_rows(tokens)
+        return self._append(tokens, phase="decode")
+
+    def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
+        self._check_rows(tokens)
+        scored: list[list[float]] = [[] for _ in tokens]
+        return self._append(tokens, phase="decode", scored=scored), scored
+
+    def _check_rows(self, tokens: Sequence[Sequence[int]]) -> None:
+        if len(tokens) != len(self._ids):
+            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+
+    def _append(self, tokens, phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
+        """Feed each row's new decoder tokens (all rows in one forward). The new block is right
+        padded, so a row's new tokens follow its old ones without a gap (relative-position models
+        such as T5 see true distances); the padding moves to the left afterwards."""
+        active = [r for r, row in enumerate(tokens) if row]
+        if not active:
+            return self._last
+        rows = [[int(t) for t in row] for row in tokens]
+        ids, new_mask = _right_padded(rows, self.pad_id)
+        for r in active:
+            self._ids[r].extend(rows[r])
+        logprobs = self._forward(ids, new_mask, phase)
+        if scored is not None:
+            for r in active:
+                steps = logprobs[r, :len(rows[r]) - 1]
+                targets = torch.tensor(rows[r][1:], dtype=torch.long, device=steps.device)
+                scored[r] = steps.gather(1, targets[:, None]).squeeze(1).tolist()
+        index = torch.tensor(active, dtype=torch.long, device=self.device)
+        ends = torch.tensor([len(rows[r]) - 1 for r in active], dtype=torch.long, device=logprobs.device)
+        self._last = self._last.index_copy(0, index, logprobs[index.to(logprobs.device), ends].to(self.device))
+        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+        return self._last
+
+    def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, phase: str) -> torch.Tensor:
+        """One decoder forward over ``ids`` after the cache; log-probs [rows, new, V] (float32)."""
+        self._mask = torch.cat([self._mask, new_mask.to(self.device)], dim=1)
+        positions = (self._mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        if self._positions is not None:
+            self._positions.positions = positions
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
+                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=self._mask,
+                                 past_key_values=self._cache, use_cache=True)
+        finally:
+            if self._positions is not None:
+                self._positions.positions = None
+        logprobs = out.logits.float().log_softmax(dim=-1)
+        self._tick(phase, time.perf_counter() - start)
+        return logprobs
+
+    def _tick(self, phase: str, seconds: float) -> None:
+        """Account one decoder forward to prefill or decode time."""
+        if phase == "prefill":
+            self.clock.prefill_seconds += seconds
+            self.clock.prefill_calls += 1
+        else:
+            self.clock.decode_seconds += seconds
+            self.clock.decode_calls += 1
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        cropped = []
+        for r, length in enumerate(lengths):
+            current = len(self._ids[r])
+            if not 0 <= length <= current:
+                raise ValueError(f"row {r}: cannot crop {current} tokens to {length}")
+            if length < current:
+                self._mask[r, self._mask.shape[1] - (current - length):] = 0
+                del self._ids[r][length:]
+                cropped.append(r)
+        if cropped:
+            index = torch.tensor(cropped, dtype=torch.long, device=self.device)
+            self._last = self._last.index_fill(0, index, float("nan"))
+        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        kv.select_rows(self._cache.self_attention_cache, index)
+        kv.select_rows(self._cache.cross_attention_cache, index)
+        self._encoded = self._encoded.index_select(0, index)
+        self._encoder_mask = self._encoder_mask.index_select(0, index)
+        self._mask = self._mask.index_select(0, index)
+        self._ids = [self._ids[r] for r in rows]
+        self._last = self._last.index_select(0, index)
+        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+
+    def row_ids(self) -> list[list[int]]:
+        return [list(r) for r in self._ids]
+
+    def input_embeddings(self) -> torch.Tensor:
+        weight = self.model.get_decoder().get_input_embeddings().weight.detach()
+        return weight[:self.vocab.size]
+
+    # --- scoring --------------------------------------------------------------------------------
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+        """Sum of the continuation's log-probs given the row's source and decoder prefix, and whether
+        greedy decoding yields it; batched without a cache (right padding)."""
+        results: list[Score] = []
+        for start in range(0, len(pairs), batch_size):
+            results.extend(self._score_chunk(pairs[start:start + batch_size]))
+        return results
+
+    def _score_chunk(self, pairs) -> list[Score]:
+        split = [split_row(context, self.start_id) for context, _ in pairs]
+        decoder_rows = [(prefix + list(cont))[:-1] for (_, prefix), (_, cont) in zip(split, pairs)]
+        encoded, encoder_mask = self._encode([s for s, _ in split])
+        ids, mask = _right_padded(decoder_rows, self.pad_id)
+        with torch.inference_mode():
+            logits = self.model(encoder_outputs=(encoded,), attention_mask=encoder_mask,
+                                decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask.to(self.device),
+                                use_cache=False).logits
+        logprobs = logits.float().log_softmax(dim=-1)
+        scores = []
+        for r, ((_, prefix), (_, cont)) in enumerate(zip(split, pairs)):
+            rows = logprobs[r, len(prefix) - 1:len(prefix) - 1 + len(cont)]
+            target = torch.tensor(list(cont), dtype=torch.long, device=logprobs.device)
+            picked = rows.gather(1, target[:, None]).squeeze(1)
+            scores.append(Score(float(picked.sum()), bool((rows.argmax(dim=-1) == target).all())))
+        return scores
+
+
+def split_row(row: Sequence[int], start_id: int) -> tuple[list[int], list[int]]:
+    """(encoder ids, decoder ids) of a row; a row without SOURCE_END is all source."""
+    row = [int(t) for t in row]
+    if SOURCE_END not in row:
+        return row, [start_id]
+    cut = row.index(SOURCE_END)
+    decoder = row[cut + 1:]
+    if not decoder:
+        raise ValueError("a seq2seq row needs at least one decoder token after SOURCE_END")
+    return row[:cut], decoder
+
+
+def _right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids left-aligned in a [rows, width] tensor, and the mask of real tokens."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        if row:
+            ids[r, :len(row)] = torch.tensor(list(row), dtype=torch.long)
+            mask[r, :len(row)] = 1
+    return ids, mask
