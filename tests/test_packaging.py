@@ -50,3 +50,8 @@ def test_every_data_file_is_in_the_wheel():
 
 def test_the_code_reads_the_tables_data():
     assert {PACKAGE / "report" / "layouts.yaml", PACKAGE / "report" / "paper_numbers.csv"} <= files_named_beside_modules()
+
+
+def test_the_task_templates_are_in_the_wheel():
+    templates = set((PACKAGE / "tasks" / "templates").glob("*.yaml"))
+    assert templates and templates <= covered_files()

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks, offline
+from ensemble_bench.tasks import Benchmark, data_store, get_benchmark, list_benchmarks, offline_data, task_configs
 
-HAS_BBH = bool(os.environ.get(offline.BBH_ENV))
-NO_BBH = f"{offline.BBH_ENV} is not set (CI sets it to /work/shared/data/bbh)"
+HAS_BBH = bool(os.environ.get(offline_data.BBH_ENV))
+NO_BBH = f"{offline_data.BBH_ENV} is not set (CI sets it to /work/shared/data/bbh)"
 
 EXPECTED_DOCS = {
     ("mmlu", "generative"): 14042,
@@ -58,7 +58,7 @@ def no_hub():
 def offline_root() -> Path:
     """All local datasets (code benchmarks included: their data is built, only scoring is missing)."""
     wanted = [b for b in list_benchmarks() if b.offline and (b.name != "bbh" or HAS_BBH)]
-    return offline.ensure_offline_data(wanted)
+    return data_store.ensure_offline_data(wanted)
 
 
 @pytest.fixture(scope="session")
@@ -68,9 +68,9 @@ def suite(offline_root, tmp_path_factory):
 
     dest = tmp_path_factory.mktemp("offline_tasks")
     benches = runnable_benchmarks()
-    group = offline.write_task_configs([(b, None) for b in benches], dest, "offline")
+    group = task_configs.write_task_configs([(b, None) for b in benches], dest, "offline")
     manager = TaskManager(include_path=str(dest),
-                          include_defaults=offline.include_defaults_needed("offline"))
+                          include_defaults=task_configs.include_defaults_needed("offline"))
     return SimpleNamespace(group=group, manager=manager, loaded=manager.load([group]),
                            benches=benches, root=offline_root)
 
@@ -134,7 +134,7 @@ def test_local_copy_loads_like_the_hub_dataset(offline_root, hub_id, config, spl
     import datasets
 
     folder = offline_root / hub_id
-    assert (folder / offline.MARKER).is_file() and (folder / "README.md").is_file()
+    assert (folder / data_store.MARKER).is_file() and (folder / "README.md").is_file()
     loaded = datasets.load_dataset(str(folder), config)[split]
     assert loaded.num_rows == rows
     assert loaded.column_names == columns
@@ -212,7 +212,7 @@ def test_shots_override_renders_that_many_examples(suite, tmp_path):
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    group = offline.write_task_configs([(get_benchmark("gsm8k"), 2)], tmp_path, "offline")
+    group = task_configs.write_task_configs([(get_benchmark("gsm8k"), 2)], tmp_path, "offline")
     # Index only lm-eval's gsm8k folder (the full stock index takes ~8 s). Loading the group
     # file by path instead fails in lm-eval 0.4.13 (a group's name is taken from its task list).
     stock_gsm8k = Path(lm_eval.tasks.__file__).parent / "gsm8k"
@@ -238,7 +238,7 @@ def test_groups_report_their_primary_metric(suite):
 
 def test_hub_configs_only_name_stock_tasks_and_shots(tmp_path):
     benches = [get_benchmark(name) for name in ("mmlu", "gsm8k", "bbh", "nq")]
-    group = offline.write_task_configs([(b, None) for b in benches], tmp_path, "hub")
+    group = task_configs.write_task_configs([(b, None) for b in benches], tmp_path, "hub")
     config = yaml.safe_load((tmp_path / f"{group}.yaml").read_text())
     assert group == config["group"] == "ensbench_hub"
     assert config["task"] == [
@@ -259,20 +259,57 @@ def test_hub_configs_only_name_stock_tasks_and_shots(tmp_path):
 ])
 def test_write_task_configs_refuses_with_one_line(tmp_path, selection, message):
     with pytest.raises(UserError, match=message) as err:
-        offline.write_task_configs([(get_benchmark(n), s) for n, s in selection], tmp_path, "hub")
+        task_configs.write_task_configs([(get_benchmark(n), s) for n, s in selection], tmp_path, "hub")
     assert "\n" not in str(err.value)
 
 
 def test_unknown_data_mode(tmp_path):
     with pytest.raises(UserError, match="unknown data source 'web'"):
-        offline.write_task_configs([(get_benchmark("gsm8k"), None)], tmp_path, "web")
+        task_configs.write_task_configs([(get_benchmark("gsm8k"), None)], tmp_path, "web")
+
+
+# ---------------------------------------------------------------- task templates
+
+
+class _FunctionTagLoader(yaml.SafeLoader):
+    """Reads lm-eval's ``!function module.name`` tags as plain strings."""
+
+
+_FunctionTagLoader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
+
+
+@pytest.mark.parametrize("data", task_configs.DATA_MODES)
+@pytest.mark.parametrize("template", sorted(p.stem for p in task_configs.TEMPLATE_DIR.glob("*.yaml")))
+def test_every_template_renders_to_its_task(template, data):
+    """Each templates/<task>.yaml fills every placeholder in both data modes and names its task."""
+    text = task_configs.render_template(template, data)
+    config = yaml.load(text, Loader=_FunctionTagLoader)
+    assert config["task"] == template and "$" not in text
+    assert any(b.task == template for b in list_benchmarks()), f"no benchmark scores {template}"
+
+
+def test_mbpp_shots_come_from_a_split_the_data_has(tmp_path):
+    mbpp = get_benchmark("mbpp")
+    for data, split in (("offline", "test"), ("hub", "prompt")):
+        task_configs.write_task_configs([(mbpp, None)], tmp_path / data, data)
+        config = yaml.load((tmp_path / data / "mbpp.yaml").read_text(), Loader=_FunctionTagLoader)
+        assert config["fewshot_split"] == split
+        assert config["metric_list"][0]["metric"] == f"!function {task_configs.CODE_HOOKS}.pass_at_1"
+        assert (tmp_path / data / f"{task_configs.CODE_HOOKS}.py").is_file()
+
+
+def test_offline_module_still_exports_what_callers_import():
+    from ensemble_bench.tasks import offline
+
+    for name in ("ensure_offline_data", "include_defaults_needed", "write_task_configs", "nq_questions"):
+        assert callable(getattr(offline, name)), name
 
 
 def test_bbh_offline_without_its_directory_says_what_to_set(monkeypatch, tmp_path):
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path))
-    monkeypatch.delenv(offline.BBH_ENV, raising=False)
-    with pytest.raises(UserError, match=f"set {offline.BBH_ENV}") as err:
-        offline.ensure_offline_data([get_benchmark("bbh")])
+    monkeypatch.delenv(offline_data.BBH_ENV, raising=False)
+    with pytest.raises(UserError, match=f"set {offline_data.BBH_ENV}") as err:
+        data_store.ensure_offline_data([get_benchmark("bbh")])
     assert "\n" not in str(err.value)
 
 
@@ -281,21 +318,21 @@ def tiny_bbh(monkeypatch, tmp_path) -> Path:
     """A private cache and a fake BBH directory (one example per task): builds in milliseconds."""
     source = tmp_path / "bbh"
     source.mkdir()
-    for task in offline.BBH_TASKS:
+    for task in offline_data.BBH_TASKS:
         (source / f"{task}.json").write_text(json.dumps({"examples": [{"input": task, "target": "x"}]}))
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv(offline.BBH_ENV, str(source))
+    monkeypatch.setenv(offline_data.BBH_ENV, str(source))
     return tmp_path / "cache" / "data" / "SaylorTwift" / "bbh"
 
 
 def test_unfinished_copy_is_rebuilt(tiny_bbh):
     bbh = get_benchmark("bbh")
-    offline.ensure_offline_data([bbh])
-    assert (tiny_bbh / offline.MARKER).is_file()
-    (tiny_bbh / offline.MARKER).unlink()
+    data_store.ensure_offline_data([bbh])
+    assert (tiny_bbh / data_store.MARKER).is_file()
+    (tiny_bbh / data_store.MARKER).unlink()
     (tiny_bbh / "leftover.txt").write_text("from an interrupted build")
-    offline.ensure_offline_data([bbh])
-    assert (tiny_bbh / offline.MARKER).is_file() and not (tiny_bbh / "leftover.txt").exists()
+    data_store.ensure_offline_data([bbh])
+    assert (tiny_bbh / data_store.MARKER).is_file() and not (tiny_bbh / "leftover.txt").exists()
     assert sorted(p.name for p in tiny_bbh.parent.iterdir()) == ["bbh"]  # no staging dirs left
 
 
@@ -303,9 +340,9 @@ def test_failed_build_never_looks_complete(tiny_bbh, monkeypatch):
     def fail(path, rows):
         raise OSError("disk full")
 
-    monkeypatch.setattr(offline, "_write_jsonl", fail)
+    monkeypatch.setattr(data_store, "_write_jsonl", fail)
     with pytest.raises(OSError):
-        offline.ensure_offline_data([get_benchmark("bbh")])
+        data_store.ensure_offline_data([get_benchmark("bbh")])
     assert not tiny_bbh.exists()
-    assert not offline.is_complete(offline.LOCAL_DATASETS["bbh"], tiny_bbh.parent.parent)
+    assert not data_store.is_complete(offline_data.LOCAL_DATASETS["bbh"], tiny_bbh.parent.parent)
     assert list(tiny_bbh.parent.iterdir()) == []

@@ -1,0 +1,143 @@
+"""The local copies of the benchmarks' test sets on disk, built from :mod:`.offline_data`.
+
+Layout: ``<cache_dir()>/data/<hub id>/<config>/<split>.jsonl`` plus a ``README.md`` whose YAML front
+matter lists the configs, so ``datasets.load_dataset("<that dir>", "<config>")`` works offline.
+Each dataset is written into a temporary sibling directory, gets its ``.complete`` marker last,
+and is then moved into place with ``os.replace``; a directory without a current marker is rebuilt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from ensemble_bench.cache import atomic_write_text, cache_dir
+from ensemble_bench.errors import UserError
+from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows
+
+MARKER = ".complete"
+# Bump when the layout or the row conversion changes: older copies are then rebuilt.
+LAYOUT_VERSION = 1
+
+
+def data_root() -> Path:
+    """Where the local datasets live: ``<cache_dir()>/data``."""
+    return cache_dir() / "data"
+
+
+def _stamp(spec: LocalDataset) -> str:
+    """The marker text of a complete copy of ``spec``; a different text means rebuild."""
+    return f"ensbench local dataset v{LAYOUT_VERSION}: {spec.hub_id} from {spec.source}\n"
+
+
+def is_complete(spec: LocalDataset, root: Path) -> bool:
+    """Whether ``root/<hub id>`` holds a finished copy built by this version of the code."""
+    marker = root / spec.hub_id / MARKER
+    return marker.is_file() and marker.read_text() == _stamp(spec)
+
+
+def _readme(spec: LocalDataset, configs: Configs) -> str:
+    """README.md with the YAML front matter that makes ``datasets`` see configs and splits."""
+    entries = [
+        {"config_name": name,
+         "data_files": [{"split": split, "path": f"{name}/{split}.jsonl"} for split in splits]}
+        for name, splits in configs.items()
+    ]
+    front = yaml.safe_dump({"configs": entries}, sort_keys=False)
+    return (f"---\n{front}---\n# {spec.hub_id} (local copy)\n\n"
+            f"Laid out like the hub dataset {spec.hub_id}; built by ensemble_bench from {spec.source}.\n")
+
+
+def _write_jsonl(path: Path, rows: Rows) -> None:
+    """Write ``rows`` as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Move the finished ``staging`` directory to ``target``, replacing an unfinished one."""
+    if target.exists():
+        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale-"))
+        os.replace(target, stale / "old")
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process installed it meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / MARKER).is_file():
+            raise
+
+
+def build_dataset(spec: LocalDataset, root: Path) -> Configs:
+    """Build ``spec`` under ``root/<hub id>`` (marker written last, then moved into place)."""
+    configs = spec.build()
+    target = root / spec.hub_id
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"))
+    try:
+        for name, splits in configs.items():
+            for split, rows in splits.items():
+                _write_jsonl(staging / name / f"{split}.jsonl", rows)
+        (staging / "README.md").write_text(_readme(spec, configs), encoding="utf-8")
+        atomic_write_text(staging / MARKER, _stamp(spec))
+        _install(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return configs
+
+
+def _summary(configs: Configs) -> str:
+    """e.g. ``57 configs, test 14042 / dev 285 / validation 1531 rows``."""
+    totals: dict[str, int] = {}
+    for splits in configs.values():
+        for split, rows in splits.items():
+            totals[split] = totals.get(split, 0) + len(rows)
+    counts = " / ".join(f"{split} {n}" for split, n in totals.items())
+    return f"{len(configs)} config{'s' if len(configs) != 1 else ''}, {counts} rows"
+
+
+def local_dataset(bench: Benchmark) -> LocalDataset:
+    """The local dataset behind ``bench``; UserError if it has none."""
+    spec = LOCAL_DATASETS.get(bench.name)
+    if spec is None or not bench.offline:
+        raise UserError(f"benchmark {bench.name!r} has no offline data: {bench.needs or 'no local source'}")
+    return spec
+
+
+def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
+    """Build the local datasets of ``benchmarks`` that are missing or unfinished; return the root."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    root = data_root()
+    specs = {spec.hub_id: spec for spec in map(local_dataset, benchmarks)}
+    for spec in specs.values():
+        if is_complete(spec, root):
+            continue
+        started = time.perf_counter()
+        with console.status(f"building offline data {spec.hub_id} from {spec.source} ..."):
+            configs = build_dataset(spec, root)
+        seconds = time.perf_counter() - started
+        console.print(f"[green]built[/] {spec.hub_id}: {_summary(configs)} ({seconds:.1f}s)")
+    return root
+
+
+def nq_questions(count: int) -> list[str]:
+    """The first ``count`` NQ-Open validation questions as short QA prompts (for benchmark scripts)."""
+    root = ensure_offline_data([get_benchmark("nq")])
+    path = root / "google-research-datasets" / "nq_open" / "default" / "validation.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:count]]
+    return [f"Q: {row['question']}?\nA:" for row in rows]
+
+
+__all__ = ["MARKER", "build_dataset", "data_root", "ensure_offline_data", "is_complete",
+           "local_dataset", "nq_questions"]

