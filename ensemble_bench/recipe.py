@@ -158,6 +158,7 @@ class Recipe(BaseModel):
     data: Literal["hub", "offline"] = "hub"
     fewshot_as_multiturn: bool = False
     allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
+    allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
     placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 

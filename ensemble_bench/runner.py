@@ -36,7 +36,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
-from ensemble_bench.tasks.code_exec import ALLOW_ENV
+from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
 
 HUB = ("huggingface.co", 443)
@@ -165,6 +165,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         if results is None:
             raise RuntimeError("lm-eval returned no results")
         samples = results.pop("samples", {})
+        if recipe.allow_code_execution:
+            results["config"]["code_execution_isolation"] = isolation_level()
         tracker.general_config_tracker.model_name = row.label
         tracker.general_config_tracker.model_name_sanitized = ""  # files go straight into the row dir
         tracker.save_results_aggregated(results=results, samples=samples)
@@ -274,6 +276,9 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
     lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
+    if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
+        check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
+        os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
     run_dir, resumed = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_recipe(run_dir, recipe)

@@ -1,26 +1,34 @@
-"""Running generated programs for pass@k (MBPP, HumanEval), offline and sandboxed.
+"""Running generated programs for pass@k (MBPP, HumanEval), offline and isolated.
 
 lm-eval's stock code metric loads ``evaluate``'s ``code_eval`` from the hub. Here each program
 (the model's code followed by the benchmark's tests) runs in its own ``python -I`` subprocess,
 in an empty temporary directory, with a wall-clock timeout and resource limits (address space,
-CPU seconds, file size, no core dumps); it passes when it exits with status 0. This is a guard
-against accidents, not a security boundary: the program can still read files and use the
-network. It only runs when the recipe opts in (``allow_code_execution: true``), which sets
-``ENSBENCH_ALLOW_CODE_EXECUTION=1`` for the run.
+CPU seconds, file size, no core dumps); it passes when it exits with status 0. On timeout its whole
+process group is killed. Around that, ``tasks/isolation.py`` adds what Linux offers without root,
+chosen at run time: no network, and a filesystem view without the user's home and the project
+(``code_execution_isolation``: none | network | network+filesystem; docs/code_execution.md).
+It only runs when the recipe opts in (``allow_code_execution: true``, which sets
+``ENSBENCH_ALLOW_CODE_EXECUTION=1``); without any isolation it also needs
+``allow_unisolated_execution: true`` (``ENSBENCH_ALLOW_UNISOLATED_EXECUTION=1``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 
+from ensemble_bench.errors import UserError
+from ensemble_bench.tasks.isolation import Sandbox, detect
+
 ALLOW_ENV = "ENSBENCH_ALLOW_CODE_EXECUTION"
+UNISOLATED_ENV = "ENSBENCH_ALLOW_UNISOLATED_EXECUTION"
 TIMEOUT_S = 10.0
 MEMORY_MB = 1024
+FILE_MB = 16
 
 
 def _limits(memory_mb: int, cpu_s: int):
@@ -29,24 +37,63 @@ def _limits(memory_mb: int, cpu_s: int):
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_MB << 20, FILE_MB << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
 
 
-def run_program(program: str, timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB) -> bool:
-    """Whether ``program`` exits with status 0 within the limits."""
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the program's process group (children it left in the group too)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_in(folder: str, program: str, timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB,
+           sandbox: Sandbox | None = None) -> bool:
+    """Whether ``program``, written into ``folder`` (empty), exits with status 0 within the limits."""
+    box = sandbox or detect()
+    work = box.workdir(folder)
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "program.py"), "w") as handle:
+        handle.write(program)
+    box.prepare(folder)
+    argv = [box.python, "-I", "program.py"]
+    process = subprocess.Popen(box.command(folder, argv), cwd=work, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                               env={"PATH": os.environ.get("PATH", "")},
+                               preexec_fn=_limits(memory_mb, math.ceil(timeout_s)))
+    try:
+        status = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        status = None
+    _kill_group(process)
+    process.wait()
+    return status == 0
+
+
+def run_program(program: str, timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB,
+                sandbox: Sandbox | None = None) -> bool:
+    """Whether ``program`` exits with status 0 within the limits (in a fresh temporary folder)."""
     with tempfile.TemporaryDirectory(prefix="ensbench-exec-") as folder:
-        path = os.path.join(folder, "program.py")
-        with open(path, "w") as handle:
-            handle.write(program)
-        try:
-            done = subprocess.run([sys.executable, "-I", path], cwd=folder, capture_output=True,
-                                  timeout=timeout_s, env={"PATH": os.environ.get("PATH", "")},
-                                  preexec_fn=_limits(memory_mb, math.ceil(timeout_s)))
-        except subprocess.TimeoutExpired:
-            return False
-        return done.returncode == 0
+        return run_in(folder, program, timeout_s, memory_mb, sandbox)
+
+
+def isolation_level() -> str:
+    """The ``code_execution_isolation`` of this machine: none, network or network+filesystem."""
+    return detect().level
+
+
+def check_isolation(allow_unisolated: bool, say=print) -> str:
+    """Say the isolation level in one line; refuse (UserError) when there is none and the recipe
+    does not allow that. Returns the level."""
+    box = detect()
+    say(box.describe())
+    if box.level == "none" and not allow_unisolated:
+        raise UserError(f"refusing to run model-written code without isolation ({box.missing}): install "
+                        "util-linux's unshare and allow user namespaces, or set allow_unisolated_execution: true")
+    return box.level
 
 
 def estimate_pass_at_k(samples: int, correct: int, k: int) -> float:
@@ -59,6 +106,9 @@ def estimate_pass_at_k(samples: int, correct: int, k: int) -> float:
 def _require_opt_in() -> None:
     if os.environ.get(ALLOW_ENV) != "1":
         raise RuntimeError(f"running generated code needs the recipe's allow_code_execution: true ({ALLOW_ENV}=1)")
+    if detect().level == "none" and os.environ.get(UNISOLATED_ENV) != "1":
+        raise RuntimeError("no isolation for generated code on this machine: it needs the recipe's "
+                           f"allow_unisolated_execution: true ({UNISOLATED_ENV}=1)")
 
 
 def score_candidates(tests: str, candidates: Sequence[str], k: int = 1) -> float:
