@@ -27,14 +27,17 @@ def data_files_in_tree() -> set[Path]:
 
 def files_named_beside_modules() -> set[Path]:
     """String literals in the code that name an existing file in the module's own folder or below
-    (how ``Path(__file__).parent / "layouts.yaml"`` reads its data)."""
+    (how ``Path(__file__).parent / "layouts.yaml"`` reads its data); paths outside the package
+    (e.g. ``"/etc/ld.so.cache"`` in a sandbox's allow-list) are not the package's data."""
     named = set()
     for module in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and 0 < len(node.value) < 200:
-                candidate = module.parent / node.value
-                if "." in node.value and "\n" not in node.value and candidate.is_file() and candidate.suffix != ".py":
-                    named.add(candidate.resolve())
+                if "." not in node.value or "\n" in node.value or "\0" in node.value:
+                    continue
+                candidate = (module.parent / node.value).resolve()  # an absolute string stays itself
+                if candidate.is_file() and candidate.suffix != ".py" and candidate.is_relative_to(PACKAGE):
+                    named.add(candidate)
     return named
 
 
