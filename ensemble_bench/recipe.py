@@ -39,6 +39,7 @@ class MemberSpec(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
     chat_template: bool = True
+    kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
     weight: float | None = Field(default=None, gt=0)
     # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
     device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
@@ -70,6 +71,7 @@ class MemberSpec(BaseModel):
         """Keyword arguments of members.load_member."""
         return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
                 "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
+                "kind": self.kind,
                 "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
                 if self.max_memory else None}
 

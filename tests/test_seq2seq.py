@@ -174,3 +174,67 @@ def test_causal_and_seq2seq_members_together(bpe_model, bpe_tokenizer, tokenizer
     results = method(members, params, batch_size=2).generate(SEQ2SEQ_REQUESTS)
     assert len(results) == len(SEQ2SEQ_REQUESTS)
     assert all(0 < g.new_tokens <= r.max_new_tokens for g, r in zip(results, SEQ2SEQ_REQUESTS))
+
+
+# ------------------------------------------------------------------ a recipe end to end on the Flores fixture
+@pytest.fixture(scope="module")
+def seq2seq_dir(tmp_path_factory, tokenizer):
+    """A tiny M2M100 and its NLLB-style tokenizer saved as an ordinary model folder."""
+    path = tmp_path_factory.mktemp("tiny-nllb")
+    tiny_m2m100(tokenizer, seed=4).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_loading_detects_an_encoder_decoder(seq2seq_dir, tiny_dirs):
+    from ensemble_bench.members import load_member
+    from ensemble_bench.members.seq2seq import is_seq2seq
+
+    member = load_member(seq2seq_dir, name="nllb")
+    assert isinstance(member, Seq2SeqMember) and member.family == "m2m_100"
+    assert not is_seq2seq(tiny_dirs[0], None) and is_seq2seq(tiny_dirs[0], None, "seq2seq")
+    with pytest.raises(ValueError, match="member kind"):
+        is_seq2seq(seq2seq_dir, None, "decoder")
+
+
+def test_causal_and_seq2seq_recipe_runs_flores_end_to_end(seq2seq_dir, tiny_dirs, tmp_path, monkeypatch):
+    import json
+    import sys
+    import textwrap
+
+    from ensemble_bench.cli import main
+
+    recipe = tmp_path / "flores.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: tiny-flores
+        members:
+          - {{model: {tiny_dirs[0]}, name: causal}}
+          - {{model: {seq2seq_dir}, name: nllb}}
+        methods:
+          - {{name: gac, label: gac}}
+          - {{name: unite, label: unite}}
+          - {{name: deepen, label: deepen, support: 16}}
+        tasks:
+          - {{name: flores_de-en, shots: 2, limit: 3}}
+          - {{name: flores_en-ro, variant: flores200, shots: 1, limit: 2}}
+        batch_size: 2
+        data: offline
+        output: {tmp_path / "results"}
+    """))
+    monkeypatch.setattr(sys, "argv", ["ensbench", "run", str(recipe)])
+    try:
+        main()
+    except SystemExit as exit_info:
+        assert exit_info.code == 0
+    [run_dir] = (tmp_path / "results" / "tiny-flores").iterdir()
+    for row in ("gac", "unite", "deepen"):
+        results = {}  # one results file per task
+        for path in (run_dir / row).glob("results_*.json"):
+            results.update(json.loads(path.read_text())["results"])
+        for task in ("flores101_de-en", "flores200_en-ro"):
+            assert 0 <= results[task]["bleu,none"] <= 100 and 0 <= results[task]["chrf,none"] <= 100
+        samples = [json.loads(line) for line in next((run_dir / row).glob("samples_flores101_de-en_*.jsonl")).open()]
+        assert len(samples) == 3 and all("\n" not in s["resps"][0][0] for s in samples)
+        assert samples[0]["doc"]["source_language"] == "German"
+    summary = (run_dir / "summary.md").read_text()
+    assert "flores_de-en" in summary and "| deepen" in summary

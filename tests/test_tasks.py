@@ -108,11 +108,13 @@ def test_list_benchmarks_marks_what_is_missing():
     benches = {(b.name, b.variant): b for b in list_benchmarks()}
     assert {name for name, _ in benches} == {
         "mmlu", "gsm8k", "bbh", "triviaqa", "nq", "piqa", "arc_c", "mbpp", "humaneval",
-        "flores_de-en", "flores_ro-en"}
+        "flores_en-de", "flores_de-en", "flores_en-ro", "flores_ro-en"}
     for name in ("mbpp", "humaneval"):  # runnable, behind the recipe's allow_code_execution
         assert benches[name, "default"].needs is None and benches[name, "default"].runs_code
-    for name in ("flores_de-en", "flores_ro-en"):
-        assert not benches[name, "default"].offline and "no offline source" in benches[name, "default"].needs
+    for name in ("flores_en-de", "flores_de-en", "flores_en-ro", "flores_ro-en"):  # tests/test_flores.py
+        for version in ("flores101", "flores200"):
+            assert benches[name, version].offline and benches[name, version].needs is None
+            assert "NOT Flores" in benches[name, version].note
     assert "not comparable" in benches["triviaqa", "default"].note
 
 
@@ -251,7 +253,6 @@ def test_hub_configs_only_name_stock_tasks_and_shots(tmp_path):
 
 
 @pytest.mark.parametrize("selection, message", [
-    ([("flores_de-en", None)], "no offline source"),
     ([("gsm8k", -1)], "shots must be a whole number"),
     ([("bbh", 4)], "only 3 few-shot examples"),
     ([("gsm8k", None), ("gsm8k", 2)], "gsm8k.* is selected twice"),

@@ -61,14 +61,19 @@ def quantization_config(quantization: str | None, dtype: str):
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
-                quantization: str | None = None) -> LocalMember:
+                quantization: str | None = None, kind: str = "auto") -> Member:
     """Load one member from a packaged name, a .gguf file, a directory or a hub id.
+
+    ``kind``: ``causal``, ``seq2seq`` (an encoder-decoder, members/seq2seq.py) or ``auto`` (the
+    model config's ``is_encoder_decoder`` decides).
 
     ``device_map`` / ``max_memory`` / ``quantization`` go to ``from_pretrained`` (accelerate places
     the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from ensemble_bench.members.seq2seq import Seq2SeqMember, is_seq2seq
 
     if dtype not in DTYPES:
         raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
@@ -83,8 +88,9 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
         placement["max_memory"] = max_memory
     source = resolve(model)
     try:
+        seq2seq = is_seq2seq(source.location, source.gguf_file, kind)
         tokenizer = load_tokenizer(source)
-        weights = AutoModelForCausalLM.from_pretrained(
+        weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
             source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype), **placement)
     except (OSError, ValueError, ImportError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -95,4 +101,6 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
         except (RuntimeError, AssertionError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserError(f"model '{model}' does not fit on device '{device}': {first}") from None
+    if seq2seq:
+        return Seq2SeqMember(weights, tokenizer, name or model)
     return LocalMember(weights, tokenizer, name or model, chat_template=chat_template)

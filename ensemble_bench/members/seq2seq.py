@@ -377,3 +377,18 @@ def _right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
             ids[r, :len(row)] = torch.tensor(list(row), dtype=torch.long)
             mask[r, :len(row)] = 1
     return ids, mask
+
+
+KINDS = ("auto", "causal", "seq2seq")
+
+
+def is_seq2seq(location: str, gguf_file: str | None, kind: str = "auto") -> bool:
+    """Whether a model source loads as an encoder-decoder member: ``kind`` says so, or (``auto``)
+    its config has ``is_encoder_decoder`` (GGUF files are causal models)."""
+    if kind not in KINDS:
+        raise ValueError(f"member kind '{kind}' is not one of {', '.join(KINDS)}")
+    if kind != "auto" or gguf_file is not None:
+        return kind == "seq2seq"
+    from transformers import AutoConfig
+
+    return bool(getattr(AutoConfig.from_pretrained(location), "is_encoder_decoder", False))

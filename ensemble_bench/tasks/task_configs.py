@@ -42,6 +42,7 @@ import yaml
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark
+from ensemble_bench.tasks import flores
 from ensemble_bench.tasks.data_store import ensure_offline_data, local_dataset
 from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
 
@@ -98,7 +99,7 @@ def offline_overrides(bench: Benchmark, root: Path) -> dict[str, Any]:
 def _member(bench: Benchmark, shots: int, data: str, root: Path | None) -> dict[str, Any]:
     """One member of the generated group: the stock task/group, its shots, its data overrides."""
     member: dict[str, Any] = {"group" if bench.is_group else "task": bench.task, "num_fewshot": shots}
-    if data == "offline":
+    if data == "offline" and flores.parse_task(bench.task) is None:  # Flores tasks name their data
         member.update(offline_overrides(bench, root))
     return member
 
@@ -195,6 +196,18 @@ def _write_templates(benches: list[Benchmark], dest: Path, data: str) -> None:
             atomic_write_text(dest / f"{bench.task}.yaml", render_template(bench.task, data))
 
 
+def _write_flores(benches: list[Benchmark], dest: Path, data: str, root: Path | None) -> None:
+    """The Flores task YAMLs of ``benches`` (tasks/flores.py) and the hooks module they name; they
+    read ``facebook/flores`` from the hub, or its local copy under ``root`` (the fixture)."""
+    tasks = [bench.task for bench in benches if flores.parse_task(bench.task) is not None]
+    if not tasks:
+        return
+    atomic_write_text(dest / f"{flores.HOOKS}.py", flores.HOOKS_SOURCE)
+    path = str((root / flores.HUB_ID).resolve()) if data == "offline" else flores.HUB_ID
+    for task in tasks:
+        atomic_write_text(dest / f"{task}.yaml", flores.task_yaml(task, path))
+
+
 # ---------------------------------------------------------------- the folder
 
 
@@ -225,6 +238,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     dest = Path(dest)
     _write_group_fixes([bench for bench, _ in resolved], dest)
     _write_templates([bench for bench, _ in resolved], dest, data)
+    _write_flores([bench for bench, _ in resolved], dest, data, root)
     atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group
 
