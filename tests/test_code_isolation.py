@@ -56,6 +56,15 @@ def test_cannot_read_files_outside_its_folder(markers):
 
 
 @needs_filesystem
+def test_a_home_or_project_inside_a_bound_tree_is_still_hidden():
+    box = detect()
+    hiding = Sandbox(box.level, box.python, "", ("/usr/share",))  # as if the home were /usr/share
+    assert run_program("import os\nassert os.listdir('/usr/share')\n", sandbox=box)
+    assert not run_program("import os\nassert os.listdir('/usr/share')\n", sandbox=hiding)
+    assert run_program("import os\nassert os.listdir('/usr/bin')\n", sandbox=hiding)
+
+
+@needs_filesystem
 def test_cannot_write_outside_its_folder(tmp_path):
     home = Path.home() / f".ensbench-written-{secrets.token_hex(4)}"
     targets = [tmp_path / "written.txt", home, Path("/usr/ensbench-x")]

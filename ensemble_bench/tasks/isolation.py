@@ -90,8 +90,9 @@ class Sandbox:
             return [*drop, "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
                     "prlimit", f"--nproc={MAX_PROCESSES}:{MAX_PROCESSES}", "--", *argv]
         root, work = os.path.join(folder, "root"), os.path.join(folder, "work")
-        binds = [*SYSTEM_PATHS, _prefix(self.python)]
-        hide = [h for h in self.hidden if any(h == b or h.startswith(b.rstrip("/") + "/") for b in binds)]
+        prefix = _prefix(self.python)
+        binds = [*SYSTEM_PATHS, *([] if _under(prefix, SYSTEM_PATHS) else [prefix])]
+        hide = [h for h in self.hidden if _under(h, binds)]
         return [*drop, "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork",
                 "--kill-child", "/bin/sh", "-c", SETUP_SCRIPT, "ensbench-sandbox", root, work, str(MAX_PROCESSES),
                 *binds, "--", *hide, "--", *argv]
@@ -122,6 +123,11 @@ def _drop_root() -> list[str]:
     if os.geteuid() == 0 and shutil.which("setpriv"):
         return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     return []
+
+
+def _under(path: str, trees) -> bool:
+    """Whether ``path`` is one of ``trees`` or inside one."""
+    return any(path == tree or path.startswith(tree.rstrip("/") + "/") for tree in trees)
 
 
 def _prefix(python: str) -> str:
