@@ -28,8 +28,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Ends with what the ensemble changed: each score's 95% interval, answers that differ from each
+# member, wins / losses with McNemar's p, the members' oracle ceiling (docs/statistics.md).
 demo: install
 	$(BIN)/ensbench run recipes/offline/demo.yaml --threads $(THREADS)
+	$(BIN)/ensbench compare results/demo --show 2
 
 test: install
 	$(BIN)/python -m pytest -q

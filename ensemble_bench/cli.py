@@ -18,6 +18,7 @@ try:  # typer >= 0.2x parses with its own copy of click, whose exceptions are ot
     from typer import _click as typer_click
 except ImportError:
     typer_click = click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -49,15 +50,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 console = Console()
 
 
-def _table(title: str, frame) -> Table:
-    table = Table(title=title)
-    for column in frame.columns:
-        table.add_column(str(column))
-    for values in frame.itertuples(index=False):
-        table.add_row(*["" if v is None or v != v else str(v) for v in values])
-    return table
-
-
 def _quiet_libraries() -> None:
     """Our progress bar replaces the libraries' own bars and warnings during a run."""
     import datasets
@@ -69,24 +61,69 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _plan_table(recipe) -> Table:
+def _plan_tables(recipe) -> list:
+    """The plan as a heading line and two narrow tables (rows, then benchmarks), readable at 80 columns."""
     from ensemble_bench.recipe import plan_rows, selected_benchmarks
 
-    table = Table(title=f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
-    for column in ("row", "method", "members", "benchmark", "lm-eval task", "shots", "limit"):
-        table.add_column(column)
-    rows = plan_rows(recipe)
-    chosen = selected_benchmarks(recipe)
-    for k in range(max(len(rows), len(chosen))):
-        row = rows[k] if k < len(rows) else None
-        bench = chosen[k] if k < len(chosen) else None
-        table.add_row(
-            row.label if row else "", row.method if row else "",
-            ", ".join(recipe.members[i].label for i in row.members) if row else "",
-            bench[0].name if bench else "", bench[0].task if bench else "",
-            str(bench[1] if bench[1] is not None else bench[0].default_shots) if bench else "",
-            str(bench[2] or "all") if bench else "")
-    return table
+    heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
+    rows = Table(title="rows")
+    for column in ("row", "method", "members"):
+        rows.add_column(column, no_wrap=column != "members")
+    for row in plan_rows(recipe):
+        rows.add_row(row.label, row.method, " + ".join(recipe.members[i].label for i in row.members))
+    benches = Table(title="benchmarks")
+    for column in ("benchmark", "lm-eval task", "shots", "limit"):
+        benches.add_column(column, no_wrap=True, overflow="fold")
+    for bench, shots, limit in selected_benchmarks(recipe):
+        benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
+                        str(limit or "all"))
+    return [heading, rows, benches]
+
+
+class PlainProgress:
+    """Progress for a log (stdout not a terminal): a line per finished chunk with counts and rate,
+    and a line per row state, instead of a live bar that a log shows only at the end."""
+
+    def __init__(self, write=print):
+        self.write = write
+        self.done: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+
+    def on_row(self, row, state) -> None:
+        self.write(f"{row.label}: {state}", flush=True)
+
+    def on_progress(self, label, done, total) -> None:
+        import time
+
+        now = time.perf_counter()
+        self.started.setdefault(label, now)
+        self.done[label] = self.done.get(label, 0) + done
+        elapsed = now - self.started[label]
+        rate = f", {self.done[label] / elapsed:.2f} requests/s" if elapsed > 0 else ""
+        of = f" of {total}" if total else ""
+        self.write(f"{label}: {self.done[label]}{of} requests done in {elapsed:.0f} s{rate}", flush=True)
+
+
+def _run_with_progress(loaded, fresh: bool):
+    """Run the recipe with a live bar on a terminal, plain progress lines otherwise."""
+    from ensemble_bench.runner import run_recipe
+
+    if not console.is_terminal:
+        plain = PlainProgress()
+        return run_recipe(loaded, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bars: dict[str, int] = {}
+
+        def on_row(row, state):
+            if row.label not in bars:
+                bars[row.label] = progress.add_task(f"{row.label}", total=None)
+            progress.update(bars[row.label], description=f"{row.label}: {state}")
+
+        def on_progress(label, done, total):
+            progress.update(bars[label], advance=done, total=total or None)
+
+        return run_recipe(loaded, fresh=fresh, progress=on_progress, on_row=on_row)
 
 
 @app.command()
@@ -98,11 +135,10 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
         threads: int = typer.Option(int(os.environ.get("ENSBENCH_THREADS", "0")), help="torch CPU threads (0: default).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.recipe import load_recipe
-
-    from ensemble_bench.runner import finished_run, preflight, run_recipe
+    from ensemble_bench.runner import finished_run, preflight
 
     loaded = load_recipe(recipe)
-    console.print(_plan_table(loaded))
+    console.print(*_plan_tables(loaded))
     problems = preflight(loaded)
     if problems:
         raise EnvironmentFault("; ".join(problems))
@@ -119,26 +155,8 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
 
     if threads > 0:
         torch.set_num_threads(threads)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        bars: dict[str, int] = {}
-
-        def on_row(row, state):
-            if row.label not in bars:
-                bars[row.label] = progress.add_task(f"{row.label}", total=None)
-            progress.update(bars[row.label], description=f"{row.label}: {state}")
-
-        def on_progress(label, done, total):
-            progress.update(bars[label], advance=done, total=total or None)
-
-        run_dir = run_recipe(loaded, fresh=fresh, progress=on_progress, on_row=on_row)
-    import pandas as pd
-
-    frame = pd.read_csv(run_dir / "summary.csv")
-    if console.width >= 140:
-        console.print(_table(loaded.name, frame))
-    else:  # a narrow or non-terminal console: the Markdown table, unabridged
-        print((run_dir / "summary.md").read_text())
+    run_dir = _run_with_progress(loaded, fresh)
+    print((run_dir / "summary.md").read_text())  # scores with intervals, then what the ensemble changed
     console.print(f"results: {run_dir}")
 
 
@@ -179,6 +197,15 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
     console.print(f"recipe: {out}")
 
 
+def _with_interval(check, which: str) -> str:
+    """An accuracy in % with its 95% Wilson interval, or a latency ratio."""
+    value = check.baseline if which == "baseline" else check.current
+    interval = check.interval(which)
+    if check.what == "latency ratio" or interval is None:
+        return f"{value:.3f}" if check.what == "latency ratio" else f"{100 * value:.1f}"
+    return f"{100 * value:.1f} [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
 @app.command()
 def regress(current: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
             baseline: Path = typer.Option(..., help="finished run of the same recipe (or a folder holding one)"),
@@ -195,14 +222,16 @@ def regress(current: Path = typer.Argument(..., help="finished run, or results/<
         raise UserError(f"{baseline}: not a run of the same recipe as {current} ({difference}); "
                         "compare against a baseline run of this recipe")
     checks = compare(load_rows(current), load_rows(baseline), confidence, latency_tolerance)
-    table = Table(title=f"regress: {current} vs {baseline} (accuracy: one-sided {confidence:.0%} binomial interval; "
-                        f"latency: ratio to the same run's members x {1 + latency_tolerance:g})")
+    console.print(f"regress: {current} vs {baseline}", soft_wrap=True)
+    console.print(f"accuracy in % [95% Wilson interval], limit: one-sided {confidence:.0%} binomial bound; "
+                  f"latency: ratio to the same run's members x {1 + latency_tolerance:g}")
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)  # fits 80 columns
     for column in ("row", "check", "baseline", "current", "limit", "verdict"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for c in checks:
         scale = 1 if c.what == "latency ratio" else 100
-        table.add_row(c.row, c.what, f"{scale * c.baseline:.3f}", f"{scale * c.current:.3f}",
-                      ("<= " if c.what == "latency ratio" else ">= ") + f"{scale * c.allowed:.3f}",
+        table.add_row(c.row, c.what, _with_interval(c, "baseline"), _with_interval(c, "current"),
+                      ("<= " if c.what == "latency ratio" else ">= ") + (f"{c.allowed:.3f}" if scale == 1 else f"{max(0.0, 100 * c.allowed):.1f}"),
                       "ok" if c.passed else "[bold red]REGRESSED[/]")
     console.print(table)
     failed = [c for c in checks if not c.passed]
@@ -247,31 +276,70 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
 
 
 @app.command("list")
-def list_things():
-    """Methods, packaged offline models and benchmarks."""
+def list_things(details: bool = typer.Option(False, "--details", help="add lm-eval task names and metric keys")):
+    """Methods, packaged offline models and benchmarks (what is missing as notes below the table)."""
     from ensemble_bench.members.sources import PACKAGED
     from ensemble_bench.methods import METHODS
 
     methods = Table(title="methods")
-    methods.add_column("name")
-    methods.add_column("members")
+    methods.add_column("name", no_wrap=True)
+    methods.add_column("members", no_wrap=True)
     methods.add_column("parameters")
     for name, cls in sorted(METHODS.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
         methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(f.alias or n for n, f in cls.Params.model_fields.items()) or "-")
     models = Table(title="packaged offline models (fetched from PyPI on first use)")
-    models.add_column("name")
+    models.add_column("name", no_wrap=True)
     models.add_column("what")
     for model in PACKAGED.values():
         models.add_row(model.name, model.description)
-    benches = Table(title="benchmarks")
-    for column in ("name", "variant", "lm-eval task", "shots", "metric", "offline", "status"):
-        benches.add_column(column)
-    for b in list_benchmarks():
-        benches.add_row(b.name, b.variant, b.task, str(b.default_shots), b.primary_metric,
-                        "yes" if b.offline else "no", b.needs or "ready")
-    for table in (methods, models, benches):
+    for table in (methods, models, _benchmark_table(details)):
         console.print(table)
+    for number, (name, needs) in enumerate(_missing(), 1):
+        console.print(f"[{number}] {name}: {needs}", markup=False)
+
+
+def _missing() -> list[tuple[str, str]]:
+    """(benchmark, what it needs) of the benchmarks that cannot run yet, one note each."""
+    return [(b.name if b.variant == "default" else f"{b.name}/{b.variant}", b.needs) for b in list_benchmarks() if b.needs]
+
+
+def _benchmark_table(details: bool) -> Table:
+    """Short columns; a benchmark that cannot run points at its numbered note below the table."""
+    benches = Table(title="benchmarks")
+    columns = ("name", "variant", "shots", "metric", "offline", "status") if not details else \
+        ("name", "variant", "lm-eval task", "shots", "metric key", "offline", "status")
+    for column in columns:
+        benches.add_column(column, no_wrap=True, overflow="fold")
+    notes = [name for name, _ in _missing()]
+    for b in list_benchmarks():
+        label = b.name if b.variant == "default" else f"{b.name}/{b.variant}"
+        status = f"needs [{notes.index(label) + 1}]" if b.needs else "ready"
+        metric = b.primary_metric if details else b.primary_metric.split(",")[0]
+        cells = [b.name, b.variant, str(b.default_shots), metric, "yes" if b.offline else "no", status]
+        if details:
+            cells.insert(2, b.task)
+        benches.add_row(*cells)
+    return benches
+
+
+@app.command()
+def compare(run: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
+            row: list[str] = typer.Option(None, "--row", help="a row to compare (twice or more; default: all rows)"),
+            benchmark: str = typer.Option(None, help="only this benchmark"),
+            show: int = typer.Option(5, min=0, help="differing examples shown per benchmark"),
+            out: Path = typer.Option(None, help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
+    """What the rows of a run did differently: intervals, paired tests, oracle, differing examples."""
+    from ensemble_bench.report.compare import build_report, render_csv, render_markdown
+    from ensemble_bench.report.tables import resolve_run
+
+    report = build_report(resolve_run(run), row or None, benchmark)
+    text = render_markdown(report, show)
+    print(text, end="")
+    if out is not None:
+        atomic_write_text(out.with_name(out.name + ".md"), text)
+        atomic_write_text(out.with_name(out.name + ".csv"), render_csv(report))
+        console.print(f"wrote {out}.md and .csv", soft_wrap=True)
 
 
 def _say(line: str, prefix: str = "error:") -> None:
@@ -293,8 +361,21 @@ def _report_bug(err: BaseException) -> int:
     return BUG
 
 
+def _stdout_closed() -> int:
+    """The reader of our output went away (`ensbench table RUN | head`): end quietly, as cat does,
+    and point stdout at /dev/null so the interpreter's last flush cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _exit_code(err: BaseException) -> int:
     """Tell the user about ``err`` (one line for every expected fault) and return the exit code."""
+    if isinstance(err, BrokenPipeError):
+        return _stdout_closed()
     if isinstance(err, HELP_REQUESTS):  # no command given: the help, as click prints it
         err.show()
         return err.exit_code

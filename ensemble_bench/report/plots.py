@@ -1,28 +1,37 @@
 """`ensbench plot`: accuracy vs latency per row, and accuracy vs one swept method parameter (GaC's
-threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via matplotlib."""
+threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via matplotlib.
+Every score carries its 95% interval as an error bar (report/paired.py)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import run_rows
+from ensemble_bench.report.paired import row_intervals
+from ensemble_bench.report.summary import finished_recipe, run_rows
 from ensemble_bench.report.tables import resolve_run
+from ensemble_bench.tasks import get_benchmark
 
 LOG2_PARAMETERS = ("span_words", "k")
 
 
 def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[dict]:
     """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
-    the members alone), scores in %, ms/token and % ensembled."""
+    the members alone), scores in % with their 95% intervals, ms/token and % ensembled."""
     records = []
     for run_dir in map(resolve_run, run_dirs):
-        for row in run_rows(run_dir):
+        recipe = finished_recipe(run_dir)
+        rows = run_rows(run_dir, recipe)
+        intervals = row_intervals(run_dir, rows, [get_benchmark(t.name, t.variant) for t in recipe.tasks])
+        for row in rows:
             fraction = row.timing.get("ensembled_fraction")
             records.append({
                 "label": row.plan.label, "method": row.plan.method,
                 "value": row.timing.get("params", {}).get(param) if param and row.plan.method != "single" else None,
                 "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
+                "intervals": {name: (100 * i.low, 100 * i.high) for (label, name), i in intervals.items()
+                              if label == row.plan.label},
                 "ms_per_token": row.timing.get("decode_ms_per_token"),
                 "ensembled_pct": 100 * fraction if fraction is not None else None})
     return records
@@ -35,6 +44,20 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def error_bar(score: float, interval: tuple[float, float] | None) -> tuple[float, float]:
+    """(below, above) the score: the distances to its interval's ends (0, 0 without one)."""
+    if interval is None:
+        return (0.0, 0.0)
+    return (max(0.0, score - interval[0]), max(0.0, interval[1] - score))
+
+
+def mean_error_bar(record: dict, benchmarks: list[str]) -> tuple[float, float]:
+    """Error bar of the mean over benchmarks: each side's half-widths combined as independent
+    normal errors, sqrt(sum w_i^2) / k."""
+    bars = [error_bar(record["scores"][b], record.get("intervals", {}).get(b)) for b in benchmarks]
+    return tuple(math.sqrt(sum(bar[side] ** 2 for bar in bars)) / len(bars) for side in (0, 1))
 
 
 def _save(figure, path_stem: Path) -> list[Path]:
@@ -57,8 +80,11 @@ def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str)
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.6))
     for bench in sorted({b for r in swept for b in r["scores"]}):
-        points = [(r["value"], r["scores"][bench]) for r in swept if bench in r["scores"]]
-        line, = axis.plot(*zip(*points), marker="o", label=f"{swept[0]['method']}, {bench}")
+        having = [r for r in swept if bench in r["scores"]]
+        bars = [error_bar(r["scores"][bench], r.get("intervals", {}).get(bench)) for r in having]
+        line = axis.errorbar([r["value"] for r in having], [r["scores"][bench] for r in having],
+                             yerr=list(zip(*bars)), marker="o", capsize=3,
+                             label=f"{swept[0]['method']}, {bench} (95% interval)").lines[0]
         best = max((m["scores"][bench] for m in members if bench in m["scores"]), default=None)
         if best is not None:
             axis.axhline(best, linestyle="--", color=line.get_color(), linewidth=1, label=f"best member, {bench}")
@@ -92,13 +118,16 @@ def plot_accuracy_latency(records: list[dict], path_stem: Path, title: str) -> l
         raise UserError("no rows with ms/token and a benchmark in common to plot")
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    benchmarks = sorted(shared)
     for record in points:
         score = sum(record["scores"][b] for b in shared) / len(shared)
-        axis.scatter(record["ms_per_token"], score, marker="o" if record["method"] == "single" else "^")
+        below, above = mean_error_bar(record, benchmarks)
+        axis.errorbar(record["ms_per_token"], score, yerr=[[below], [above]], capsize=3,
+                      marker="o" if record["method"] == "single" else "^")
         axis.annotate(record["label"], (record["ms_per_token"], score), fontsize=7, xytext=(3, 3),
                       textcoords="offset points")
     axis.set_xlabel("latency (ms/token)")
-    axis.set_ylabel(f"mean score over {', '.join(sorted(shared))} (%)")
+    axis.set_ylabel(f"mean score over {', '.join(benchmarks)} (%, 95% interval)")
     axis.set_title(title, fontsize=9)
     figure.tight_layout()
     written = _save(figure, path_stem)

@@ -4,7 +4,8 @@ Accuracy: for every row and benchmark, a drop counts as a regression when it exc
 standard error of the difference of two binomial proportions, z * sqrt(p (1 - p) (1/n_base +
 1/n_now)) with p the baseline score (floored at 0.5/n so a perfect or zero score still has an
 interval), z from the confidence level (default 0.95, one-sided: 1.645). Identical greedy runs
-give identical scores and always pass.
+give identical scores and always pass. The z, the standard error and the 95% Wilson interval shown
+beside each score come from report/stats.py, the code behind every other table's intervals.
 
 Latency: absolute times are noise on shared machines, so each ensemble row's ms/token is divided
 by the sum of the single-member rows' ms/token of the SAME run; a regression is a ratio above
@@ -16,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
+from ensemble_bench.report import stats
 from ensemble_bench.report.summary import run_rows
 
 # recipe fields that do not change the numbers: names, the output folder, where members run
@@ -40,6 +41,15 @@ class Check:
     current: float
     allowed: float     # the worst current value that still passes
     passed: bool
+    n_baseline: int = 0  # examples behind an accuracy (0 for latency)
+    n_current: int = 0
+
+    def interval(self, which: str) -> tuple[float, float] | None:
+        """95% Wilson interval of the baseline's or the current accuracy (None for latency)."""
+        score, n = (self.baseline, self.n_baseline) if which == "baseline" else (self.current, self.n_current)
+        if n <= 0 or math.isnan(score):
+            return None
+        return stats.wilson_interval(score * n, n)
 
 
 def _flat(value, path: str = "") -> dict[str, object]:
@@ -84,9 +94,8 @@ def latency_ratios(rows: dict[str, RowFacts]) -> dict[str, float]:
 
 
 def accuracy_floor(baseline: float, n_base: int, n_now: int, confidence: float) -> float:
-    z = NormalDist().inv_cdf(confidence)
     p = min(max(baseline, 0.5 / n_base), 1 - 0.5 / n_base)
-    return baseline - z * math.sqrt(p * (1 - p) * (1 / n_base + 1 / n_now))
+    return baseline - stats.z_value(confidence, sides=1) * stats.difference_standard_error(p, n_base, n_now)
 
 
 def compare(current: dict[str, RowFacts], baseline: dict[str, RowFacts], confidence: float = 0.95,
@@ -96,11 +105,11 @@ def compare(current: dict[str, RowFacts], baseline: dict[str, RowFacts], confide
         now = current.get(label)
         for bench, (base_score, base_n) in base.scores.items():
             if now is None or bench not in now.scores:
-                checks.append(Check(label, bench, base_score, math.nan, base_score, False))
+                checks.append(Check(label, bench, base_score, math.nan, base_score, False, base_n))
                 continue
             score, n = now.scores[bench]
             floor = accuracy_floor(base_score, base_n, n, confidence)
-            checks.append(Check(label, bench, base_score, score, floor, score >= floor))
+            checks.append(Check(label, bench, base_score, score, floor, score >= floor, base_n, n))
     base_ratios, now_ratios = latency_ratios(baseline), latency_ratios(current)
     for label, base_ratio in base_ratios.items():
         ratio = now_ratios.get(label, math.nan)

@@ -25,8 +25,8 @@ def timed_by(records: list[dict], timing_records: list[dict]) -> list[dict]:
 
 
 def sweep_table(records: list[dict]) -> pd.DataFrame:
-    """Members first, then Span-N by N; each cell 'score (+diff to the best member)'; the benchmarks
-    the sweep covers."""
+    """Members first, then Span-N by N; each cell 'score (+diff to the best member)' and beside it
+    the score's 95% interval; the benchmarks the sweep covers."""
     benches = sorted({b for r in records if r["value"] is not None for b in r["scores"]})
     members = [r for r in records if r["value"] is None]
     spans = sorted((r for r in records if r["value"] is not None), key=lambda r: r["value"])
@@ -42,6 +42,8 @@ def sweep_table(records: list[dict]) -> pd.DataFrame:
                 row[bench] = f"{value:.2f}"
             else:
                 row[bench] = f"{value:.2f} ({value - best[bench]:+.2f})"
+            interval = record.get("intervals", {}).get(bench)
+            row[f"{bench} 95%"] = f"[{interval[0]:.1f}, {interval[1]:.1f}]" if value is not None and interval else ""
         row["ms/token"] = f"{record['ms_per_token']:.1f}" if record["ms_per_token"] else ""
         rows.append(row)
     return pd.DataFrame(rows)

@@ -108,8 +108,17 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     return rows
 
 
-def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
+def _score_columns(bench: Benchmark) -> tuple[str, str, str]:
+    """The summary's columns of a benchmark: its score, and the low and high ends of its 95% interval."""
+    column = f"{bench.name} ({bench.primary_metric.split(',')[0]})"
+    return column, f"{bench.name} low", f"{bench.name} high"
+
+
+def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.DataFrame:
+    """A row per evaluated model: scores in % with their 95% intervals (``intervals``: (row,
+    benchmark) -> report.paired.Interval), example counts, the average, latency."""
     benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    intervals = intervals or {}
     records = []
     for row in run_rows(run_dir, recipe):
         timing, scores = row.timing, row.scores
@@ -117,8 +126,11 @@ def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
         values = []
         for bench in benches:
             value = scores.get(bench.name)
-            column = f"{bench.name} ({bench.primary_metric.split(',')[0]})"
+            column, low, high = _score_columns(bench)
+            interval = intervals.get((row.plan.label, bench.name))
             record[column] = round(100 * value[0], 1) if value else None
+            record[low] = round(100 * interval.low, 1) if interval else None
+            record[high] = round(100 * interval.high, 1) if interval else None
             record[f"n {bench.name}"] = value[1] if value else 0
             if value:
                 values.append(100 * value[0])
@@ -136,12 +148,52 @@ def summary_frame(run_dir: Path, recipe) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
-def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
-    frame = summary_frame(run_dir, recipe)
-    atomic_write_text(run_dir / "summary.csv", frame.to_csv(index=False))
-    notes = [f"- {b.name}: {b.note}" for b in {get_benchmark(t.name, t.variant) for t in recipe.tasks} if b.note]
-    header = f"# {recipe.name}\n\nScores in %, greedy; ms/token = decode time per step at batch size {recipe.batch_size}.\n\n"
+def with_interval_cells(frame: pd.DataFrame, benches: list[Benchmark]) -> pd.DataFrame:
+    """The frame for reading: each score cell ``67.0 [57.3, 75.4]``, no separate low/high columns."""
     shown = frame.astype(object).where(frame.notna(), None)
-    body = shown.to_markdown(index=False, missingval="") + "\n"
-    atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else ""))
+    for bench in benches:
+        column, low, high = _score_columns(bench)
+        if column not in shown:
+            continue
+        shown[column] = [None if v is None else (f"{v:.1f} [{lo:.1f}, {hi:.1f}]" if lo is not None else f"{v:.1f}")
+                         for v, lo, hi in zip(shown[column], shown[low], shown[high])]
+        shown = shown.drop(columns=[low, high])
+    return shown
+
+
+PAIRED_NOTE = ("wins / losses: examples the ensemble scores above / below that member; p: two-sided McNemar "
+               "exact test (0/1 scores) or paired bootstrap (others); answers differ: examples where the "
+               "ensemble's answer is not the member's; oracle: share of examples some member gets right "
+               "(the ceiling of picking per example); members agree: share where all members answer alike.")
+
+
+def paired_section(comparisons) -> str:
+    """The Markdown section on what each ensemble changed against its members."""
+    from ensemble_bench.report.paired import comparison_records
+
+    records = comparison_records(comparisons)
+    if not records:
+        return ""
+    table = pd.DataFrame.from_records(records).to_markdown(index=False)
+    return f"\n## What the ensemble changed (paired, same examples)\n\n{table}\n\n{PAIRED_NOTE}\n"
+
+
+def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
+    """summary.csv (scores with 95% interval columns), paired.csv, and summary.md (written last)."""
+    from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
+
+    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    rows = run_rows(run_dir, recipe)
+    frame = summary_frame(run_dir, recipe, row_intervals(run_dir, rows, benches))
+    comparisons = ensemble_comparisons(run_dir, rows, benches)
+    atomic_write_text(run_dir / "summary.csv", frame.to_csv(index=False))
+    if comparisons:
+        atomic_write_text(run_dir / "paired.csv",
+                          pd.DataFrame.from_records(comparison_records(comparisons)).to_csv(index=False))
+    notes = [f"- {b.name}: {b.note}" for b in set(benches) if b.note]
+    header = (f"# {recipe.name}\n\nScores in % [95% interval: Wilson for 0/1 scores, bootstrap otherwise], "
+              f"greedy; ms/token = decode time per step at batch size {recipe.batch_size}.\n\n")
+    body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
+    atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
+                      + paired_section(comparisons))
     return frame

@@ -3,7 +3,10 @@
 The paper rows, their order and the published numbers come from ``paper_numbers.csv``; which of
 our result rows fills each paper row comes from ``layouts.yaml``. Runs are merged by row label
 (later runs fill cells the earlier ones lack), so one table can gather several recipes (e.g. one
-recipe per benchmark). Scores are in %, latency in ms/token.
+recipe per benchmark). Scores are in %, latency in ms/token. Every score has its 95% interval
+(report/paired.py: from the per-example files, else Wilson from the score and its example count):
+columns "<benchmark> low" and "<benchmark> high" in CSV, one "<benchmark> 95%" column in Markdown
+and LaTeX.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.summary import DONE_FILE, finished_recipe, run_rows
+from ensemble_bench.tasks import get_benchmark
 
 HERE = Path(__file__).parent
 NOT_RUN = "not run"
@@ -37,6 +42,7 @@ class OurRow:
     method: str
     values: dict[str, float] = field(default_factory=dict)
     examples: dict[str, int] = field(default_factory=dict)
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # column -> (low, high) in %
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,17 @@ def collect_rows(run_dirs: list[Path]) -> tuple[dict[str, OurRow], dict[str, str
     aliases: dict[str, str] = {}
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
-        for row in run_rows(run_dir, recipe):
+        found = run_rows(run_dir, recipe)
+        intervals = row_intervals(run_dir, found, [get_benchmark(t.name, t.variant) for t in recipe.tasks])
+        for row in found:
             plan = row.plan
             ours = rows.setdefault(plan.label, OurRow(plan.label, plan.method))
             for name, (score, examples) in row.scores.items():
                 ours.values[_column_key(name)] = 100 * score
                 ours.examples[_column_key(name)] = examples
+                interval = intervals.get((plan.label, name))
+                if interval is not None:
+                    ours.intervals[_column_key(name)] = (100 * interval.low, 100 * interval.high)
             for column, (key, scale) in TIMING_COLUMNS.items():
                 if row.timing.get(key) is not None:
                     ours.values[column] = scale * row.timing[key]
@@ -165,18 +176,24 @@ def build_table(layout: Layout, run_dirs: list[Path], with_paper: bool = False,
             label = None  # one of our rows fills one paper row
         used.add(label)
         values = _with_average(layout, rows[label]) if label else {}
-        records.append(_record(layout, slot_block, paper_row, label, values, with_paper))
+        intervals = rows[label].intervals if label else {}
+        records.append(_record(layout, slot_block, paper_row, label, values, with_paper, intervals))
     for label, row in rows.items():
         if label not in used:
-            records.append(_record(layout, EXTRA_BLOCK, "", label, _with_average(layout, row), False))
+            records.append(_record(layout, EXTRA_BLOCK, "", label, _with_average(layout, row), False, row.intervals))
     return pd.DataFrame.from_records(records)
 
 
-def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool) -> dict:
+def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
+            intervals: dict[str, tuple[float, float]]) -> dict:
     record = {"block": block, "paper row": paper_row, "ours": label or NOT_RUN}
     for column in layout.columns:
         ours = values.get(column)
         record[column] = round(ours, 2) if ours is not None else (None if label else NOT_RUN)
+        if column in layout.benchmark_columns:
+            low, high = intervals.get(column, (None, None))
+            record[f"{column} low"] = round(low, 1) if low is not None else None
+            record[f"{column} high"] = round(high, 1) if high is not None else None
         if with_paper:
             published = paper_value(layout, block, paper_row, column) if paper_row else None
             record[f"{column} (paper)"] = published
@@ -196,7 +213,24 @@ def _beside_paper(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
     for column in layout.columns:
         merged[column] = [cell(*values) for values in
                           zip(frame[column], frame[f"{column} (paper)"], frame[f"{column} Δ"])]
+        if column in layout.benchmark_columns:
+            merged[f"{column} low"], merged[f"{column} high"] = frame[f"{column} low"], frame[f"{column} high"]
     return merged
+
+
+def _interval_columns(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
+    """For reading: each benchmark's low and high columns become one "<benchmark> 95%" column."""
+    shown = frame.astype(object).where(frame.notna(), None)
+    for column in layout.benchmark_columns:
+        low, high = f"{column} low", f"{column} high"
+        if low not in shown:
+            continue
+        cells = [f"[{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else None
+                 for lo, hi in zip(shown[low], shown[high])]
+        shown = shown.drop(columns=[low, high])
+        if any(cells):
+            shown.insert(shown.columns.get_loc(column) + 1, f"{column} 95%", cells)
+    return shown
 
 
 def render(frame: pd.DataFrame, layout: Layout, fmt: str) -> str:
@@ -204,6 +238,7 @@ def render(frame: pd.DataFrame, layout: Layout, fmt: str) -> str:
         return frame.to_csv(index=False)
     if f"{layout.columns[0]} (paper)" in frame.columns:
         frame = _beside_paper(frame, layout)
+    frame = _interval_columns(frame, layout)
     shown = frame.astype(object).where(frame.notna(), "")
     if fmt == "latex":
         return shown.to_latex(index=False, caption=layout.title, label=f"tab:{layout.name}")
