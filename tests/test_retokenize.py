@@ -195,3 +195,32 @@ def test_window_stays_short_on_prose(member):
     ids = side.encode(TEXTS[0] * 3)
     windows = [k - side.tail.window_start(ids[:k]) for k in range(1, len(ids) + 1)]
     assert max(windows[10:]) <= 6 and sum(windows) / len(windows) <= 3
+
+
+TRICKY = [*"abXY '\".,!?;:-_()<>/\\\n\t  0123456789", "東", "京", "🙂", "👍🏽", "é", "ж", "\u200d", "\r\n",
+          "'re", "'ll", "> </", "   ", "\n    ", "**"]
+
+
+@pytest.mark.parametrize("member", ["bpe", "sp"])
+def test_random_strings_on_tiny_tokenizers(member, bpe_tokenizer, sp_tokenizer):
+    """Random strings of awkward characters, cut at random places: still equal to from scratch."""
+    side = Side(bpe_tokenizer if member == "bpe" else sp_tokenizer)
+    rng = random.Random(7)
+    for trial in range(60):
+        data = "".join(rng.choice(TRICKY) for _ in range(rng.randint(2, 40))).encode()
+        replay(side, cuts(data, trial) if len(data) > 1 else [data])
+
+
+@pytest.mark.integration
+def test_a_non_canonical_tail_is_made_canonical_back_to_a_hard_boundary():
+    """SmolLM2 holding Qwen2.5's local pieces ' Pre' 'jud' 'ice' (its own ids, but not canonical):
+    the next piece re-encodes back to the last hard boundary, so the word becomes ' Pre' 'judice';
+    what lies before that boundary is kept as it is."""
+    qwen, smol = real_side("qwen2.5"), real_side("smollm2")
+    ids = {piece: smol.encode(piece.decode())[0] for piece in (b" Pre", b"jud", b"ice")}
+    assert all(len(smol.encode(piece.decode())) == 1 for piece in ids)
+    before = smol.encode("Pride and")
+    held = before + [ids[p] for p in qwen.pieces(" Prejudice")]
+    plan = smol.tail.plan(held, b"", b" is")
+    assert plan.keep >= len(before)
+    assert held[:plan.keep] + list(plan.ids) == smol.encode("Pride and Prejudice is")
