@@ -72,3 +72,22 @@ def test_plotting_an_unswept_parameter_is_one_line(sweep_run, tmp_path, monkeypa
     with pytest.raises(SystemExit) as exit_info:
         main()
     assert exit_info.value.code == 2 and "no row of the runs sets 'k'" in capsys.readouterr().err
+
+
+def test_records_carry_intervals_and_the_plots_draw_them_as_error_bars(sweep_run):
+    from ensemble_bench.report.plots import error_bar, mean_error_bar
+
+    record = next(r for r in parameter_records([sweep_run]) if r["label"] == "a")
+    low, high = record["intervals"]["nq"]  # Wilson of 10 in 50: [11.2, 33.0]
+    assert (round(low, 1), round(high, 1)) == (11.2, 33.0)
+    below, above = error_bar(20.0, (low, high))
+    assert below == pytest.approx(20.0 - low) and above == pytest.approx(high - 20.0)
+    assert error_bar(20.0, None) == (0.0, 0.0)
+    both = mean_error_bar(record, ["arc_c", "nq"])  # independent errors: sqrt(w1^2 + w2^2) / 2
+    arc = error_bar(30.0, record["intervals"]["arc_c"])
+    assert both[0] == pytest.approx((arc[0] ** 2 + below ** 2) ** 0.5 / 2)
+
+
+def test_the_span_sweep_table_shows_intervals(sweep_run):
+    table = sweep_table(sweep_records([sweep_run]))
+    assert list(table["nq 95%"])[0] == "[11.2, 33.0]"

@@ -51,3 +51,15 @@ def test_a_drop_within_the_binomial_interval_passes(tmp_path, monkeypatch, capsy
     current = fake_run(tmp_path / "now", {**BASE, "gac": ("gac", 0.36, 200, 310.0)})
     code, _ = regress(monkeypatch, capsys, current, fake_run(tmp_path / "base", BASE))
     assert code == 0
+
+
+def test_the_guard_uses_the_shared_interval_code(tmp_path, monkeypatch, capsys):
+    """z and the standard error come from report/stats.py; the table shows each accuracy with its
+    95% Wilson interval (42% of 200: [35.4, 48.9])."""
+    from ensemble_bench.report import stats
+
+    se = stats.difference_standard_error(0.42, 200, 200)
+    assert accuracy_floor(0.42, 200, 200, 0.95) == pytest.approx(0.42 - stats.z_value(0.95, sides=1) * se)
+    assert stats.z_value(0.95, sides=1) == pytest.approx(1.6449, abs=1e-4)
+    code, out = regress(monkeypatch, capsys, fake_run(tmp_path / "now", BASE), fake_run(tmp_path / "base", BASE))
+    assert code == 0 and "42.0 [35.4, 48.9]" in out and "95% Wilson interval" in out

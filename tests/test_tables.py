@@ -94,3 +94,18 @@ def test_every_layout_names_paper_rows_that_exist():
         assert set(layout.rows) <= known, (name, set(layout.rows) - known)
         columns = set(numbers[numbers.layout == name].column)
         assert columns <= set(layout.columns), (name, columns - set(layout.columns))
+
+
+def test_every_score_carries_its_95_interval(run, tmp_path, monkeypatch):
+    """Without per-sample files (as here) the interval is Wilson's from the score and its count:
+    nq 10% of 50 -> [4.3, 21.4]; CSV keeps low/high numbers, Markdown and LaTeX one "nq 95%" column."""
+    table = build_table(get_layout("gac_table3"), [run], block="openchat and SOLAR").set_index("paper row")
+    assert (table.loc["GaC (ours)", "nq low"], table.loc["GaC (ours)", "nq high"]) == (4.3, 21.4)
+    assert pd.isna(table.loc["OAssistRM", "nq low"])  # not run: no interval
+    layout = get_layout("gac_table3")
+    frame = build_table(layout, [run], block="openchat and SOLAR")
+    markdown = render(frame, layout, "markdown")
+    assert "nq 95%" in markdown and "[4.3, 21.4]" in markdown and "nq low" not in markdown
+    assert "[4.3, 21.4]" in render(frame, layout, "latex")
+    with_paper = render(build_table(layout, [run], with_paper=True, block="openchat and SOLAR"), layout, "markdown")
+    assert "10.0 / 33.82 (-23.82)" in with_paper and "[4.3, 21.4]" in with_paper
