@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # target -> scale -> [(layout, block or None, [recipes])]; blocks of one paper table get one file each
 PAPER_SWEETSPAN = [(f"sweetspan_table{n}", block, [f"sweetspan_{task}_{setting}" for task in tasks])
-                   for n, tasks in ((2, ("mbpp", "gsm8k")), (3, ("nq",)))
+                   for n, tasks in ((2, ("mbpp", "gsm8k")), (3, ("nq", "flores_de_en")))
                    for block, setting in (("4 Good", "4good"), ("3 Good & 1 Bad", "3good1bad"),
                                           ("2 Good & 2 Bad", "2good2bad"))]
 TARGETS = {
@@ -37,8 +37,12 @@ TARGETS = {
     "deepen-table1": {"paper": [("deepen_table1", None, sorted(p.stem for p in (ROOT / "recipes" / "paper").glob(
                                      "deepen_table1_*.yaml")))],
                       "offline": [("deepen_table1", None, ["deepen_table1"])]},
+    "deepen-table3": {"paper": [("deepen_table3", None, ["deepen_table3"])],
+                      "offline": [("deepen_table3", None, ["deepen_table3"])]},
     "sweetspan": {"paper": [("sweetspan_table7", None, ["sweetspan_nq_4good", "sweetspan_gsm8k_4good",
-                                                        "sweetspan_mbpp_4good"])] + PAPER_SWEETSPAN,
+                                                        "sweetspan_mbpp_4good"]),
+                            ("sweetspan_table8", None, [f"sweetspan_flores_{d}_4good"
+                                                        for d in ("en_de", "de_en", "en_ro", "ro_en")])] + PAPER_SWEETSPAN,
                   "offline": [("sweetspan_table7", None, ["sweetspan_nq", "sweetspan_gsm8k"])]},
     "coolfusion": {"paper": [("coolfusion_table3", None, ["coolfusion_table3_cool2", "coolfusion_table3_cool3",
                                                           "coolfusion_table3_cool_align_off", "coolfusion_table3_cool_rerank",
