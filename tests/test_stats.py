@@ -117,3 +117,24 @@ def test_bleu_is_bootstrapped_over_the_corpus():
     interval = interval_of(examples, bench)
     assert interval.how == "bootstrap" and interval.low <= expected <= interval.high
     assert interval == interval_of(examples, bench)  # fixed seed
+
+
+def test_corpus_metrics_are_read_on_the_reports_0_to_1_scale():
+    """lm-eval's BLEU is 0-100; every report keeps scores 0..1 (shown x100), like accuracies."""
+    from ensemble_bench.report.summary import metric_value
+
+    bench = get_benchmark("flores_de-en")
+    results = {"results": {bench.task: {"bleu,none": 25.0}}, "n-samples": {bench.task: {"effective": 12}}}
+    assert metric_value(results, bench) == (0.25, 12)
+
+
+def test_paired_bleu_uses_the_corpus_bootstrap():
+    from ensemble_bench.report.paired import compare_with_members
+
+    bench = get_benchmark("flores_de-en")
+    refs = ["the cat sat on the mat", "a dog ran in the park", "it is raining today", "we like green tea"] * 3
+    good = [Example("f", k, 0.0, [r, [r]], r, "", r) for k, r in enumerate(refs)]  # one-element prediction lists
+    poor = [Example("f", k, 0.0, [r, "something else entirely"], "x", "", r) for k, r in enumerate(refs)]
+    comparison = compare_with_members("ens", ["m1", "m2"], {"ens": good, "m1": poor, "m2": poor}, bench)
+    m1 = comparison.against("m1")
+    assert m1.paired.test == "paired bootstrap" and m1.paired.p_value == 0.0 and comparison.score == pytest.approx(1.0)

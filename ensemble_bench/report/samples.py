@@ -16,12 +16,12 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import _leaf_tasks, read_json, read_json_lines
+from ensemble_bench.report.summary import PERCENT_METRICS, _leaf_tasks, read_json, read_json_lines
 from ensemble_bench.tasks import Benchmark
 
 EXTRACT_PREFIX = "scores_"
 QUESTION_FIELDS = ("question", "goal", "query", "problem", "input", "prompt", "text", "sentence", "ctx", "source")
-CORPUS_METRICS = ("bleu", "chrf", "ter")  # lm-eval keeps (reference, prediction) per example, scores the corpus
+CORPUS_METRICS = PERCENT_METRICS  # lm-eval keeps (reference, prediction) per example, scores the corpus
 SHOWN_CHARS = 160
 
 
@@ -111,10 +111,15 @@ def _references(reference) -> list[str]:
     return [str(r) for r in reference] if isinstance(reference, list) else [str(reference)]
 
 
+def _prediction(prediction) -> str:
+    """lm-eval allows a one-element list as the prediction."""
+    return str(prediction[0] if isinstance(prediction, list) and prediction else prediction)
+
+
 def _example_score(metric: str, value) -> float:
     if metric in CORPUS_METRICS and isinstance(value, list) and len(value) == 2:
         reference, prediction = value
-        return _sentence_scorer(metric)(str(prediction), _references(reference))
+        return _sentence_scorer(metric)(_prediction(prediction), _references(reference))
     return float(value)
 
 
@@ -129,7 +134,7 @@ def corpus_statistic(bench: Benchmark):
     scorer = {"bleu": sacrebleu.corpus_bleu, "chrf": sacrebleu.corpus_chrf, "ter": sacrebleu.corpus_ter}[metric]
 
     def score(items) -> float:
-        predictions = [str(prediction) for _, prediction in items]
+        predictions = [_prediction(prediction) for _, prediction in items]
         references = [_references(reference) for reference, _ in items]
         width = max(len(r) for r in references)
         streams = [[r[k] if k < len(r) else r[0] for r in references] for k in range(width)]

@@ -24,8 +24,19 @@ def _leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
     return [leaf for child in children for leaf in _leaf_tasks(group_subtasks, child)]
 
 
+# lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
+PERCENT_METRICS = ("bleu", "chrf", "ter")
+
+
 def metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
-    """(score, examples) of a benchmark's primary metric; groups fall back to a size-weighted mean."""
+    """(score 0..1, examples) of a benchmark's primary metric; groups fall back to a size-weighted mean."""
+    found = _metric_value(results, bench)
+    if found is None or bench.primary_metric.split(",")[0] not in PERCENT_METRICS:
+        return found
+    return found[0] / 100, found[1]
+
+
+def _metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
     scores = results.get("results", {})
     counts = results.get("n-samples", {})
     metric = bench.primary_metric
