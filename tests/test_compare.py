@@ -191,13 +191,18 @@ def test_plain_progress_writes_counts_and_rate():
 
 
 def test_list_reads_at_80_columns(monkeypatch, capsys):
+    from ensemble_bench.tasks import Benchmark, list_benchmarks
+
+    blocked = Benchmark("wmt_de-en", "default", "wmt16_de_en", 0, "bleu,none", offline=False,
+                        needs="no offline source: " + "a long reason that would wrap word by word " * 3)
+    monkeypatch.setattr(cli, "list_benchmarks", lambda: [*list_benchmarks(), blocked])
     monkeypatch.setattr(cli, "console", cli.Console(width=80))
     code, out = cli_run(monkeypatch, capsys, "list")
     lines = out.out.splitlines()
     assert code == 0 and max(map(len, lines)) <= 80
-    flores = [line for line in lines if line.startswith("│ flores_de-en")]
-    assert len(flores) == 1 and "needs [1]" in flores[0]  # one line, the reason in a note below
-    assert any(line.startswith("[1] flores_de-en: Flores has no offline source") for line in lines)
+    rows = [line for line in lines if line.startswith("│ wmt_de-en")]
+    assert len(rows) == 1 and "needs [1]" in rows[0]  # one line; the reason in a note below the table
+    assert any(line.startswith("[1] wmt_de-en: no offline source: a long reason") for line in lines)
 
 
 def test_a_closed_stdout_ends_quietly(monkeypatch, capsys):
