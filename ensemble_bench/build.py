@@ -7,7 +7,7 @@ of the stock lm-eval CLI hold a recipe fragment).
 from __future__ import annotations
 
 from ensemble_bench.members import Member, load_member
-from ensemble_bench.members.remote import RemoteMember, connect, launch
+from ensemble_bench.members.remote import RemoteMember, connect, launch, wait_placed
 from ensemble_bench.methods import Method, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, validate_method
 
@@ -28,6 +28,8 @@ class MemberPool:
                 connect(placement.address, placement.num_cpus, placement.num_gpus)
                 if not self._actors:
                     self._actors = {i: launch(s.load_kwargs(), s.actor_options()) for i, s in enumerate(self.recipe.members)}
+                    members = self.recipe.members
+                    wait_placed({members[i].label: a for i, a in self._actors.items()}, placement.schedule_timeout_s)
                 self._loaded[index] = RemoteMember(spec.load_kwargs(), actor=self._actors[index])
             else:
                 self._loaded[index] = load_member(**spec.load_kwargs())

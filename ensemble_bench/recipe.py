@@ -88,11 +88,14 @@ class PlacementSpec(BaseModel):
     address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
     num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
     num_gpus: int | None = Field(default=None, ge=0)
+    schedule_timeout_s: float = Field(default=600, gt=0)  # an actor Ray cannot place by then ends the run
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
             raise ValueError("address, num_cpus and num_gpus need kind: ray")
+        if self.kind == "local" and "schedule_timeout_s" in self.model_fields_set:
+            raise ValueError("schedule_timeout_s needs kind: ray")
         if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
             raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
         return self

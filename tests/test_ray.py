@@ -149,6 +149,57 @@ def test_actor_load_error_is_one_line(cluster):
     assert "\n" not in str(info.value)
 
 
+def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(cluster, tiny_dirs, offline_data, tmp_path,
+                                                                          monkeypatch, capsys):
+    """A member asking for 2 GPUs of a cluster with none: `ensbench run` stops after
+    placement.schedule_timeout_s with one line naming it, what it asked for and what the cluster has."""
+    import sys
+
+    import yaml
+
+    from ensemble_bench import build
+    from ensemble_bench.cli import main
+
+    waited = []
+
+    def timed(actors, timeout_s):
+        start = time.monotonic()
+        try:
+            build_wait(actors, timeout_s)
+        finally:
+            waited.append(time.monotonic() - start)
+    build_wait = build.wait_placed
+    monkeypatch.setattr(build, "wait_placed", timed)
+    recipe = tmp_path / "unplaceable.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "unplaceable", "method": "single", "tasks": [{"name": "piqa", "limit": 1}], "data": "offline",
+        "output": str(tmp_path / "results"), "placement": {"kind": "ray", "schedule_timeout_s": 3},
+        "members": [{"model": tiny_dirs[1], "name": "huge", "num_gpus": 2}]}))
+    monkeypatch.setattr(sys, "argv", ["ensbench", "run", str(recipe)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2 and len(waited) == 1 and 3 <= waited[0] < 5, waited
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    [line] = [x for x in captured.err.splitlines() if "could not place" in x]
+    assert "member 'huge' within 3 s: it asks for CPU 1, GPU 2; the cluster has CPU 2, GPU 0" in line, line
+
+
+def test_placeable_members_pass_the_placement_wait(cluster, tiny_dirs):
+    from ensemble_bench.members.remote import RemoteMember, launch, wait_placed
+
+    load = {"model": tiny_dirs[0], "name": "bpe"}
+    actor = launch(load, {"num_cpus": 0})  # the module's `pairs` may hold both CPUs
+    start = time.monotonic()
+    wait_placed({"bpe": actor}, 30)
+    member = RemoteMember(load, actor=actor)
+    try:
+        assert member.name == "bpe" and time.monotonic() - start < 30
+    finally:
+        member.close()
+
+
 # ------------------------------------------------------------------ concurrency helper (no Ray)
 class Fake:
     def __init__(self, lane_device, remote=False):
@@ -188,6 +239,9 @@ BAD = {
     "unknown placement kind": ({"placement": {"kind": "slurm"}}, "placement.kind: Input should be 'local' or 'ray'"),
     "bad address": ({"placement": {"kind": "ray", "address": "not an address"}}, "placement.address: String should match"),
     "address when local": ({"placement": {"address": "auto"}}, "placement: address, num_cpus and num_gpus need kind: ray"),
+    "schedule timeout when local": ({"placement": {"schedule_timeout_s": 30}}, "placement: schedule_timeout_s needs kind: ray"),
+    "zero schedule timeout": ({"placement": {"kind": "ray", "schedule_timeout_s": 0}},
+                              "placement.schedule_timeout_s: Input should be greater than 0"),
     "size with address": ({"placement": {"kind": "ray", "address": "auto", "num_cpus": 4}},
                           "placement: num_cpus / num_gpus size a cluster started here"),
     "unknown member field": ({"members": [{"model": "smollm2-135m", "gpus": 1}, {"model": "qwen2.5-0.5b"}]},

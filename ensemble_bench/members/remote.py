@@ -118,19 +118,86 @@ def _runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
+class _PlacedServer(MemberServer):
+    """A MemberServer whose model loads in ``start`` rather than in the constructor, so that the
+    actor being placed on a node (its cheap constructor done: ``placed``) is seen apart from its
+    model loading (which may take minutes)."""
+
+    def __init__(self, load: dict[str, Any], threads: int | None = None):
+        self._args, self._failure = (load, threads), None
+
+    def placed(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        if self._args is not None:
+            args, self._args = self._args, None
+            try:
+                MemberServer.__init__(self, *args)
+            except Exception as err:  # raised again by describe(), where the driver waits
+                self._failure = err
+                raise
+
+    def describe(self) -> dict[str, Any]:
+        self.start()
+        if self._failure is not None:
+            raise self._failure
+        return super().describe()
+
+
+_PLACED: dict[Any, tuple[Any, dict[str, Any]]] = {}  # actor -> (its ``placed`` call, its options)
+
+
 def launch(load: dict[str, Any], options: dict[str, Any] | None = None):
     """Start the actor of one member (returns at once; the model loads in the background).
 
     ``load``: ``load_member``'s keyword arguments; ``options``: Ray actor options (num_gpus,
     num_cpus, resources). Several members launched before their RemoteMember is built load in parallel.
+    ``wait_placed`` waits, with a time limit, until Ray has found room for them.
     """
     import ray
 
     options = {k: v for k, v in (options or {}).items() if v is not None and v != {}}
     cpus = options.get("num_cpus")
     env = _runtime_env()
-    return ray.remote(MemberServer).options(**options, **({"runtime_env": env} if env else {})).remote(
+    actor = ray.remote(_PlacedServer).options(**options, **({"runtime_env": env} if env else {})).remote(
         load, threads=max(1, int(cpus)) if cpus else None)
+    _PLACED[actor] = (actor.placed.remote(), options)  # queued first: answers once the actor runs
+    actor.start.remote()
+    return actor
+
+
+def _asked(options: dict[str, Any]) -> dict[str, float]:
+    """The resources an actor with these options needs to be placed (Ray's names)."""
+    cpus = options.get("num_cpus")
+    asked = {"CPU": 1 if cpus is None else cpus, "GPU": options.get("num_gpus", 0), **options.get("resources", {})}
+    return {k: v for k, v in asked.items() if v}
+
+
+def _resources(amounts: dict[str, float], keys) -> str:
+    return ", ".join(f"{k} {amounts.get(k, 0):g}" for k in keys) or "no resources"
+
+
+def wait_placed(actors: dict[str, Any], timeout_s: float) -> None:
+    """Wait until Ray has placed every launched actor (member label -> actor); after ``timeout_s``
+    seconds, kill them all and raise one line naming the first member left waiting, what it asked
+    for and what the cluster has."""
+    import ray
+
+    waiting = {label: _PLACED.pop(actor) for label, actor in actors.items() if actor in _PLACED}
+    refs = [ref for ref, _ in waiting.values()]
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    if not pending:
+        return
+    label, (_, options) = next((label, item) for label, item in waiting.items() if item[0] in pending)
+    for actor in actors.values():
+        ray.kill(actor)
+    asked = _asked(options)
+    keys = list(dict.fromkeys(["CPU", "GPU", *asked]))
+    raise UserError(f"Ray could not place member '{label}' within {timeout_s:g} s: it asks for "
+                    f"{_resources(asked, asked)}; the cluster has {_resources(ray.cluster_resources(), keys)} "
+                    f"({_resources(ray.available_resources(), keys)} free): lower its num_gpus / num_cpus / "
+                    "resources, add nodes, or raise placement.schedule_timeout_s")
 
 
 class RemoteMember(TokenizerSide, Member):
