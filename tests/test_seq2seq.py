@@ -7,7 +7,7 @@ import torch
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.seq2seq import (SOURCE_END, Seq2SeqMember, find_translation, language_token,
                                             split_row)
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
+from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, get_method
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
@@ -144,11 +144,12 @@ def test_not_an_encoder_decoder_is_refused(tokenizer, bpe_model, bpe_tokenizer):
 # ------------------------------------------------------------------ identity under token-level methods
 SEQ2SEQ_REQUESTS = [GenerationRequest(Prompt(text=p), ("\n",) if i % 2 else ("@@",), 6 + 2 * i)
                     for i, p in enumerate(PROMPTS)]
+SPAN_METHODS = [get_method(name) for name in ("sweetspan", "coolfusion")]
 METHODS = [(Gac, GacParams()), (Gac, GacParams(threshold=0.5, gate=1)), (Unite, UniteParams()),
-           (Deepen, DeepenParams(support=16))]
+           (Deepen, DeepenParams(support=16)), *((cls, cls.Params()) for cls in SPAN_METHODS)]
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=["gac", "gac-gated", "unite", "deepen"])
+@pytest.mark.parametrize("method,params", METHODS, ids=["gac", "gac-gated", "unite", "deepen", "sweetspan", "coolfusion"])
 def test_seq2seq_member_with_itself_is_the_member_alone(model, tokenizer, method, params):
     def make(name):
         return Seq2SeqMember(model, tokenizer, name)
