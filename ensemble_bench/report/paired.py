@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ensemble_bench.report import stats
 from ensemble_bench.report.samples import Example, corpus_statistic, metric_parts, row_examples
-from ensemble_bench.report.summary import RunRow
 from ensemble_bench.tasks import Benchmark
+
+if TYPE_CHECKING:  # summary.py builds on this module
+    from ensemble_bench.report.summary import RunRow
 
 BINARY_METRICS = ("acc", "acc_norm", "exact_match", "pass_at_1", "pass@1", "pass_at_k", "em")
 

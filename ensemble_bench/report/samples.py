@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.summary import PERCENT_METRICS, _leaf_tasks, read_json, read_json_lines
+from ensemble_bench.report.run_files import PERCENT_METRICS, leaf_tasks, read_json, read_json_lines
 from ensemble_bench.tasks import Benchmark
 
 EXTRACT_PREFIX = "scores_"
@@ -166,7 +166,7 @@ def _leaves(row_dir: Path, bench: Benchmark) -> list[str]:
     leaves: list[str] = []
     for path in sorted(row_dir.glob("results_*.json")):
         results = read_json(path)
-        found = _leaf_tasks(results.get("group_subtasks", {}), bench.task)
+        found = leaf_tasks(results.get("group_subtasks", {}), bench.task)
         leaves += [t for t in found if t in results.get("results", {}) and t not in leaves]
     return leaves or [bench.task]
 

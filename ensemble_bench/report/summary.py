@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,22 +9,15 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import Row, parse_recipe, plan_rows
+from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
+from ensemble_bench.report.run_files import PERCENT_METRICS, damaged, leaf_tasks, read_json, read_json_lines
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
-
-
-def _leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
-    children = group_subtasks.get(name)
-    if children is None:
-        return [name]
-    return [leaf for child in children for leaf in _leaf_tasks(group_subtasks, child)]
-
-
-# lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
-PERCENT_METRICS = ("bleu", "chrf", "ter")
+__all__ = ["DONE_FILE", "RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines", "row_scores",
+           "run_rows", "summary_frame", "write_summary"]
 
 
 def metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
@@ -40,7 +32,7 @@ def _metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
     scores = results.get("results", {})
     counts = results.get("n-samples", {})
     metric = bench.primary_metric
-    leaves = _leaf_tasks(results.get("group_subtasks", {}), bench.task)
+    leaves = leaf_tasks(results.get("group_subtasks", {}), bench.task)
     found = [(scores[t][metric], counts.get(t, {}).get("effective", 0)) for t in leaves
              if t in scores and isinstance(scores[t].get(metric), (int, float))]
     total = sum(n for _, n in found)
@@ -49,26 +41,6 @@ def _metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
     if not found or total == 0:
         return None
     return sum(v * n for v, n in found) / total, total
-
-
-def damaged(path: Path, err: Exception) -> EnvironmentFault:
-    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
-                            "--fresh, or leave this run out")
-
-
-def read_json(path: Path):
-    """A JSON file of a run, or one line naming the damaged file."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise damaged(path, err) from None
-
-
-def read_json_lines(path: Path) -> list:
-    try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, ValueError) as err:
-        raise damaged(path, err) from None
 
 
 def _row_results(row_dir: Path) -> list[dict]:
@@ -180,8 +152,6 @@ PAIRED_NOTE = ("wins / losses: examples the ensemble scores above / below that m
 
 def paired_section(comparisons) -> str:
     """The Markdown section on what each ensemble changed against its members."""
-    from ensemble_bench.report.paired import comparison_records
-
     records = comparison_records(comparisons)
     if not records:
         return ""
@@ -191,8 +161,6 @@ def paired_section(comparisons) -> str:
 
 def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
     """summary.csv (scores with 95% interval columns), paired.csv, and summary.md (written last)."""
-    from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
-
     benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
     rows = run_rows(run_dir, recipe)
     frame = summary_frame(run_dir, recipe, row_intervals(run_dir, rows, benches))
