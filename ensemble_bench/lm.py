@@ -76,7 +76,7 @@ class EnsembleLM(LM):
 
     def chat_template(self, chat_template=False) -> str:
         return "per-member chat templates: " + ", ".join(
-            f"{m.name}={'own' if getattr(m, 'uses_chat_template', False) else 'plain'}"
+            f"{m.name}={'own' if m.uses_chat_template else 'plain'}"
             for m in self.method.members)
 
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:

@@ -11,7 +11,7 @@ from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.span_level import Proposal, SpanRow, perplexity, text_of
+from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity, text_of
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
@@ -103,7 +103,7 @@ def test_a_proposers_own_scores_equal_a_direct_computation(bpe_tokenizer, bpe_mo
     read = 0
     for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
         contexts = [member.render(r.prompt) for r in requests]
-        proposals = method._propose(v, [SpanRow(r) for r in requests], member.prefill(contexts),
+        proposals = method._propose(v, [SpanState.of(r) for r in requests], member.prefill(contexts),
                                     [len(c) for c in contexts])
         for context, proposal, ids in zip(contexts, proposals, member.row_ids()):
             if proposal.final == "length":  # its last token was never fed: scored later by a forward

@@ -8,12 +8,20 @@ from pathlib import Path
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.members.local import LocalMember
 from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
 
 __all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def __getattr__(name: str):
+    """``LocalMember`` on first use: importing the package (or members.base) loads no transformers."""
+    if name == "LocalMember":
+        from ensemble_bench.members.local import LocalMember
+
+        return LocalMember
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _gguf_tokenizer_cache(source: ModelSource) -> Path:
@@ -73,6 +81,7 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    from ensemble_bench.members.local import LocalMember
     from ensemble_bench.members.seq2seq import Seq2SeqMember, is_seq2seq
 
     if dtype not in DTYPES:

@@ -1,5 +1,9 @@
 """The Member interface: one causal LM and its tokenizer, driven step by step by a method.
 
+Two halves: ``Tokenizing`` (text <-> ids, chat templates, word starts; needs no model) and
+``Stepping`` (the model: batched KV-cached steps and scoring). ``Member`` is both. Methods import
+this module only; implementations live in members/local.py and members/remote.py.
+
 Plain data in and out (token id lists, float32 tensors, frozen dataclasses) so that a remote
 implementation (a Ray actor) can stand behind the same interface. Next-token log-probs stay on
 the member's device (a CUDA member's distributions never cross to the host as a whole; methods
@@ -42,19 +46,34 @@ class Score:
     is_greedy: bool
 
 
-class Member(ABC):
-    """One model. Row indices refer to the current batch (after the last ``keep``)."""
+@dataclass
+class ForwardClock:
+    """Wall time spent in forward passes, split into prefill and decode."""
+
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prefill_calls: int = 0
+    decode_calls: int = 0
+
+
+def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
+    """A chat as plain text for members without a chat template: contents joined, no roles."""
+    return "".join(content for _, content in messages)
+
+
+class Tokenizing(ABC):
+    """The tokenizer half of a member: text <-> ids, chat rendering, word starts. No model."""
 
     name: str
     vocab: VocabView
     stop_ids: frozenset[int]
     max_length: int
     prefix_token_id: int  # conditions a continuation whose context is empty (BOS, else EOS)
+    uses_chat_template: bool  # render applies the tokenizer's chat template to chat prompts
 
-    # --- text <-> ids -------------------------------------------------------------------------
     @abstractmethod
-    def render(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: chat template if enabled and available, else plain text."""
+    def render_text(self, prompt: Prompt) -> str:
+        """The prompt as text, after this member's chat template (if any)."""
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
@@ -65,8 +84,12 @@ class Member(ABC):
         """The tokenizer's own decode."""
 
     @abstractmethod
-    def render_text(self, prompt: Prompt) -> str:
-        """The prompt as text, after this member's chat template (if any)."""
+    def word_starts(self, text: str) -> list[int]:
+        """Offsets > 0 where a word begins in this tokenizer's pre-tokenisation (vocab/words.py)."""
+
+    def render(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat template if enabled and available, else plain text."""
+        return self.encode(self.render_text(prompt))
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Split ``context + continuation`` into ids the way lm-eval's HFLM does.
@@ -100,7 +123,17 @@ class Member(ABC):
             pairs.append((context, ids[start:start + self.max_length]))
         return pairs
 
-    # --- batched, KV-cached stepping --------------------------------------------------------
+
+class Stepping(ABC):
+    """The model half of a member: batched, KV-cached stepping and scoring over token ids.
+
+    Row indices refer to the current batch (after the last ``keep``).
+    """
+
+    device: torch.device  # where the log-probs it returns live (the driver's CPU for a remote member)
+    remote: bool = False  # its forward passes run in another process (methods/concurrent.py overlaps them)
+    clock: ForwardClock
+
     @abstractmethod
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         """Start a batch (left padded); return next-token log-probs, float32 [rows, head], on the member's device."""
@@ -127,14 +160,14 @@ class Member(ABC):
         """The token ids currently held by each row."""
 
     @abstractmethod
-    def word_starts(self, text: str) -> list[int]:
-        """Offsets > 0 where a word begins in this tokenizer's pre-tokenisation (vocab/words.py)."""
-
-    @abstractmethod
     def input_embeddings(self) -> torch.Tensor:
         """The input embedding matrix [head rows, d] (DeePEn's relative representations)."""
 
-    # --- scoring --------------------------------------------------------------------------------
     @abstractmethod
-    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
-        """Score each continuation given its context (token ids), batched, no shared state."""
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+        """Score each continuation given its context (token ids), ``batch_size`` pairs per forward
+        pass, no shared state."""
+
+
+class Member(Tokenizing, Stepping):
+    """One model: its tokenizer half and its stepping half."""

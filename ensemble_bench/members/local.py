@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from ensemble_bench.members import kv
-from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.members.base import ForwardClock, Member, Score, flatten_messages
+from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
-from ensemble_bench.vocab.words import word_starts
+
+__all__ = ["LocalMember", "ForwardClock", "TokenizerSide", "flatten_messages", "stop_ids_of", "max_length_of"]
 
 # Special tokens that end a turn or a document in the model families we meet.
 END_MARKERS = frozenset({
@@ -20,16 +21,6 @@ END_MARKERS = frozenset({
     "<end_of_turn>", "<|eom_id|>", "<｜end▁of▁sentence｜>", "<|END_OF_TURN_TOKEN|>",
 })
 DEFAULT_MAX_LENGTH = 2048
-
-
-@dataclass
-class ForwardClock:
-    """Wall time spent in forward passes, split into prefill and decode."""
-
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    prefill_calls: int = 0
-    decode_calls: int = 0
 
 
 def stop_ids_of(tokenizer, generation_config, vocab) -> frozenset[int]:
@@ -55,41 +46,6 @@ def max_length_of(config, tokenizer) -> int:
     if limit and limit < 10**9:
         return int(limit)
     return DEFAULT_MAX_LENGTH
-
-
-class TokenizerSide:
-    """The tokenizer-only half of a member: text <-> ids, chat rendering, word starts.
-
-    Needs ``tokenizer``, ``vocab``, ``uses_chat_template`` and ``_bos_text``. Shared by LocalMember
-    and RemoteMember (which runs it in the driver on a copy of the actor's tokenizer).
-    """
-
-    # --- text <-> ids -------------------------------------------------------------------------
-    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
-        kwargs = {}
-        if add_special_tokens is not None:
-            kwargs["add_special_tokens"] = add_special_tokens
-        elif self._bos_text and text.startswith(self._bos_text):
-            kwargs["add_special_tokens"] = False  # the text already carries its BOS
-        return self.tokenizer.encode(text, **kwargs)
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def render_text(self, prompt: Prompt) -> str:
-        if not prompt.is_chat:
-            return prompt.text
-        messages = [{"role": role, "content": content} for role, content in prompt.messages]
-        if self.uses_chat_template:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return flatten_messages(prompt.messages)
-
-    def render(self, prompt: Prompt) -> list[int]:
-        return self.encode(self.render_text(prompt))
-
-    def word_starts(self, text: str) -> list[int]:
-        pre = self.tokenizer.backend_tokenizer.pre_tokenizer
-        return word_starts(text, self.vocab.spelling, pre.pre_tokenize_str if pre is not None else None)
 
 
 class LocalMember(TokenizerSide, Member):
@@ -272,8 +228,3 @@ def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
             ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
             mask[r, width - len(row):] = 1
     return ids, mask
-
-
-def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:
-    """A chat as plain text for members without a chat template: contents joined, no roles."""
-    return "".join(content for _, content in messages)

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.members.local import ForwardClock, TokenizerSide
+from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.tokenizer_side import TokenizerSide
 
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
                  "ENSBENCH_CACHE", "TOKENIZERS_PARALLELISM")
@@ -208,6 +208,7 @@ class RemoteMember(TokenizerSide, Member):
     """
 
     remote = True  # methods/concurrent.py: steps of remote members overlap
+    device = torch.device("cpu")  # where the log-probs it returns live (the actor's own: remote_device)
 
     def __init__(self, load: dict[str, Any], options: dict[str, Any] | None = None, actor=None):
         import ray

@@ -11,7 +11,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Member, Prompt, Score
+from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.concurrent import each
 
 
@@ -66,17 +66,11 @@ class Timing:
         self.first_token_seconds += now - self._mark
         self._mark = now
 
-    def step(self) -> None:
+    def step(self, steps: float = 1.0) -> None:
+        """A decoding round: one token per live row, or (span methods) ``steps`` tokens on average."""
         now = time.perf_counter()
         self.decode_seconds += now - self._mark
-        self.decode_steps += 1
-        self._mark = now
-
-    def span(self, tokens: float) -> None:
-        """A decoding round that advanced each live row by ``tokens`` tokens on average."""
-        now = time.perf_counter()
-        self.decode_seconds += now - self._mark
-        self.decode_steps += tokens
+        self.decode_steps += steps
         self._mark = now
 
     def summary(self) -> dict:
@@ -89,9 +83,24 @@ class Timing:
         }
 
 
-def fit_prompt(member: Member, ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Keep the end of a prompt so that it and the new tokens fit the member's context."""
-    return list(ids[-(member.max_length - max_new_tokens):])
+def continuation_scores(member: Member, requests: Sequence[LoglikelihoodRequest],
+                        batch_size: int) -> tuple[list[Score], list[int]]:
+    """One member's score of each continuation (its own chat template and tokenisation, lm-eval's
+    split) and the continuation's length in its tokens."""
+    pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
+    return (member.score(pairs, batch_size=batch_size) if pairs else []), [len(cont) for _, cont in pairs]
+
+
+def score_with_members(members: Sequence[Member], requests: Sequence[LoglikelihoodRequest],
+                       batch_size: int) -> list[list[Score]]:
+    """Every member's score of every continuation (members side by side): ``[member][request]``."""
+    return [scores for scores, _ in each(members, lambda m: continuation_scores(m, requests, batch_size))]
+
+
+def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_size: int) -> list[list[float]]:
+    """Every member's total log-likelihood of every whole text (perplexity tasks): ``[member][text]``."""
+    return each(members, lambda m: [sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=batch_size))
+                                    for t in texts])
 
 
 def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> int:
@@ -143,40 +152,6 @@ class Method(ABC):
     @abstractmethod
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Total log-likelihood of each whole text (perplexity tasks)."""
-
-    def _in_batches(self, requests: Sequence, lengths: Sequence[int], run_batch) -> list:
-        """Run ``run_batch(indices)`` over batches of requests, longest prompts first; results in
-        request order."""
-        order = sorted(range(len(requests)), key=lambda i: -lengths[i])
-        results: list = [None] * len(requests)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            for i, result in zip(batch, run_batch(batch)):
-                results[i] = result
-        return results
-
-    def _generate_per_member(self, requests: Sequence[GenerationRequest], run_batch) -> list[Generation]:
-        """Render every request with each member's own template, then run ``run_batch(prompts,
-        requests)`` over batches (``prompts[member][row]``), longest prompts first."""
-        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
-        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
-        return self._in_batches(requests, lengths, lambda batch: run_batch(
-            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
-
-    def _prefill_all(self, prompts: list[list[list[int]]], requests: Sequence[GenerationRequest]) -> list:
-        """Start a batch in every member (prompts cut to fit each request's budget); their log-probs."""
-        return each(self.members, lambda m, member_prompts: m.prefill(
-            [fit_prompt(m, p, r.max_new_tokens) for p, r in zip(member_prompts, requests)]), prompts)
-
-    def _keep_rows(self, still: list[int], states: list, live: list[int]) -> tuple[list, list[int]]:
-        """Drop finished rows: every member keeps ``still``; so do the per-member row ``states``
-        (tensors indexed by row) and the live request indices."""
-        if len(still) < len(live):
-            for member in self.members:
-                member.keep(still)
-            states = [state[still] for state in states]
-            live = [live[k] for k in still]
-        return states, live
 
     def info(self) -> dict:
         """Hyper-parameters and timing, for the results file."""

@@ -15,18 +15,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ensemble_bench.members.base import Stepping
+
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 _inside = threading.local()
 
 
-def lane(member) -> str:
+def lane(member: Stepping) -> str:
     """Where a member's forward passes run; members on different lanes can overlap."""
-    if getattr(member, "remote", False):
+    if member.remote:
         return f"remote:{id(member)}"
-    device = getattr(member, "device", None)
-    if device is not None and str(device).startswith("cuda"):
-        return "cuda:0" if str(device) == "cuda" else str(device)
+    device = str(member.device)
+    if device.startswith("cuda"):
+        return "cuda:0" if device == "cuda" else device
     return "host"
 
 

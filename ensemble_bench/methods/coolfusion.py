@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ensemble_bench.members import Member
+from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest, MethodParams
 from ensemble_bench.methods.scorers import PerplexityScorer
 from ensemble_bench.methods.single import Single

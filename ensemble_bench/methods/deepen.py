@@ -23,7 +23,7 @@ import torch
 from pydantic import Field, model_validator
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Member
+from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform

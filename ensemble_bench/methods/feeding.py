@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ensemble_bench.members import Member
+from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 
 

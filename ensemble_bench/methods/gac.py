@@ -27,12 +27,12 @@ from pydantic import Field, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, resolve_member)
+from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
+                                         resolve_member, rolling_with_members, score_with_members)
 from ensemble_bench.methods.concurrent import each
+from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import give_text, text_appender
-from ensemble_bench.methods.stopping import StopRule, cut_at_until
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
@@ -87,17 +87,20 @@ def resolve_gate(params: GacParams, labels: Sequence[str]) -> int | None:
 
 
 @dataclass
-class Row:
-    """Generation state of one request."""
+class GacState(RequestState):
+    """A request under GaC: the writer's ids are the reference member's (see ``writer``)."""
 
-    rule: StopRule
-    text: bytearray = field(default_factory=bytearray)
-    count: int = 0
-    finish: str | None = None
     pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
-    reference_ids: list[int] | None = field(default_factory=list)  # the text as reference-member ids
     generator: torch.Generator | None = None  # set when sampling
+
+
+@dataclass(frozen=True)
+class GacPick(Advance):
+    """A row's choice: the gate's own token (Eq. 5, ``by_gate``) or a union entry (Eq. 3)."""
+
+    by_gate: bool = False
+    chosen: int = -1  # the gate's id, or the union index
 
 
 @dataclass
@@ -112,7 +115,7 @@ class GacStats:
                 "ensembled_position_deciles": self.position_deciles}
 
 
-class Gac(Method):
+class Gac(DecodingMethod):
     name = "gac"
     Params = GacParams
     min_members = 2
@@ -140,32 +143,21 @@ class Gac(Method):
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
                 **self.stats.summary()}
 
-    # --- generation -----------------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        return self._generate_per_member(requests, self._generate_batch)
+    @property
+    def writer(self) -> int:
+        return self.reference
 
-    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
-        rows = [Row(StopRule(r.until, r.max_new_tokens, frozenset()), generator=self._generator(r)) for r in requests]
-        self.timing.start_batch()
-        logprobs = self._prefill_all(prompts, requests)
-        live = list(range(len(rows)))
-        first = True
-        while live:
-            confident = self._gate_confident(logprobs)
-            logprobs = self._catch_up(live, rows, confident, logprobs)
-            picks = self._choose(logprobs, confident, [rows[i].generator for i in live])
-            self._advance(live, rows, confident, picks)
-            self.timing.tokens_generated += len(live)
-            self.timing.first_token() if first else self.timing.step()
-            first = False
-            still = [k for k, i in enumerate(live) if rows[i].finish is None]
-            if len(still) < len(live):
-                confident = confident[still]
-                picks = [picks[k] for k in still]
-            logprobs, live = self._keep_rows(still, logprobs, live)
-            if live:
-                logprobs = self._feed(live, rows, confident, picks, logprobs)
-        return [self._result(row, request) for row, request in zip(rows, requests)]
+    # --- generation: the loop's steps -------------------------------------------------------------
+    def start(self, request: GenerationRequest) -> GacState:
+        return GacState.of(request, generator=self._generator(request))
+
+    def choose(self, dists: list[torch.Tensor], states: list[GacState]) -> Round:
+        """Eq. 5's gate, lazy catch-up of skipped members, then Eq. 3 (or the gate's token) per row."""
+        confident = self._gate_confident(dists)
+        dists = self._catch_up(states, confident, dists)
+        picks = self._choose(dists, confident, [state.generator for state in states])
+        return Round([self._advance(state, gated, pick) for state, gated, pick in zip(states, confident.tolist(), picks)],
+                     dists)
 
     def _gate_confident(self, logprobs: list[torch.Tensor]) -> torch.Tensor:
         """Eq. 5: rows whose gate max probability exceeds t take the gate's token alone."""
@@ -174,7 +166,7 @@ class Gac(Method):
             return torch.zeros(rows, dtype=torch.bool)
         return (logprobs[self.gate].max(dim=-1).values.exp() > self.params.threshold).cpu()
 
-    def _catch_up(self, live, rows, confident, logprobs) -> list[torch.Tensor]:
+    def _catch_up(self, states: list[GacState], confident, logprobs) -> list[torch.Tensor]:
         """Members that skipped steps are given the pieces they missed, once a row needs them.
 
         When a member must run for some row anyway, every row with missed pieces catches up in the
@@ -182,8 +174,8 @@ class Gac(Method):
         """
         updated = list(logprobs)
         needed = [index for index in range(len(self.members))
-                  if any(not confident[k] and rows[i].pending.get(index) for k, i in enumerate(live))]
-        chunks = [[rows[i].pending.pop(index, []) for i in live] for index in needed]
+                  if any(not confident[k] and state.pending.get(index) for k, state in enumerate(states))]
+        chunks = [[state.pending.pop(index, []) for state in states] for index in needed]
         results = each([self.members[index] for index in needed],
                        lambda member, index, member_chunks: self._give(index, member, member_chunks), needed, chunks)
         for index, result in zip(needed, results):
@@ -231,41 +223,35 @@ class Gac(Method):
         mixed = self.mixture.full(chosen)  # Eq. 3 (Sec. 4.3)
         return [self._pick(mixed[j].log(), generators[k]) for j, k in enumerate(rows)]
 
-    def _advance(self, live, rows, confident, picks) -> None:
-        to_reference = self.union.maps[self.reference].to_member
-        for k, i in enumerate(live):
-            row = rows[i]
-            chosen, data = picks[k]
-            if not confident[k]:
-                row.ensembled.append(row.count)
-            if data is None:
-                row.finish = "stop_id"
-                continue
-            row.text += data
-            row.count += 1
-            if row.reference_ids is not None:
-                token = chosen if confident[k] else int(to_reference[chosen])
-                row.reference_ids = row.reference_ids + [token] if token >= 0 else None
-            row.finish = row.rule.finish(-1, self._text(row), row.count)
+    def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:
+        """What the row takes: the chosen bytes, and the reference member's id for them if it has one."""
+        chosen, data = pick
+        if not gated:
+            state.ensembled.append(state.count)
+        if data is None:
+            return STOP
+        token = chosen if gated else int(self.union.maps[self.reference].to_member[chosen])
+        return GacPick(data, (token,) if token >= 0 else None, 1, by_gate=gated, chosen=chosen)
 
-    def _feed(self, live, rows, confident, picks, logprobs) -> list[torch.Tensor]:
-        updated = list(logprobs)
+    def feed(self, dists, states: list[GacState], picks: list[GacPick]) -> list[torch.Tensor]:
+        """Eq. 4: every member takes the chosen bytes; at a gated step the gate takes its own token
+        and the others skip (their pieces wait in ``pending``)."""
+        updated = list(dists)
         calls = []  # (member index, chunks, direct): built here, run side by side below
         for index in range(len(self.members)):
             chunks: list[list[bytes]] = []
             direct: list[list[int]] = []
-            for k, i in enumerate(live):
-                token, data = picks[k]
-                if confident[k] and index == self.gate:
-                    direct.append([token])  # the gate's own token, as the gate would continue alone
+            for state, pick in zip(states, picks):
+                if pick.by_gate and index == self.gate:
+                    direct.append([pick.chosen])  # the gate's own token, as the gate would continue alone
                     chunks.append([])
-                elif confident[k]:
-                    rows[i].pending.setdefault(index, []).append(data)  # this member skips the step
+                elif pick.by_gate:
+                    state.pending.setdefault(index, []).append(pick.data)  # this member skips the step
                     direct.append([])
                     chunks.append([])
                 else:
                     direct.append([])
-                    chunks.append([data])
+                    chunks.append([pick.data])
             if any(chunks) or any(direct):
                 calls.append((index, chunks, direct))
         results = each([self.members[index] for index, _, _ in calls], lambda member, call: (
@@ -278,23 +264,12 @@ class Gac(Method):
               direct: list[list[int]] | None = None) -> torch.Tensor:
         return give_text(member, self.appenders[index], chunks, direct)
 
-    def _text(self, row: Row) -> str:
-        """The reference member's own decode of the text when every piece is one of its tokens
-        (so a member ensembled with itself renders exactly as alone), else UTF-8 of the bytes."""
-        reference = self.members[self.reference]
-        if row.reference_ids is not None:
-            return reference.decode(row.reference_ids)
-        text = bytes(row.text).decode("utf-8", errors="replace")
-        if reference.vocab.strips_leading_space and text.startswith(" "):
-            text = text[1:]  # the SentencePiece dummy-prefix convention
-        return text
-
-    def _result(self, row: Row, request: GenerationRequest) -> Generation:
-        self.stats.steps += row.count + (row.finish == "stop_id")
-        self.stats.ensembled += len(row.ensembled)
-        for position in row.ensembled:
-            self.stats.position_deciles[min(9, 10 * position // max(1, row.count + 1))] += 1
-        return Generation(cut_at_until(self._text(row), request.until), row.count, row.finish or "length")
+    def result(self, state: GacState, request: GenerationRequest) -> Generation:
+        self.stats.steps += state.count + (state.finish == "stop_id")
+        self.stats.ensembled += len(state.ensembled)
+        for position in state.ensembled:
+            self.stats.position_deciles[min(9, 10 * position // max(1, state.count + 1))] += 1
+        return super().result(state, request)
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
@@ -304,16 +279,12 @@ class Gac(Method):
                 for values in zip(*per_member)]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
-        per_member = each(self.members, lambda member: member.score(
-            [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests],
-            batch_size=self.batch_size))
+        per_member = score_with_members(self.members, requests, self.batch_size)
         combined = self._combine([[s.logprob for s in scores] for scores in per_member])
         return [Score(lp, all(scores[k].is_greedy for scores in per_member)) for k, lp in enumerate(combined)]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        per_member = each(self.members, lambda m: [
-            sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts])
-        return self._combine(per_member)
+        return self._combine(rolling_with_members(self.members, texts, self.batch_size))
 
 
 def _rows(logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:

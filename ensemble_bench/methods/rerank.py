@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from ensemble_bench.members import Member
+from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
 from ensemble_bench.methods.scorers import (DEFAULT_PAIR_TEMPLATE, BlenderRanker, Classifier, ClassifierComparator,

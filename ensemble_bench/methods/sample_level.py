@@ -17,7 +17,7 @@ from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
-from ensemble_bench.members import Member, Score
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
                                          MethodParams, Timing, resolve_member)
 from ensemble_bench.methods.single import Single

@@ -19,8 +19,9 @@ from typing import Protocol
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Member, Prompt
-from ensemble_bench.members.local import flatten_messages
+from ensemble_bench.members.base import Member, Prompt, flatten_messages
+from ensemble_bench.methods.base import LoglikelihoodRequest, continuation_scores
+from ensemble_bench.methods.concurrent import each
 
 DEFAULT_REWARD_TEMPLATE = None  # None: the scorer's chat template, else a (prompt, answer) text pair
 DEFAULT_PAIR_TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}"
@@ -64,14 +65,13 @@ class PerplexityScorer:
 
     def average_perplexities(self, prompt: Prompt, texts: list[str]) -> list[float]:
         """Eq. 3's objective for each candidate: the mean over members of its perplexity."""
-        totals = [0.0] * len(texts)
         scored = [k for k, text in enumerate(texts) if text]
-        for member in self.members:
-            context = member.render_text(prompt)
-            pairs = [member.encode_pair(context, texts[k]) for k in scored]
-            scores = member.score(pairs, batch_size=self.batch_size) if pairs else []
-            for k, (_, continuation), score in zip(scored, pairs, scores):
-                totals[k] += mean_perplexity(score.logprob, len(continuation)) / len(self.members)
+        requests = [LoglikelihoodRequest(prompt, texts[k]) for k in scored]
+        per_member = each(self.members, lambda m: continuation_scores(m, requests, self.batch_size))
+        totals = [0.0] * len(texts)
+        for scores, lengths in per_member:
+            for k, score, length in zip(scored, scores, lengths):
+                totals[k] += mean_perplexity(score.logprob, length) / len(self.members)
         return [total if k in scored else math.inf for k, total in enumerate(totals)]
 
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ensemble_bench.members import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, resolve_member)
+from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
+                                         resolve_member, rolling_with_members, score_with_members)
 from ensemble_bench.methods.concurrent import each
+from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.scorers import mean_perplexity
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.words import common_ends
 
@@ -63,12 +63,15 @@ class Held:
 
 
 @dataclass
-class SpanRow:
-    request: GenerationRequest
-    main_ids: list[int] = field(default_factory=list)
-    text: str = ""  # committed text (bytes of the committed segments)
-    finish: str | None = None
-    rounds: list[dict] = field(default_factory=list)
+class SpanState(RequestState):
+    """A request under a span method: the writer's ids are the main member's committed tokens."""
+
+    rounds: list[dict] = field(default_factory=list)  # the rounds that had a choice (the trace)
+
+    @property
+    def text(self) -> str:
+        """The committed text (whole segments: whole characters)."""
+        return self.data.decode("utf-8")
 
 
 def perplexity(logprobs: Sequence[float]) -> float:
@@ -81,7 +84,7 @@ def text_of(member: Member, tokens: Sequence[int]) -> str:
     return split_valid_utf8(member.vocab.join(tokens))[0]
 
 
-class SpanMethod(Method):
+class SpanMethod(DecodingMethod):
     min_members = 2
 
     def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
@@ -107,41 +110,35 @@ class SpanMethod(Method):
         """Offsets in ``text`` where every member's tokenizer starts a word (Cool-Fusion Sec. 2.1-2.2)."""
         return common_ends([member.word_starts(text) for member in self.members])
 
-    # --- generation -----------------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        return self._generate_per_member(requests, self._generate_batch)
+    @property
+    def writer(self) -> int:
+        return self.main
 
-    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
-        rows = [SpanRow(r) for r in requests]
-        self.timing.start_batch()
-        dists = self._prefill_all(prompts, requests)
-        live = list(range(len(rows)))
-        first = True
-        while live:
-            before = [len(rows[i].main_ids) for i in live]
-            prefix = [[len(ids) for ids in m.row_ids()] for m in self.members]
-            live_rows = [rows[i] for i in live]
-            proposals = each(self.members, lambda _, u: self._propose(u, live_rows, dists[u], prefix[u]),
-                             range(len(self.members)))
-            choices = [self._candidates([p[k] for p in proposals]) for k in range(len(live))]
-            dists = self._commit(live, rows, choices, dists, proposals, prefix)
-            self.rounds += 1
-            added = [len(rows[i].main_ids) - b for i, b in zip(live, before)]
-            self.timing.tokens_generated += sum(added)
-            self.timing.first_token() if first else self.timing.span(sum(added) / len(added))
-            first = False
-            still = [k for k, i in enumerate(live) if rows[i].finish is None]
-            dists, live = self._keep_rows(still, dists, live)
-        main = self.members[self.main]
-        results = []
-        for row in rows:
-            text = cut_at_until(main.decode(row.main_ids), row.request.until)
-            self.traces.append({"prompt_tail": row.request.prompt.text[-200:] or str(row.request.prompt.messages)[-200:],
-                                "output": text, "rounds": row.rounds})
-            results.append(Generation(text, len(row.main_ids), row.finish or "length"))
-        return results
+    # --- generation: the loop's steps -------------------------------------------------------------
+    def start(self, request: GenerationRequest) -> SpanState:
+        return SpanState.of(request)
 
-    def _propose(self, proposer: int, rows: list[SpanRow], dist: torch.Tensor, prefix: list[int]) -> list[Proposal]:
+    def choose(self, dists: list[torch.Tensor], states: list[SpanState]) -> Round:
+        """One round for every live row: propose (step 1), then score, choose and commit (2-4)."""
+        prefix = [[len(ids) for ids in m.row_ids()] for m in self.members]
+        proposals = each(self.members, lambda _, u: self._propose(u, states, dists[u], prefix[u]),
+                         range(len(self.members)))
+        choices = [self._candidates([p[k] for p in proposals]) for k in range(len(states))]
+        dists, advances = self._commit(states, choices, dists, proposals, prefix)
+        self.rounds += 1
+        return Round(advances, dists, by_span=True)
+
+    def feed(self, dists, states, advances) -> list[torch.Tensor]:
+        """Nothing left to give: the round's commit appended the winners."""
+        return dists
+
+    def result(self, state: SpanState, request: GenerationRequest) -> Generation:
+        generation = super().result(state, request)
+        self.traces.append({"prompt_tail": request.prompt.text[-200:] or str(request.prompt.messages)[-200:],
+                            "output": generation.text, "rounds": state.rounds})
+        return generation
+
+    def _propose(self, proposer: int, rows: list[SpanState], dist: torch.Tensor, prefix: list[int]) -> list[Proposal]:
         """Step 1 for one member over the live rows (``prefix``: its committed lengths); leaves the
         member at the prefix plus its own segment where its cache holds all of it (else at the prefix)."""
         member = self.members[proposer]
@@ -174,15 +171,15 @@ class SpanMethod(Method):
             logprobs.append(max(float(seen[count][s]) for s in member.stop_ids))
         return replace(proposal, logprobs=tuple(logprobs), after=seen[count])
 
-    def _extend_proposal(self, proposer: int, row: SpanRow, tokens: list[int], token: int) -> Proposal | None:
+    def _extend_proposal(self, proposer: int, row: SpanState, tokens: list[int], token: int) -> Proposal | None:
         member = self.members[proposer]
         if token in member.stop_ids:
             return Proposal(text_of(member, tokens), tuple(tokens), "stop_id")
         tokens.append(token)
         text = text_of(member, tokens)
-        if any(u and u in row.text + text for u in row.request.until):
+        if any(u and u in row.text + text for u in row.rule.until):
             return Proposal(text, tuple(tokens), "until")
-        if len(tokens) >= row.request.max_new_tokens - len(row.main_ids):
+        if len(tokens) >= row.rule.max_new_tokens - row.count:
             return Proposal(text, tuple(tokens), "length")
         end = self._segment_end(proposer, text)
         if end is None:
@@ -206,33 +203,30 @@ class SpanMethod(Method):
     def _encode(self, member_index: int, text: str) -> list[int]:
         return encode_continuation(self.members[member_index], text) if text else []
 
-    def _commit(self, live: list[int], rows: list[SpanRow], rounds: list[dict], dists: list[torch.Tensor],
-                proposals: list[list[Proposal]], prefix: list[list[int]]) -> list[torch.Tensor]:
-        """Steps 2-4 for all rows at once: score (where there is a choice), choose, append."""
+    def _commit(self, states: list[SpanState], rounds: list[dict], dists: list[torch.Tensor],
+                proposals: list[list[Proposal]], prefix: list[list[int]]) -> tuple[list[torch.Tensor], list[Advance]]:
+        """Steps 2-4 for all rows at once: score (where there is a choice), choose, append. Returns
+        the members' next log-probs and what each row takes (the main member's tokens of the winner)."""
         scored = each(self.members, lambda _, v: self._score(v, rounds, dists[v], proposals[v], prefix[v]),
                       range(len(self.members)))
-        winners = []
-        for k, (i, info) in enumerate(zip(live, rounds)):
+        winners, advances = [], []
+        for k, (state, info) in enumerate(zip(states, rounds)):
             table = [[scored[v][0][k][j] for v in range(len(self.members))] for j in range(len(info["keys"]))]
             if len(info["keys"]) == 1:
                 winner, kept = 0, [[True] * len(self.members)]
             else:
                 winner, kept = self._choose(table)
+                state.rounds.append({"candidates": [key[0] for key in info["keys"]],
+                                     "perplexity": [[round(x, 4) for x in t] for t in table],
+                                     "kept": kept, "winner": winner})
             winners.append(winner)
             text, final = info["keys"][winner]
-            row = rows[i]
-            row.text += text
-            row.main_ids.extend(info["tokens"][self.main][winner])
-            row.finish = final
-            if row.finish is None and len(row.main_ids) >= row.request.max_new_tokens:
-                row.finish = "length"
-            if len(info["keys"]) > 1:
-                row.rounds.append({"candidates": [key[0] for key in info["keys"]],
-                                   "perplexity": [[round(x, 4) for x in t] for t in table],
-                                   "kept": kept, "winner": winner})
-        return each(self.members, lambda m, v: self._append_winners(m, [info["tokens"][v] for info in rounds], winners,
-                                                                    scored[v][1], dists[v], prefix[v]),
-                    range(len(self.members)))
+            tokens = tuple(info["tokens"][self.main][winner])
+            advances.append(Advance(text.encode("utf-8"), tokens, len(tokens), final))
+        dists = each(self.members, lambda m, v: self._append_winners(m, [info["tokens"][v] for info in rounds], winners,
+                                                                     scored[v][1], dists[v], prefix[v]),
+                     range(len(self.members)))
+        return dists, advances
 
     def _score(self, v: int, rounds: list[dict], dist: torch.Tensor, proposals: list[Proposal],
                prefix: list[int]) -> tuple[list[list[float]], list[Held | None]]:
@@ -282,16 +276,12 @@ class SpanMethod(Method):
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
         """Span methods are generation methods: a continuation's log-likelihood is the members' mean
         log-likelihood (each with its own tokenisation); greedy when greedy for every member."""
-        per_member = []
-        for member in self.members:
-            pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
-            per_member.append(member.score(pairs, batch_size=self.batch_size))
+        per_member = score_with_members(self.members, requests, self.batch_size)
         return [Score(sum(s[k].logprob for s in per_member) / len(per_member), all(s[k].is_greedy for s in per_member))
                 for k in range(len(requests))]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        totals = [[sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=self.batch_size)) for t in texts]
-                  for m in self.members]
+        totals = rolling_with_members(self.members, texts, self.batch_size)
         return [sum(values) / len(values) for values in zip(*totals)]
 
     def info(self) -> dict:

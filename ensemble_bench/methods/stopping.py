@@ -1,22 +1,22 @@
-"""When a row stops: a stop id, one of the request's ``until`` strings, or the token budget."""
+"""When a request stops: a stop id (the method says so), one of its ``until`` strings, or its token budget."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class StopRule:
+    """A request's own stop strings and token budget (stop ids are the method's to see: it
+    knows which of its choices are stops)."""
+
     until: tuple[str, ...]
     max_new_tokens: int
-    stop_ids: frozenset[int]
 
-    def finish(self, token: int, text: str, count: int) -> str | None:
-        """Why generation ends after ``token`` (``count`` tokens so far, ``text`` decoded), or None."""
-        if token in self.stop_ids:
-            return "stop_id"
-        if any(u and u in text for u in self.until):
+    def finish(self, text: Callable[[], str], count: int) -> str | None:
+        """Why generation ends with ``count`` tokens so far and the text ``text()``, or None."""
+        if any(self.until) and any(u and u in text() for u in self.until):
             return "until"
         if count >= self.max_new_tokens:
             return "length"

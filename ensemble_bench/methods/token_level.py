@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
-from ensemble_bench.members import Member, Prompt, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, fit_prompt, resolve_member)
+from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.methods.base import LoglikelihoodRequest, MethodParams, Timing, resolve_member
 from ensemble_bench.methods.concurrent import each
+from ensemble_bench.methods.decode import (Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
+                                           in_batches, own_token)
 from ensemble_bench.methods.feeding import give_text, text_appender
-from ensemble_bench.methods.stopping import StopRule, cut_at_until
+from ensemble_bench.methods.stopping import StopRule
 
 
 class EmitterParams(MethodParams):
@@ -44,7 +45,16 @@ def log_or_floor(value: float) -> float:
     return math.log(value) if value > 0 else -1e30
 
 
-class EmitterMethod(Method):
+@dataclass
+class ScoringState(RequestState):
+    """A continuation being scored: the emitter's ids of it, and the sum and greedy flag so far."""
+
+    targets: tuple[int, ...] = ()
+    total: float = 0.0
+    greedy: bool = True
+
+
+class EmitterMethod(DecodingMethod):
     """Base of UniTE and DeePEn: subclasses implement ``_step`` and name their emitter."""
 
     min_members = 2
@@ -60,44 +70,23 @@ class EmitterMethod(Method):
     def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
         resolve_member(getattr(params, cls.emitter_field), labels, cls.emitter_field)
 
+    @property
+    def writer(self) -> int:
+        return self.emitter
+
     @abstractmethod
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
         """Combine the members' log-probs [rows, V_i]; choose (and score ``targets``) per row."""
 
-    # --- generation -----------------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        return self._generate_per_member(requests, self._generate_batch)
-
-    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
+    # --- generation: the loop's steps -------------------------------------------------------------
+    def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
         emitter = self.members[self.emitter]
-        rules = [StopRule(r.until, r.max_new_tokens, emitter.stop_ids) for r in requests]
-        tokens: list[list[int]] = [[] for _ in requests]
-        finish: list[str | None] = [None] * len(requests)
-        live = list(range(len(requests)))
-        self.timing.start_batch()
-        logprobs = self._prefill_all(prompts, requests)
-        first = True
-        while live:
-            choices = self._step(logprobs, None).choices
-            for k, i in enumerate(live):
-                if choices[k] not in emitter.stop_ids:
-                    tokens[i].append(choices[k])
-                finish[i] = rules[i].finish(choices[k], emitter.decode(tokens[i]), len(tokens[i]))
-            self.timing.tokens_generated += len(live)
-            self.timing.first_token() if first else self.timing.step()
-            first = False
-            still = [k for k, i in enumerate(live) if finish[i] is None]
-            logprobs, live = self._keep_rows(still, logprobs, live)
-            if live:
-                logprobs = self._feed([tokens[i][-1] for i in live])
-        return [Generation(cut_at_until(emitter.decode(t), r.until), len(t), f)
-                for t, r, f in zip(tokens, requests, finish)]
+        return Round([own_token(emitter, t) for t in self._step(dists, None).choices], dists)
 
-    def _feed(self, tokens: list[int]) -> list[torch.Tensor]:
+    def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
         """The emitter appends its tokens; every other member takes their bytes."""
-        pieces = self.members[self.emitter].vocab.pieces
-        return each(self.members, lambda member, index: member.extend([[t] for t in tokens]) if index == self.emitter
-                    else give_text(member, self.appenders[index], [[pieces[t] or b""] for t in tokens]),
+        return each(self.members, lambda member, index: member.extend([list(a.ids) for a in advances])
+                    if index == self.emitter else give_text(member, self.appenders[index], [[a.data] for a in advances]),
                     range(len(self.members)))
 
     # --- scoring --------------------------------------------------------------------------------
@@ -106,30 +95,19 @@ class EmitterMethod(Method):
         continuations = [cont for _, cont in pairs[self.emitter]]
         contexts = [[ctx for ctx, _ in member_pairs] for member_pairs in pairs]
         lengths = [len(contexts[self.emitter][i]) + len(continuations[i]) for i in range(len(requests))]
-        return self._in_batches(requests, lengths, lambda batch: self._score_batch(
+        return in_batches(lengths, self.batch_size, lambda batch: self._score_batch(
             [[c[i] for i in batch] for c in contexts], [continuations[i] for i in batch]))
 
     def _score_batch(self, contexts: list[list[list[int]]], continuations: list[list[int]]) -> list[Score]:
-        totals = [0.0] * len(continuations)
-        greedy = [True] * len(continuations)
-        live = [i for i, c in enumerate(continuations) if c]
-        if not live:
-            return [Score(0.0, True) for _ in continuations]
-        logprobs = each(self.members, lambda m, member_contexts: m.prefill(
-            [fit_prompt(m, member_contexts[i], len(continuations[i])) for i in live]), contexts)
-        position = 0
-        while live:
-            targets = [continuations[i][position] for i in live]
-            step = self._step(logprobs, targets)
-            for k, i in enumerate(live):
-                totals[i] += step.target_logprobs[k]
-                greedy[i] = greedy[i] and step.choices[k] == targets[k]
-            position += 1
-            still = [k for k, i in enumerate(live) if position < len(continuations[i])]
-            logprobs, live = self._keep_rows(still, logprobs, live)
-            if live:
-                logprobs = self._feed([targets[k] for k in still])
-        return [Score(t, g) for t, g in zip(totals, greedy)]
+        """The loop, teacher-forced; rows with an empty continuation score 0 and stay out of it."""
+        live = [k for k, c in enumerate(continuations) if c]
+        states = [ScoringState(StopRule((), len(continuations[k])), targets=tuple(continuations[k])) for k in live]
+        if states:
+            decode_batch(TeacherForced(self), [[c[k] for k in live] for c in contexts], states, Timing())
+        scores = [Score(0.0, True) for _ in continuations]
+        for k, state in zip(live, states):
+            scores[k] = Score(state.total, state.greedy)
+        return scores
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Perplexity tasks: the whole text as one continuation of an empty context."""
@@ -137,3 +115,29 @@ class EmitterMethod(Method):
 
     def info(self) -> dict:
         return {**super().info(), "emitter_index": self.emitter}
+
+
+class TeacherForced(Steps):
+    """The emitter method's step with the continuation's next token as the choice: each token is
+    scored by the ensemble's probability of emitting it (``Step.target_logprobs``) while every
+    member reads the continuation."""
+
+    def __init__(self, method: EmitterMethod):
+        self.method = method
+        self.members = method.members
+
+    @property
+    def writer(self) -> int:
+        return self.method.emitter
+
+    def choose(self, dists: list[torch.Tensor], states: list[ScoringState]) -> Round:
+        targets = [state.targets[state.count] for state in states]
+        step = self.method._step(dists, targets)
+        pieces = self.members[self.method.emitter].vocab.pieces
+        for state, target, choice, logprob in zip(states, targets, step.choices, step.target_logprobs):
+            state.total += logprob
+            state.greedy = state.greedy and choice == target
+        return Round([Advance(pieces[t] or b"", (t,), 1) for t in targets], dists)
+
+    def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
+        return self.method.feed(dists, states, advances)

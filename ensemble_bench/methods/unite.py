@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ensemble_bench.members import Member
+from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk

@@ -1,0 +1,205 @@
+"""The one decoding loop. Every generating method (single, GaC, UniTE, DeePEn, Cool-Fusion,
+SweetSpan) and teacher-forced scoring run through ``decode_batch``; a method supplies only the
+steps that make it that method (``Steps``):
+
+    prefill every member (prompts cut to fit each request's budget)
+    while a request is live:
+        choose   the method's step: one token per row (GaC: mix and choose; UniTE / DeePEn: the
+                 emitter's step; single: argmax) or one segment per row (span methods: propose,
+                 score, choose and commit) -> a ``Round``: one ``Advance`` per live row
+        advance  each request takes its advance; it stops on the method's word (a stop id, a
+                 span's final segment), an ``until`` string or its token budget (stopping.py)
+        time     first token, then decode steps (a span round counts its tokens per row)
+        keep     finished rows leave every member and the round's per-row values
+        feed     the method gives the chosen text to the members -> next log-probs
+
+The loop never asks whether a round added a token or a span. ``RequestState`` is the state of
+one request (one batch row while it is live); methods extend it with their own fields.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ensemble_bench.members.base import Member
+from ensemble_bench.methods.base import Generation, GenerationRequest, Method, Timing
+from ensemble_bench.methods.concurrent import each
+from ensemble_bench.methods.stopping import StopRule, cut_at_until
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What one live row takes in one round."""
+
+    data: bytes = b""                     # text bytes appended
+    ids: tuple[int, ...] | None = ()      # the writer's own ids for them (None: it has none)
+    tokens: int = 0                       # tokens counted against the budget
+    finish: str | None = None             # the method ends the request: "stop_id", or a span's final reason
+
+
+STOP = Advance(finish="stop_id")
+
+
+def own_token(member: Member, token: int) -> Advance:
+    """A member's own token as the next piece of its text (a stop id ends the request)."""
+    if token in member.stop_ids:
+        return STOP
+    return Advance(member.vocab.pieces[token] or b"", (token,), 1)
+
+
+@dataclass(frozen=True)
+class Round:
+    """The outcome of one ``choose`` for the live rows."""
+
+    advances: list[Advance]
+    dists: list[torch.Tensor]  # each member's next-token log-probs of the live rows, after the step's own calls
+    by_span: bool = False      # rows advanced by segments (timing counts tokens), else one token each
+
+    @property
+    def steps(self) -> float:
+        """Decode steps this round counts as: one, or the mean tokens a row advanced."""
+        return sum(a.tokens for a in self.advances) / len(self.advances) if self.by_span else 1.0
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated in this round (a chosen stop id counts as one)."""
+        return sum(a.tokens for a in self.advances) if self.by_span else len(self.advances)
+
+
+@dataclass
+class RequestState:
+    """One request being decoded: its text (bytes, and the writer's ids while it has them), the
+    tokens counted against its budget, and why it stopped."""
+
+    rule: StopRule
+    data: bytearray = field(default_factory=bytearray)
+    ids: list[int] | None = field(default_factory=list)
+    count: int = 0
+    finish: str | None = None
+
+    @classmethod
+    def of(cls, request: GenerationRequest, **fields) -> RequestState:
+        """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
+        return cls(StopRule(request.until, request.max_new_tokens), **fields)
+
+    def take(self, advance: Advance) -> None:
+        self.data += advance.data
+        if advance.ids is None:
+            self.ids = None
+        elif self.ids is not None:
+            self.ids.extend(advance.ids)
+        self.count += advance.tokens
+
+
+def text_of(writer: Member, state: RequestState) -> str:
+    """The writer's own decode of the text when every piece is one of its tokens (so a member
+    ensembled with itself renders exactly as alone), else UTF-8 of the bytes."""
+    if state.ids is not None:
+        return writer.decode(state.ids)
+    text = bytes(state.data).decode("utf-8", errors="replace")
+    if writer.vocab.strips_leading_space and text.startswith(" "):
+        text = text[1:]  # the SentencePiece dummy-prefix convention
+    return text
+
+
+class Steps(ABC):
+    """The step(s) a method plugs into the loop."""
+
+    members: list[Member]
+
+    @property
+    @abstractmethod
+    def writer(self) -> int:
+        """The member whose decode renders the text."""
+
+    @abstractmethod
+    def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
+        """One round for the live rows (``dists``: each member's log-probs of them)."""
+
+    @abstractmethod
+    def feed(self, dists: list[torch.Tensor], states: list[RequestState], advances: list[Advance]) -> list[torch.Tensor]:
+        """Give the members what the live rows took; their next log-probs."""
+
+
+def fit_prompt(member: Member, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Keep the end of a prompt so that it and the new tokens fit the member's context."""
+    return list(ids[-(member.max_length - max_new_tokens):])
+
+
+def prefill(members: Sequence[Member], prompts: list[list[list[int]]], budgets: list[int]) -> list[torch.Tensor]:
+    """Start a batch in every member (``prompts[member][row]``, cut to fit each row's budget)."""
+    return each(members, lambda m, rows: m.prefill([fit_prompt(m, p, b) for p, b in zip(rows, budgets)]), prompts)
+
+
+def drop_rows(members: Sequence[Member], still: list[int], dists: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Finished rows leave every member and its log-probs: rows ``still`` stay, in order."""
+    for member in members:
+        member.keep(still)
+    return [dist[still] for dist in dists]
+
+
+def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing) -> None:
+    """Decode one batch to the end; ``states`` are updated in place (see the module docstring)."""
+    writer = steps.members[steps.writer]
+    timing.start_batch()
+    dists = prefill(steps.members, prompts, [s.rule.max_new_tokens for s in states])
+    live = list(range(len(states)))
+    first = True
+    while live:
+        done = steps.choose(dists, [states[i] for i in live])
+        for i, advance in zip(live, done.advances):
+            advance_request(writer, states[i], advance)
+        timing.tokens_generated += done.generated
+        timing.first_token() if first else timing.step(done.steps)
+        first = False
+        dists, advances = done.dists, done.advances
+        still = [k for k, i in enumerate(live) if states[i].finish is None]
+        if len(still) < len(live):
+            dists = drop_rows(steps.members, still, dists)
+            advances, live = [advances[k] for k in still], [live[k] for k in still]
+        if live:
+            dists = steps.feed(dists, [states[i] for i in live], advances)
+
+
+def advance_request(writer: Member, state: RequestState, advance: Advance) -> None:
+    state.take(advance)
+    state.finish = advance.finish or state.rule.finish(lambda: text_of(writer, state), state.count)
+
+
+def in_batches(lengths: Sequence[int], batch_size: int, run_batch: Callable[[list[int]], list]) -> list:
+    """Run ``run_batch(indices)`` over batches, longest first; results in the original order."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    results: list = [None] * len(lengths)
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        for i, result in zip(batch, run_batch(batch)):
+            results[i] = result
+    return results
+
+
+class DecodingMethod(Method, Steps):
+    """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``writer``,
+    and may extend ``start`` (its own per-request state) and ``result``."""
+
+    def start(self, request: GenerationRequest) -> RequestState:
+        return RequestState.of(request)
+
+    def result(self, state: RequestState, request: GenerationRequest) -> Generation:
+        text = text_of(self.members[self.writer], state)
+        return Generation(cut_at_until(text, request.until), state.count, state.finish or "length")
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Each request rendered by each member's own template; batches longest prompts first."""
+        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
+        lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
+        return in_batches(lengths, self.batch_size, lambda batch: self._generate_batch(
+            [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+
+    def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
+        states = [self.start(r) for r in requests]
+        decode_batch(self, prompts, states, self.timing)
+        return [self.result(s, r) for s, r in zip(states, requests)]
