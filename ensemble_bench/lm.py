@@ -178,8 +178,17 @@ class SweetspanLM(EnsembleLM):
     method_name = "sweetspan"
 
 
+class PackllmLM(EnsembleLM):
+    method_name = "packllm"
+
+
+class CharedLM(EnsembleLM):
+    method_name = "chared"
+
+
 LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
-    SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM)}
+    SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM, PackllmLM,
+    CharedLM)}
 
 
 def register_all() -> None:
