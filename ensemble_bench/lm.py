@@ -186,9 +186,13 @@ class CharedLM(EnsembleLM):
     method_name = "chared"
 
 
+class SafeLM(EnsembleLM):
+    method_name = "safe"
+
+
 LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
     SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM, PackllmLM,
-    CharedLM)}
+    CharedLM, SafeLM)}
 
 
 def register_all() -> None:

@@ -12,13 +12,14 @@ from ensemble_bench.methods.gac import Gac
 from ensemble_bench.methods.mbr import Mbr
 from ensemble_bench.methods.packllm import PackLLM
 from ensemble_bench.methods.rerank import Rerank
+from ensemble_bench.methods.safe import Safe
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.sweetspan import SweetSpan
 from ensemble_bench.methods.unite import Unite
 from ensemble_bench.methods.voting import Voting
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan,
-                                                          PackLLM, CharED)}
+                                                          PackLLM, CharED, Safe)}
 
 __all__ = ["METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
            "get_method"]
