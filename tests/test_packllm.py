@@ -10,7 +10,9 @@ from pydantic import ValidationError
 
 from ensemble_bench.members import LocalMember, Prompt, load_member
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
-from ensemble_bench.methods.packllm import PackLLM, PackLLMParams, PromptScore, common_segments, opt_weights, sim_weights
+from ensemble_bench.methods import packllm
+from ensemble_bench.methods.packllm import (PackLLM, PackLLMParams, PromptScore, common_segments, opt_weights, sim_weights,
+                                            token_chunks)
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
 from tests.test_gac import naive_gac
@@ -124,6 +126,17 @@ def test_batch_invariant_and_weights_reported(bpe_tokenizer, bpe_model, sp_token
     assert len(info_one["packllm_prompt_weights"]) == len(REQUESTS)
     assert sum(info_one["packllm_top_member_counts"]) == len(REQUESTS)
     assert sum(info_one["packllm_weights_mean"]) == pytest.approx(1.0)
+
+
+def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(bpe_tokenizer, bpe_model, sp_tokenizer,
+                                                                       sp_model, monkeypatch):
+    assert token_chunks([5, 5, 5, 20, 1, 1], 10) == [[0, 1], [2], [3], [4, 5]]
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    prompts = [[m.render(r.prompt) for r in REQUESTS] for m in members]
+    method = PackLLM(members, PackLLMParams(variant="opt"))
+    whole = [x for w in method.weights_for(prompts) for x in w]
+    monkeypatch.setattr(packllm, "PROMPT_TOKENS", 8)  # every prompt alone
+    assert [x for w in method.weights_for(prompts) for x in w] == pytest.approx(whole, abs=1e-6)
 
 
 def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bpe_tokenizer, bpe_model, sp_tokenizer,

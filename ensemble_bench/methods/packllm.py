@@ -40,6 +40,7 @@ from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
+PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
 
 
 class PackLLMParams(MethodParams):
@@ -90,15 +91,31 @@ def token_ends(member: Member, ids: Sequence[int]) -> tuple[int, ...]:
 
 
 def score_prompts(member: Member, prompts: Sequence[Sequence[int]]) -> list[PromptScore]:
-    """Each prompt's per-token log-probs, all prompts in one batch of the member (one forward)."""
+    """Each prompt's per-token log-probs, in batches of the member of at most ``PROMPT_TOKENS`` tokens
+    (every position's distribution is kept for one forward)."""
     split = [split_prefix(member, ids) for ids in prompts]
-    first = member.prefill([context for context, _ in split])
-    _, rest = member.extend_scored([tokens for _, tokens in split])
-    scores = []
-    for row, (_, tokens) in enumerate(split):
-        head = [float(first[row, tokens[0]])] if tokens else []
-        scores.append(PromptScore(token_ends(member, tokens), tuple(head + list(rest[row]))))
+    scores: list[PromptScore] = []
+    for chunk in token_chunks([len(tokens) for _, tokens in split], PROMPT_TOKENS):
+        first = member.prefill([split[i][0] for i in chunk])
+        _, rest = member.extend_scored([split[i][1] for i in chunk])
+        for row, i in enumerate(chunk):
+            tokens = split[i][1]
+            head = [float(first[row, tokens[0]])] if tokens else []
+            scores.append(PromptScore(token_ends(member, tokens), tuple(head + list(rest[row]))))
     return scores
+
+
+def token_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive indices grouped so that each group's lengths add up to at most ``budget`` (or one row)."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for i, length in enumerate(lengths):
+        if total + length > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(i)
+        total += length
+    return chunks
 
 
 # --- the weights ---------------------------------------------------------------------------------
