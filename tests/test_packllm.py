@@ -126,6 +126,7 @@ def test_batch_invariant_and_weights_reported(bpe_tokenizer, bpe_model, sp_token
     assert len(info_one["packllm_prompt_weights"]) == len(REQUESTS)
     assert sum(info_one["packllm_top_member_counts"]) == len(REQUESTS)
     assert sum(info_one["packllm_weights_mean"]) == pytest.approx(1.0)
+    assert info_one["packllm_prompt_scoring_ms_per_request"] > 0
 
 
 def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(bpe_tokenizer, bpe_model, sp_tokenizer,

@@ -22,6 +22,7 @@ as GaC scores (sequence level). Perplexity tasks (no prompt to weigh by): equal 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -191,13 +192,16 @@ class PackState(RequestState):
 @dataclass
 class PackStats:
     weights: list[list[float]] = field(default_factory=list)  # per request, in the order they finish
+    scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
 
     def summary(self) -> dict:
         mean = [sum(col) / len(col) for col in zip(*self.weights)] if self.weights else None
         top = [0] * (len(self.weights[0]) if self.weights else 0)
         for w in self.weights:
             top[max(range(len(w)), key=lambda k: (w[k], -k))] += 1
+        per_request = 1000 * self.scoring_seconds / len(self.weights) if self.weights else None
         return {"packllm_weights_mean": mean, "packllm_top_member_counts": top,
+                "packllm_prompt_scoring_ms_per_request": per_request,
                 "packllm_prompt_weights": [[round(x, 6) for x in w] for w in self.weights]}
 
 
@@ -228,7 +232,9 @@ class PackLLM(DecodingMethod):
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
+        start = time.perf_counter()
         weights = self.weights_for(prompts)  # before the loop: it reuses the members' batch state
+        self.stats.scoring_seconds += time.perf_counter() - start
         states = [PackState.of(r, weights=tuple(w)) for r, w in zip(requests, weights)]
         decode_batch(self, prompts, states, self.timing)
         return [self.result(s, r) for s, r in zip(states, requests)]
