@@ -190,9 +190,13 @@ class SafeLM(EnsembleLM):
     method_name = "safe"
 
 
+class ByteLevelLM(EnsembleLM):
+    method_name = "byte_level"
+
+
 LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
     SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM, PackllmLM,
-    CharedLM, SafeLM)}
+    CharedLM, SafeLM, ByteLevelLM)}
 
 
 def register_all() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
                                          MethodParams)
+from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion
 from ensemble_bench.methods.deepen import Deepen
@@ -19,7 +20,7 @@ from ensemble_bench.methods.unite import Unite
 from ensemble_bench.methods.voting import Voting
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan,
-                                                          PackLLM, CharED, Safe)}
+                                                          PackLLM, CharED, Safe, ByteLevel)}
 
 __all__ = ["METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
            "get_method"]
