@@ -29,7 +29,7 @@ class MemberPool:
                 if not self._actors:
                     self._actors = {i: launch(s.load_kwargs(), s.actor_options()) for i, s in enumerate(self.recipe.members)}
                     members = self.recipe.members
-                    wait_placed({members[i].label: a for i, a in self._actors.items()}, placement.schedule_timeout_s)
+                    wait_placed({members[i].label: a for i, a in self._actors.items()}, placement.schedule_timeout)
                 self._loaded[index] = RemoteMember(spec.load_kwargs(), actor=self._actors[index])
             else:
                 self._loaded[index] = load_member(**spec.load_kwargs())

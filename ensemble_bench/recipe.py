@@ -57,7 +57,7 @@ class MemberSpec(BaseModel):
 
     @model_validator(mode="after")
     def _placement_consistent(self):
-        if self.device_map is not None and "device" in self.model_fields_set:
+        if self.device_map is not None and self.device != "cpu":  # cpu: the default, as a run folder stores it
             raise ValueError("set device or device_map, not both (device_map places the layers itself)")
         if self.max_memory is not None and self.device_map is None:
             raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
@@ -80,6 +80,9 @@ class MemberSpec(BaseModel):
         return {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "resources": self.resources}
 
 
+DEFAULT_SCHEDULE_TIMEOUT_S = 600.0
+
+
 class PlacementSpec(BaseModel):
     """Where members run: in this process (local), or each in a Ray actor (ray)."""
 
@@ -88,17 +91,23 @@ class PlacementSpec(BaseModel):
     address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
     num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
     num_gpus: int | None = Field(default=None, ge=0)
-    schedule_timeout_s: float = Field(default=600, gt=0)  # an actor Ray cannot place by then ends the run
+    # an actor Ray cannot place by then ends the run (null: DEFAULT_SCHEDULE_TIMEOUT_S)
+    schedule_timeout_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self):
         if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
             raise ValueError("address, num_cpus and num_gpus need kind: ray")
-        if self.kind == "local" and "schedule_timeout_s" in self.model_fields_set:
+        if self.kind == "local" and self.schedule_timeout_s is not None:
             raise ValueError("schedule_timeout_s needs kind: ray")
         if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
             raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
         return self
+
+    @property
+    def schedule_timeout(self) -> float:
+        """Seconds to wait for Ray to place every member."""
+        return DEFAULT_SCHEDULE_TIMEOUT_S if self.schedule_timeout_s is None else self.schedule_timeout_s
 
 
 def _installed(package: str) -> bool:
