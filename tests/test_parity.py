@@ -20,7 +20,7 @@ def pair(tokenizer, model, batch_size=3, max_length=None):
     HFLM stops only at the generation config's EOS ids while a member stops at every end marker
     of its vocabulary; the fixture's generation config lists all of them (as Llama-3's does), so
     both stop at the same ids. (With a config naming only one of them, the two can differ after
-    a model emits another end marker: see the README.)
+    a model emits another end marker: see docs/limitations.md.)
     """
     model.generation_config.eos_token_id = sorted(LocalMember(model, tokenizer, "probe").stop_ids)
     hflm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
