@@ -148,7 +148,9 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bp
     requests = [LoglikelihoodRequest(prompt, " 42"), LoglikelihoodRequest(prompt, " 7")]
     weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0]
     assert weights[0] != pytest.approx(0.5, abs=1e-3)
-    for request, score in zip(requests, method.loglikelihood(requests)):
+    scores = method.loglikelihood(requests)
+    assert method.info()["packllm_prompt_weights"] == [[round(x, 6) for x in weights]]  # one distinct context
+    for request, score in zip(requests, scores):
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob
         assert score.logprob == pytest.approx(math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), abs=1e-5)

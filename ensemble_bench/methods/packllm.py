@@ -191,7 +191,7 @@ class PackState(RequestState):
 
 @dataclass
 class PackStats:
-    weights: list[list[float]] = field(default_factory=list)  # per request, in the order they finish
+    weights: list[list[float]] = field(default_factory=list)  # per prompt (request or scoring context), as read
     scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
 
     def summary(self) -> dict:
@@ -272,7 +272,9 @@ class PackLLM(DecodingMethod):
         for start in range(0, len(distinct), self.batch_size):
             chunk = distinct[start:start + self.batch_size]
             rendered = [[m.render(p) for p in chunk] for m in self.members]
-            found.update(zip(chunk, self.weights_for(rendered)))
+            weights = self.weights_for(rendered)
+            self.stats.weights.extend(weights)
+            found.update(zip(chunk, weights))
         return [found[p] for p in prompts]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
