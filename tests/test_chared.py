@@ -4,7 +4,6 @@ parameter errors, Ray placement."""
 
 import logging
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,48 +12,42 @@ from pydantic import ValidationError
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt, load_member
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
-from ensemble_bench.methods.chared import CharED, CharEDParams, SortedVocab, grow_piece
+from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, member_readers
 from ensemble_bench.methods.feeding import encode_continuation
 from ensemble_bench.methods.stopping import cut_at_until
-from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
+from ensemble_bench.vocab.covering import SortedVocab
 from tests.tiny import REQUESTS, outputs
 
 
 # ------------------------------------------------------------------ hand-checked marginals
 def fake(pieces, probs):
-    """A member's sorted vocabulary (id 0 is its stop token) and one row of its next-token probs."""
-    member = SimpleNamespace(vocab=VocabView(tuple(pieces), frozenset({0}), "byte-level"), stop_ids=frozenset({0}))
-    vocab = SortedVocab(member)
-    sums, stops = vocab.cumulative(torch.tensor([probs]).log())
-    return vocab, sums[0], float(stops[0])
-
-
-def grow(members, weights):
-    vocabs, sums, stops = zip(*members)
-    return grow_piece(vocabs, sums, stops, weights)
+    """A reader of one row of next-token probs over ``pieces`` (id 0 is the member's stop token)."""
+    vocab = SortedVocab(tuple(pieces), frozenset({0}))
+    [reader] = member_readers(vocab, [0], torch.tensor([probs]).log())
+    return reader
 
 
 def test_one_member_grows_its_most_probable_first_byte_not_its_most_probable_token():
     a = fake([b"<eos>", b"ab", b"ac", b"d", b"a"], [0.05, 0.30, 0.30, 0.35, 0.0])
     # 'a' holds .6 against 'd' .35; after 'a': 'b' .5 = 'c' .5 (ties: the lower byte); after 'ab': ends
-    assert grow([a], [1.0]) == b"ab"
+    assert grow_piece([a], [1.0]) == b"ab"
     stop = fake([b"<eos>", b"ab", b"d"], [0.6, 0.3, 0.1])
-    assert grow([stop], [1.0]) is None  # at s = "" ending is the stop token
+    assert grow_piece([stop], [1.0]) is None  # at s = "" ending is the stop token
 
 
 def test_two_members_average_their_conditional_marginals():
     a = fake([b"<eos>", b"ab", b"ac", b"d", b"a"], [0.05, 0.30, 0.30, 0.35, 0.0])
     b = fake([b"</s>", b"a", b"d", b"ac"], [0.0, 0.5, 0.1, 0.4])
     # s = "": a (.6 + .9)/2. s = "a": A ends 0, b .5, c .5; B ends .5/.9, c .4/.9 -> c .472 beats end .278
-    assert grow([a, b], [0.5, 0.5]) == b"ac"
+    assert grow_piece([a, b], [0.5, 0.5]) == b"ac"
 
 
 def test_a_member_with_no_token_continuing_the_piece_votes_to_end_it():
     a = fake([b"<eos>", b"abc", b"x"], [0.0, 0.9, 0.1])
     c = fake([b"<eos>", b"a", b"x"], [0.0, 0.6, 0.4])
-    assert grow([a, c], [0.5, 0.5]) == b"a"    # s = "a": A says 'b' 1.0, C says end 1.0: a tie ends the piece
-    assert grow([a, c], [0.6, 0.4]) == b"abc"  # C has no token past 'a' and keeps voting end (.4)
+    assert grow_piece([a, c], [0.5, 0.5]) == b"a"    # s = "a": A says 'b' 1.0, C says end 1.0: a tie ends the piece
+    assert grow_piece([a, c], [0.6, 0.4]) == b"abc"  # C has no token past 'a' and keeps voting end (.4)
 
 
 def test_parameters_are_validated():

@@ -13,8 +13,9 @@ until "end" wins; s is then given to every member as text (re-tokenised behind a
 methods/feeding.py) and the next step begins. At s = "" "end" is a stop token (generation ends). A
 member with no token that continues s (Z_k(s) = 0) puts its whole vote on "end": its own token has
 to end before s does. Characters here are bytes (identical for ASCII; a multi-byte character is
-chosen byte by byte, which byte-level vocabularies need anyway). Sums over "tokens that start with
-s" are contiguous ranges of each member's vocabulary sorted by bytes: one cumulative sum per step.
+chosen byte by byte, which byte-level vocabularies need anyway). The tokens that start with s are one
+range of each member's vocabulary sorted by bytes (vocab/covering.py), narrowed byte by byte; the
+next-byte masses are one scatter-add over that range.
 
 Log-likelihood of a continuation: sum_k w_k p_k(continuation) / sum_k w_k (sequence level, as GaC
 scores); the paper scores no continuations.
@@ -22,12 +23,9 @@ scores); the paper scores no continuations.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 from pydantic import Field, model_validator
 
@@ -38,9 +36,7 @@ from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import give_text, text_appender, text_lookup
 from ensemble_bench.methods.packllm import mix
-
-END = -1  # the option "the token ends here" (sorts before every byte: ties end the piece)
-
+from ensemble_bench.vocab.covering import END, SortedVocab
 
 class CharEDParams(MethodParams):
     weights: list[float] | None = None          # per member; None: equal (the paper's average)
@@ -53,86 +49,70 @@ class CharEDParams(MethodParams):
         return self
 
 
+def no_token(prefix: bytes) -> torch.Tensor | None:
+    """The vote of a member with no token (of positive probability) that starts with s."""
+    if not prefix:
+        return None
+    vote = torch.zeros(END + 1, dtype=torch.float64)
+    vote[END] = 1.0  # its own token has to end before s does
+    return vote
+
+
 @dataclass(frozen=True)
-class Groups:
-    """The tokens that start with one prefix s, as ranges of a vocabulary sorted by bytes."""
-
-    exact_end: int                          # [lo, exact_end): the tokens equal to s
-    by_byte: dict[int, tuple[int, int]]     # next byte -> range of the tokens that start with s + byte
-
-
-class SortedVocab:
-    """One member's ordinary tokens sorted by their bytes, and its stop ids."""
-
-    def __init__(self, member: Member):
-        ids = sorted(member.vocab.text_ids(), key=lambda i: (member.vocab.pieces[i], i))
-        self.ids = torch.tensor([i for i in ids if i not in member.stop_ids], dtype=torch.long)
-        self.pieces = [member.vocab.pieces[i] for i in self.ids.tolist()]
-        self.stops = torch.tensor(sorted(member.stop_ids), dtype=torch.long)
-        self.groups = lru_cache(maxsize=65536)(self._groups)
-
-    def _groups(self, prefix: bytes, lo: int, hi: int) -> Groups:
-        depth, exact = len(prefix), lo
-        while exact < hi and len(self.pieces[exact]) == depth:
-            exact += 1
-        by_byte, start = {}, exact
-        while start < hi:
-            byte = self.pieces[start][depth]
-            end = hi if byte == 255 else bisect_left(self.pieces, prefix + bytes([byte + 1]), start, hi)
-            by_byte[byte] = (start, end)
-            start = end
-        return Groups(exact, by_byte)
-
-    def cumulative(self, logprobs: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: running sums of p over the sorted tokens (leading 0), and the stop mass."""
-        probs = logprobs.exp().double()
-        sums = torch.nn.functional.pad(probs[:, self.ids.to(probs.device)].cumsum(1), (1, 0))
-        stops = probs[:, self.stops.to(probs.device)].sum(1) if len(self.stops) else probs.new_zeros(len(probs))
-        return sums.cpu().numpy(), stops.cpu().numpy()
-
-
-@dataclass
 class Reader:
-    """Where one member stands inside one row's growing piece: its range of tokens starting with s."""
+    """One member inside one row's growing piece s: its next-token probabilities in byte-sorted order
+    and the range [lo, hi) of tokens that start with s (vocab/covering.py's sorted vocabulary)."""
 
+    vocab: SortedVocab
+    probs: torch.Tensor  # [sorted vocab] float64
+    stop: float          # the member's stop probability (ending at s = "")
     lo: int
     hi: int
 
-    def votes(self, vocab: SortedVocab, sums: np.ndarray, stop: float, prefix: bytes) -> dict[int, float] | None:
-        """P_k(. | s) over END and next bytes; None when the member has no say (Z_k = 0 at s = "")."""
-        mass = sums[self.hi] - sums[self.lo] + (stop if not prefix else 0.0)
-        if mass <= 0:
-            return {END: 1.0} if prefix else None
-        groups = vocab.groups(prefix, self.lo, self.hi)
-        ended = stop if not prefix else sums[groups.exact_end] - sums[self.lo]
-        found = {END: ended / mass}
-        for byte, (start, end) in groups.by_byte.items():
-            found[byte] = (sums[end] - sums[start]) / mass
-        return found
+    def votes(self, prefix: bytes) -> torch.Tensor | None:
+        """P_k(. | s) over the 256 next bytes and END ([257], host); None when the member has no say
+        (Z_k = 0 at s = ""); all on END when no token of it continues s."""
+        if self.hi == self.lo:
+            return no_token(prefix)
+        _, bytes_at = self.vocab.on(self.probs.device)
+        mass = torch.zeros(END + 1, dtype=torch.float64, device=self.probs.device)
+        mass.index_add_(0, bytes_at[self.lo:self.hi, len(prefix)], self.probs[self.lo:self.hi])  # END: tokens == s
+        if not prefix:
+            mass[END] = self.stop  # no token equals "": ending there is a stop
+        total = float(mass.sum())
+        if total <= 0:
+            return no_token(prefix)
+        return (mass / total).cpu()
 
-    def narrow(self, vocab: SortedVocab, prefix: bytes, byte: int) -> None:
-        """Keep the tokens that start with prefix + byte (an empty range when none does)."""
-        if self.hi > self.lo:
-            self.lo, self.hi = vocab.groups(prefix, self.lo, self.hi).by_byte.get(byte, (self.lo, self.lo))
+    def narrowed(self, prefix: bytes) -> Reader:
+        """The reader of the tokens that start with ``prefix`` (s grown by one byte)."""
+        if self.hi == self.lo:
+            return self
+        return replace(self, **dict(zip(("lo", "hi"), self.vocab.narrow(self.lo, self.hi, prefix))))
 
 
-def grow_piece(vocabs: Sequence[SortedVocab], sums: Sequence[np.ndarray], stops: Sequence[float],
-               weights: Sequence[float]) -> bytes | None:
-    """One row's next piece, byte by byte from the weighted marginals; None: a stop wins at s = ""."""
-    readers = [Reader(0, len(v.pieces)) for v in vocabs]
+def member_readers(vocab: SortedVocab, stop_ids: Sequence[int], logprobs: torch.Tensor) -> list[Reader]:
+    """One reader per row of a member's next-token log-probs [rows, V]."""
+    order, _ = vocab.on(logprobs.device)
+    probs = logprobs.double().exp()
+    stops = probs[:, list(stop_ids)].sum(1).tolist() if stop_ids else [0.0] * len(probs)
+    return [Reader(vocab, row, stop, 0, vocab.size) for row, stop in zip(probs[:, order], stops)]
+
+
+def grow_piece(readers: Sequence[Reader], weights: Sequence[float]) -> bytes | None:
+    """One row's next piece, byte by byte from the weighted marginals (ties: END, then the lowest
+    byte); None: a stop wins at s = ""."""
     prefix = b""
     while True:
-        total: dict[int, float] = {}
-        for reader, vocab, row_sums, stop, weight in zip(readers, vocabs, sums, stops, weights):
-            votes = reader.votes(vocab, row_sums, stop, prefix)
-            for option, p in (votes or {}).items():
-                total[option] = total.get(option, 0.0) + weight * p
-        best = max(total, key=lambda option: (total[option], -option))
-        if best == END:
+        total = torch.zeros(END + 1, dtype=torch.float64)
+        for reader, weight in zip(readers, weights):
+            votes = reader.votes(prefix)
+            if votes is not None:
+                total += weight * votes
+        if total[END] >= total.max():
             return prefix or None
-        for reader, vocab in zip(readers, vocabs):
-            reader.narrow(vocab, prefix, best)
-        prefix += bytes([best])
+        prefix += bytes([int(total[:END].argmax())])
+        readers = [reader.narrowed(prefix) for reader in readers]
 
 
 @dataclass
@@ -156,7 +136,8 @@ class CharED(DecodingMethod):
     def __init__(self, members: Sequence[Member], params: CharEDParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
         self.weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
-        self.vocabs = [SortedVocab(m) for m in members]
+        self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
+        self.stop_ids = [sorted(m.stop_ids) for m in members]
         self.appenders = [text_appender(m, params.window) for m in members]
         self.writer_ids = text_lookup(members[self.writer])
         self.stats = CharStats()
@@ -171,9 +152,9 @@ class CharED(DecodingMethod):
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
-        tables = each(self.members, lambda m, vocab, lp: vocab.cumulative(lp), self.vocabs, dists)
-        pieces = [grow_piece(self.vocabs, [s[row] for s, _ in tables], [float(t[row]) for _, t in tables],
-                             self.weights) for row in range(len(states))]
+        readers = each(self.members, lambda m, vocab, stops, lp: member_readers(vocab, stops, lp),
+                       self.vocabs, self.stop_ids, dists)
+        pieces = [grow_piece([r[row] for r in readers], self.weights) for row in range(len(states))]
         return Round([self._advance(piece) for piece in pieces], dists)
 
     def _advance(self, piece: bytes | None) -> Advance:
