@@ -76,11 +76,11 @@ class PhaseClock:
 def instrument(clock: PhaseClock) -> None:
     """Time the phases of every method by wrapping the functions that do them."""
     from ensemble_bench.members import kv, local
-    from ensemble_bench.methods import deepen, feeding, gac, token_level, unite
+    from ensemble_bench.methods import deepen, feeding, gac, unite
 
     clock.wrap(local.LocalMember, "_forward", "member forward")
-    for module in (feeding, gac, token_level):
-        clock.wrap(module, "give_text", "feeding")
+    for feeder in (feeding.LocalFeeder, feeding.CanonicalFeeder):
+        clock.wrap(feeder, "give", "feeding")
     for name in ("left_align_padding", "select_rows", "copy_rows", "append_columns"):
         clock.wrap(kv, name, "cache edits")
     clock.wrap(gac.Gac, "_choose", "combine+choose")
@@ -181,12 +181,17 @@ def make_methods(members, names: list[str]):
         "gac-gated": lambda b: Gac(members, GacParams(threshold=0.5, gate=0), batch_size=b),
         "unite": lambda b: Unite(members, UniteParams(primary=0), batch_size=b),
         "deepen": lambda b: Deepen(members, DeepenParams(main=0), batch_size=b),
+        # the other retokenize policy of each (issue 22): gac defaults to local, unite / deepen to canonical
+        "gac-canonical": lambda b: Gac(members, GacParams(retokenize="canonical"), batch_size=b),
+        "unite-local": lambda b: Unite(members, UniteParams(primary=0, retokenize="local"), batch_size=b),
+        "deepen-local": lambda b: Deepen(members, DeepenParams(main=0, retokenize="local"), batch_size=b),
     }
     return {name: factories[name] for name in names}
 
 
-def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, float], float]:
-    """(ms per decode step, exclusive ms per step per phase, share of GaC rows the bound decided)."""
+def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, float], float, dict]:
+    """(ms per decode step, exclusive ms per step per phase, share of GaC rows the bound decided,
+    the retokenize cost counters per member-row step)."""
     from ensemble_bench.methods.base import Timing
 
     for member in method.members:
@@ -199,7 +204,17 @@ def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, floa
     info = method.info()
     steps = info["decode_steps"] + info["generation_batches"]  # phases also ran in the first step
     phases = {name: 1000 * seconds / steps for name, seconds in clock.seconds.items()}
-    return info["decode_ms_per_token"], phases, info.get("bound_decided_fraction")
+    return info["decode_ms_per_token"], phases, info.get("bound_decided_fraction"), retokenize_cost(info)
+
+
+def retokenize_cost(info: dict) -> dict:
+    """Crops, tokens taken back, tokens fed and waits per member-row step given others' text (issue 22)."""
+    steps = info.get("retokenize_row_steps")
+    if not steps:
+        return {}
+    return {"policy": info["retokenize"], **{name: info[f"retokenize_{key}"] / steps for name, key in
+                                             (("crops", "crops"), ("dropped", "tokens_dropped"),
+                                              ("fed", "tokens_fed"), ("waits", "waits"))}}
 
 
 def measure(makers: dict, requests, repeats: int, clock: PhaseClock) -> dict:
@@ -216,7 +231,7 @@ def measure(makers: dict, requests, repeats: int, clock: PhaseClock) -> dict:
     for name, rounds in runs.items():
         fastest = min(rounds, key=lambda r: r[0])
         result[name] = {"ms_per_step": statistics.median(r[0] for r in rounds), "phases": fastest[1],
-                        "bound": fastest[2]}
+                        "bound": fastest[2], "retokenize": fastest[3]}
     return result
 
 
@@ -264,6 +279,19 @@ def print_table(rows: list[dict]) -> None:
     if bounds:
         print("\nGaC rows decided by the top-k bound (no full union projection): " +
               ", ".join(f"{p} b{b}: {100 * v:.1f}%" for p, b, v in bounds))
+    print_retokenize(rows)
+
+
+def print_retokenize(rows: list[dict]) -> None:
+    """Per member-row step given another member's text: crops, tokens taken back, fed, waits (issue 22)."""
+    lines = [(r, name, m["retokenize"]) for r in rows for name, m in r["methods"].items() if m.get("retokenize")]
+    if not lines:
+        return
+    print("\n| pair | batch | method | retokenize | crops/step | taken back/step | fed/step | waits/step | feeding ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r, name, c in lines:
+        print(f"| {r['pair']} | {r['batch']} | {name} | {c['policy']} | {c['crops']:.3f} | {c['dropped']:.3f} | "
+              f"{c['fed']:.3f} | {c['waits']:.3f} | {r['methods'][name]['phases'].get('feeding', 0):.2f} |")
 
 
 def plot(rows: list[dict], stem: str) -> None:

@@ -67,8 +67,10 @@ def test_row_cache_returns_the_computed_rows_under_eviction():
 
 
 # ------------------------------------------------------------------ generation invariants
-@pytest.mark.parametrize("params", [DeepenParams(), DeepenParams(support=None), DeepenParams(support=4, main=1),
-                                    DeepenParams(eta=0.3, steps=8)])
+# identity is exact under local feeding (tests/test_retokenize_feeding.py: canonical)
+@pytest.mark.parametrize("params", [DeepenParams(retokenize="local"), DeepenParams(retokenize="local", support=None),
+                                    DeepenParams(retokenize="local", support=4, main=1),
+                                    DeepenParams(retokenize="local", eta=0.3, steps=8)])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
     alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
@@ -79,7 +81,8 @@ def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
     requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n])
                 for i in range(4) for n in (1, 6, 15)]
     alone = Single([same_model("solo")], Single.Params(), batch_size=4).loglikelihood(requests)
-    pair = Deepen([same_model("a"), same_model("b")], DeepenParams(support=16), batch_size=4).loglikelihood(requests)
+    pair = Deepen([same_model("a"), same_model("b")], DeepenParams(retokenize="local", support=16),
+                  batch_size=4).loglikelihood(requests)
     assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
 
 
@@ -130,6 +133,7 @@ def test_cached_batched_path_equals_naive_dense_reference(bpe_tokenizer, bpe_mod
                                                           support, main):
     def pair():
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
-    fast = Deepen(pair(), DeepenParams(support=support, main=main, eta=0.3), batch_size=3).generate(REQUESTS)
+    fast = Deepen(pair(), DeepenParams(retokenize="local", support=support, main=main, eta=0.3),
+                  batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
         assert generation.text == naive_deepen(pair(), [bpe_model, sp_model], request, support, main, eta=0.3)

@@ -70,8 +70,12 @@ def test_stop_tokens_share_one_key_and_each_member_uses_its_most_probable_stop()
 
 
 # ------------------------------------------------------------------ generation invariants
-@pytest.mark.parametrize("params", [UniteParams(), UniteParams(k=1), UniteParams(k=50, primary=1),
-                                    UniteParams(weights=[0.2, 0.8])])
+# identity is exact under local feeding (the other copy takes the emitter's own ids); canonical
+# feeding gives the other copy its tokenizer's encoding, which a greedy path need not be
+# (tests/test_retokenize_feeding.py)
+@pytest.mark.parametrize("params", [UniteParams(retokenize="local"), UniteParams(retokenize="local", k=1),
+                                    UniteParams(retokenize="local", k=50, primary=1),
+                                    UniteParams(retokenize="local", weights=[0.2, 0.8])])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
     alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
@@ -82,7 +86,7 @@ def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
     requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n])
                 for i in range(4) for n in (1, 6, 15)]
     alone = Single([same_model("solo")], Single.Params(), batch_size=4).loglikelihood(requests)
-    pair = Unite([same_model("a"), same_model("b")], UniteParams(), batch_size=4).loglikelihood(requests)
+    pair = Unite([same_model("a"), same_model("b")], UniteParams(retokenize="local"), batch_size=4).loglikelihood(requests)
     assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
     assert all(s.logprob <= 1e-6 for s in pair)
 
@@ -118,7 +122,7 @@ def naive_unite(members, models, request, k, primary, window=4):
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, primary):
     def pair():
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
-    method = Unite(pair(), UniteParams(k=5, primary=primary), batch_size=3)
+    method = Unite(pair(), UniteParams(retokenize="local", k=5, primary=primary), batch_size=3)
     fast = method.generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
         assert generation.text == naive_unite(pair(), [bpe_model, sp_model], request, 5, primary)

@@ -32,7 +32,7 @@ from ensemble_bench.methods.base import (Generation, GenerationRequest, Loglikel
                                          resolve_member, rolling_with_members, score_with_members)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import give_text, text_appender
+from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
@@ -45,7 +45,9 @@ class GacParams(MethodParams):
     ece: list[float] | None = None     # per-member expected calibration error, for score_minus_ece
     gate: int | str | None = None      # member index or name; with threshold, Eq. 5
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
+    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text (local)
+    # how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code
+    retokenize: Retokenize = "local"
     temperature: float = Field(default=0.0, ge=0.0)  # 0: greedy; > 0: sample x ~ q^(1/T)
     seed: int = 0  # sampling seed; each request draws from its own generator (batch-invariant)
 
@@ -128,7 +130,9 @@ class Gac(DecodingMethod):
                                               cache_dir() / "union")
         self.mixture = UnionMixture(self.union, self.weights.tolist(), [m.vocab.size for m in members])
         self.stop_entries = frozenset(self.union.stop_mask.nonzero().flatten().tolist())
-        self.appenders = [text_appender(m, params.window, self.union.maps[i].by_bytes) for i, m in enumerate(members)]
+        self.feed_stats = FeedStats()
+        self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
+                                    [self.union.maps[i].by_bytes for i in range(len(members))])
         self.reference = self.gate if self.gate is not None else 0  # whose decode renders the text
         self.stats = GacStats()
 
@@ -141,7 +145,7 @@ class Gac(DecodingMethod):
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
         return {**super().info(), "union_size": self.union.size, "gate_index": self.gate,
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
-                **self.stats.summary()}
+                **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize)}
 
     @property
     def writer(self) -> int:
@@ -177,7 +181,7 @@ class Gac(DecodingMethod):
                   if any(not confident[k] and state.pending.get(index) for k, state in enumerate(states))]
         chunks = [[state.pending.pop(index, []) for state in states] for index in needed]
         results = each([self.members[index] for index in needed],
-                       lambda member, index, member_chunks: self._give(index, member, member_chunks), needed, chunks)
+                       lambda member, index, member_chunks: self._give(index, states, member_chunks), needed, chunks)
         for index, result in zip(needed, results):
             updated[index] = result
         return updated
@@ -255,14 +259,15 @@ class Gac(DecodingMethod):
             if any(chunks) or any(direct):
                 calls.append((index, chunks, direct))
         results = each([self.members[index] for index, _, _ in calls], lambda member, call: (
-            self._give(call[0], member, call[1], call[2]) if any(call[1]) else member.extend(call[2])), calls)
+            self._give(call[0], states, call[1], call[2])), calls)
         for (index, _, _), result in zip(calls, results):
             updated[index] = result
         return updated
 
-    def _give(self, index: int, member: Member, chunks: list[list[bytes]],
+    def _give(self, index: int, states: list[GacState], chunks: list[list[bytes]],
               direct: list[list[int]] | None = None) -> torch.Tensor:
-        return give_text(member, self.appenders[index], chunks, direct)
+        """Member ``index`` takes each row's pieces (or its own ids in ``direct``), by the retokenize policy."""
+        return self.feeders[index].give(states, chunks, direct)
 
     def result(self, state: GacState, request: GenerationRequest) -> Generation:
         self.stats.steps += state.count + (state.finish == "stop_id")

@@ -36,7 +36,8 @@ from ensemble_bench.methods.base import (Generation, GenerationRequest, Loglikel
                                          resolve_member, rolling_with_members, score_with_members)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.feeding import FeedStats, Retokenize, cached_tail, encode_continuation
+from ensemble_bench.methods.feeding import Held as TextHeld
 from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.words import common_ends
@@ -44,6 +45,10 @@ from ensemble_bench.vocab.words import common_ends
 
 class SpanParams(MethodParams):
     main: int | str = 0  # renders the text, counts the token budget, wins ties
+    # how members take a winner they did not propose (docs/retokenize.md): local, the segment encoded
+    # on its own; canonical, the text re-encoded back to the last hard boundary (the papers: each
+    # model encodes the committed text with its own tokenizer)
+    retokenize: Retokenize = "canonical"
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +97,8 @@ class SpanMethod(DecodingMethod):
         self.main = resolve_member(params.main, [m.name for m in members], "main")
         self.traces: list[dict] = []
         self.rounds = 0
+        self.feed_stats = FeedStats()
+        self.tails = [cached_tail(m) for m in members] if params.retokenize == "canonical" else None
 
     @classmethod
     def check_members(cls, params: SpanParams, labels: Sequence[str]) -> None:
@@ -121,6 +128,9 @@ class SpanMethod(DecodingMethod):
     def choose(self, dists: list[torch.Tensor], states: list[SpanState]) -> Round:
         """One round for every live row: propose (step 1), then score, choose and commit (2-4)."""
         prefix = [[len(ids) for ids in m.row_ids()] for m in self.members]
+        for v, lengths in enumerate(prefix):
+            for state, length in zip(states, lengths):
+                state.held.setdefault(v, TextHeld(length))  # the first round starts at the prompt
         proposals = each(self.members, lambda _, u: self._propose(u, states, dists[u], prefix[u]),
                          range(len(self.members)))
         choices = [self._candidates([p[k] for p in proposals]) for k in range(len(states))]
@@ -198,7 +208,8 @@ class SpanMethod(DecodingMethod):
         keys = list(candidates)
         per_member = [[candidates[key].get(v) or tuple(self._encode(v, key[0])) for key in keys]
                       for v in range(len(self.members))]
-        return {"keys": keys, "tokens": per_member}
+        own = [[v in candidates[key] for key in keys] for v in range(len(self.members))]
+        return {"keys": keys, "tokens": per_member, "own": own}
 
     def _encode(self, member_index: int, text: str) -> list[int]:
         return encode_continuation(self.members[member_index], text) if text else []
@@ -223,7 +234,7 @@ class SpanMethod(DecodingMethod):
             text, final = info["keys"][winner]
             tokens = tuple(info["tokens"][self.main][winner])
             advances.append(Advance(text.encode("utf-8"), tokens, len(tokens), final))
-        dists = each(self.members, lambda m, v: self._append_winners(m, [info["tokens"][v] for info in rounds], winners,
+        dists = each(self.members, lambda m, v: self._append_winners(v, states, rounds, winners,
                                                                      scored[v][1], dists[v], prefix[v]),
                      range(len(self.members)))
         return dists, advances
@@ -257,13 +268,18 @@ class SpanMethod(DecodingMethod):
                 held[k] = Held(j, end)
         return scores, held
 
-    def _append_winners(self, member: Member, tokens: list[list[tuple[int, ...]]], winners: list[int],
+    def _append_winners(self, v: int, states: list[SpanState], rounds: list[dict], winners: list[int],
                         held: list[Held | None], dist: torch.Tensor, prefix: list[int]) -> torch.Tensor:
-        """Step 4 for one member: rows whose cache ends with the winner keep it; the others go back
-        to the prefix and append it. Returns the member's next-token log-probs of every row."""
-        keeps = [h is not None and h.index == w for h, w in zip(held, winners)]
-        member.crop([len(ids) if keep else prefix[k] for k, (ids, keep) in enumerate(zip(member.row_ids(), keeps))])
-        feed = [[] if keep else list(row[w]) for row, w, keep in zip(tokens, winners, keeps)]
+        """Step 4 for member ``v``: rows whose cache ends with the winner (as it takes it) keep it; the
+        others go back to where it takes the winner from and append it. Returns the member's
+        next-token log-probs of every row."""
+        member = self.members[v]
+        rows = member.row_ids()
+        takes = [self._take(v, state, info, w, row[:n]) for state, info, w, row, n in zip(states, rounds, winners, rows, prefix)]
+        keeps = [h is not None and h.index == w and start == n and ids == list(info["tokens"][v][w])
+                 for h, w, (start, ids), n, info in zip(held, winners, takes, prefix, rounds)]
+        member.crop([len(row) if keep else start for row, keep, (start, _) in zip(rows, keeps, takes)])
+        feed = [[] if keep else ids for keep, (_, ids) in zip(keeps, takes)]
         out = member.extend(feed)
         for k, keep in enumerate(keeps):
             if keep:
@@ -271,6 +287,21 @@ class SpanMethod(DecodingMethod):
             elif not feed[k]:  # an empty winner: the member stays at the prefix
                 out[k] = dist[k]
         return out
+
+    def _take(self, v: int, state: SpanState, info: dict, winner: int, committed: list[int]) -> tuple[int, list[int]]:
+        """Where member ``v`` takes row's winner from (its held length) and the ids it appends: its own
+        ids when it proposed the winner; else the segment's ids (local) or the committed text
+        re-encoded back to its last hard boundary (canonical)."""
+        ids = list(info["tokens"][v][winner])
+        if info["own"][v][winner]:
+            return len(committed), ids
+        if self.tails is None:
+            self.feed_stats.add(0, len(ids))
+            return len(committed), ids
+        start = state.held[v].prompt_len
+        plan = self.tails[v].plan(committed[start:], b"", info["keys"][winner][0].encode("utf-8"))
+        self.feed_stats.add(len(committed) - start - plan.keep, len(plan.ids))
+        return start + plan.keep, list(plan.ids)
 
     # --- scoring (multiple choice) -----------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
@@ -285,4 +316,5 @@ class SpanMethod(DecodingMethod):
         return [sum(values) / len(values) for values in zip(*totals)]
 
     def info(self) -> dict:
-        return {**super().info(), "main_index": self.main, "rounds": self.rounds}
+        return {**super().info(), "main_index": self.main, "rounds": self.rounds,
+                **self.feed_stats.summary(self.params.retokenize)}

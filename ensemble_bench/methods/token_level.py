@@ -25,12 +25,15 @@ from ensemble_bench.methods.base import LoglikelihoodRequest, MethodParams, Timi
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import (Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
                                            in_batches, own_token)
-from ensemble_bench.methods.feeding import give_text, text_appender
+from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders, text_appender
 from ensemble_bench.methods.stopping import StopRule
 
 
 class EmitterParams(MethodParams):
-    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
+    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text (local)
+    # how the other members take the emitter's token (docs/retokenize.md): canonical, as the UniTE
+    # (unite2.py) and DeePEn (AssistModelThread.run) reference code re-encode the text every step
+    retokenize: Retokenize = "canonical"
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class EmitterMethod(DecodingMethod):
         self.emitter = resolve_member(getattr(params, self.emitter_field), [m.name for m in members],
                                       self.emitter_field)
         self.appenders = [text_appender(m, params.window) for m in members]
+        self.feed_stats = FeedStats()
+        self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
+                                    skip=frozenset({self.emitter}))
 
     @classmethod
     def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
@@ -84,9 +90,9 @@ class EmitterMethod(DecodingMethod):
         return Round([own_token(emitter, t) for t in self._step(dists, None).choices], dists)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
-        """The emitter appends its tokens; every other member takes their bytes."""
+        """The emitter appends its tokens; every other member takes their bytes (its feeder's policy)."""
         return each(self.members, lambda member, index: member.extend([list(a.ids) for a in advances])
-                    if index == self.emitter else give_text(member, self.appenders[index], [[a.data] for a in advances]),
+                    if index == self.emitter else self.feeders[index].give(states, [[a.data] for a in advances]),
                     range(len(self.members)))
 
     # --- scoring --------------------------------------------------------------------------------
@@ -114,7 +120,7 @@ class EmitterMethod(DecodingMethod):
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
 
     def info(self) -> dict:
-        return {**super().info(), "emitter_index": self.emitter}
+        return {**super().info(), "emitter_index": self.emitter, **self.feed_stats.summary(self.params.retokenize)}
 
 
 class TeacherForced(Steps):
