@@ -40,6 +40,8 @@ class MemberSpec(BaseModel):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
     chat_template: bool = True
     kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
+    # run the Python code shipped in the model's repository (InternLM3, DeciLM, ...); off: only transformers' own
+    trust_remote_code: bool = False
     weight: float | None = Field(default=None, gt=0)
     # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
     device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
@@ -71,7 +73,7 @@ class MemberSpec(BaseModel):
         """Keyword arguments of members.load_member."""
         return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
                 "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
-                "kind": self.kind,
+                "kind": self.kind, "trust_remote_code": self.trust_remote_code,
                 "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
                 if self.max_memory else None}
 

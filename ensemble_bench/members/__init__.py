@@ -30,12 +30,12 @@ def _gguf_tokenizer_cache(source: ModelSource) -> Path:
     return cache_dir() / "tokenizers" / hashlib.sha256(stamp.encode()).hexdigest()[:16]
 
 
-def load_tokenizer(source: ModelSource):
+def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
     """Load a fast tokenizer; a GGUF's converted tokenizer is cached (conversion takes 5-30 s)."""
     from transformers import AutoTokenizer
 
     if source.gguf_file is None:
-        return AutoTokenizer.from_pretrained(source.location)
+        return AutoTokenizer.from_pretrained(source.location, trust_remote_code=trust_remote_code)
     cached = _gguf_tokenizer_cache(source)
     if (cached / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(cached)
@@ -69,7 +69,7 @@ def quantization_config(quantization: str | None, dtype: str):
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
-                quantization: str | None = None, kind: str = "auto") -> Member:
+                quantization: str | None = None, kind: str = "auto", trust_remote_code: bool = False) -> Member:
     """Load one member from a packaged name, a .gguf file, a directory or a hub id.
 
     ``kind``: ``causal``, ``seq2seq`` (an encoder-decoder, members/seq2seq.py) or ``auto`` (the
@@ -77,6 +77,7 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
 
     ``device_map`` / ``max_memory`` / ``quantization`` go to ``from_pretrained`` (accelerate places
     the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
+    ``trust_remote_code`` lets transformers run the Python code of the model's repository.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
@@ -97,12 +98,15 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
         placement["max_memory"] = max_memory
     source = resolve(model)
     try:
-        seq2seq = is_seq2seq(source.location, source.gguf_file, kind)
-        tokenizer = load_tokenizer(source)
+        seq2seq = is_seq2seq(source.location, source.gguf_file, kind, trust_remote_code)
+        tokenizer = load_tokenizer(source, trust_remote_code)
         weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
-            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype), **placement)
+            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype),
+            trust_remote_code=trust_remote_code, **placement)
     except (OSError, ValueError, ImportError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if "custom code" in first and not trust_remote_code:
+            first = "it ships its own Python code; set trust_remote_code: true on the member to run it"
         raise UserError(f"cannot load model '{model}': {first}") from None
     if device_map is None:
         try:

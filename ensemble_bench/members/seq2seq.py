@@ -382,7 +382,7 @@ def _right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
 KINDS = ("auto", "causal", "seq2seq")
 
 
-def is_seq2seq(location: str, gguf_file: str | None, kind: str = "auto") -> bool:
+def is_seq2seq(location: str, gguf_file: str | None, kind: str = "auto", trust_remote_code: bool = False) -> bool:
     """Whether a model source loads as an encoder-decoder member: ``kind`` says so, or (``auto``)
     its config has ``is_encoder_decoder`` (GGUF files are causal models)."""
     if kind not in KINDS:
@@ -391,4 +391,5 @@ def is_seq2seq(location: str, gguf_file: str | None, kind: str = "auto") -> bool
         return kind == "seq2seq"
     from transformers import AutoConfig
 
-    return bool(getattr(AutoConfig.from_pretrained(location), "is_encoder_decoder", False))
+    config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+    return bool(getattr(config, "is_encoder_decoder", False))
