@@ -1,5 +1,6 @@
-"""PackLLM: hand-checked weights (sim, opt's greedy grid, common segments), identity, fast == a naive
-uncached reference, batch invariance, scoring, parameter errors, Ray placement."""
+"""PackLLM: hand-checked weights (sim, opt's greedy grid, common segments), the MinED map on hand-made
+vocabularies and its cache, identity, fast == a naive uncached reference (union and mined), batch
+invariance, scoring, parameter errors, Ray placement."""
 
 import logging
 import math
@@ -8,13 +9,19 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt, load_member
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods import packllm
+from ensemble_bench.methods.feeding import text_appender, text_lookup
 from ensemble_bench.methods.packllm import (PackLLM, PackLLMParams, PromptScore, common_segments, opt_weights, sim_weights,
                                             token_chunks)
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
+from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.vocab import mined
+from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.mined import cached_mined_map, mined_map, nearest
 from tests.test_gac import naive_gac
 from tests.tiny import REQUESTS, outputs
 
@@ -58,10 +65,62 @@ def test_parameters_are_validated():
     with pytest.raises(ValidationError):
         PackLLMParams(tau=0.0)
     assert METHODS["packllm"] is PackLLM
+    assert PackLLMParams().alignment == "mined"
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"alignment": "bytes"}, "method.alignment: Input should be 'union' or 'mined' (got 'bytes')"),
+    ({"variant": "opt", "tau": 2.0}, "method: 'tau' does not apply to variant 'opt'"),
+    ({"grid": 0, "variant": "opt"}, "method.grid: Input should be greater than or equal to 1"),
+])
+def test_bad_parameters_are_one_line_errors(fields, expected):
+    recipe = {"name": "r", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0.5b"}],
+              "method": {"name": "packllm", **fields}, "tasks": ["nq"], "data": "offline"}
+    with pytest.raises(UserError) as info:
+        parse_recipe(recipe, "r.yaml")
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("r.yaml: ") and expected in line, line
+
+
+# ------------------------------------------------------------------ the MinED map
+def test_nearest_takes_the_exact_match_else_the_least_edit_distance_first_on_ties():
+    choices = [b"cut", b"cat", b"car", b"dot", b"cat"]
+    # cat: exact (the first of two); cart: cat and car at 1, the first; dog: dot at 1; xyz: all at 3, the first
+    assert nearest([b"cat", b"cart", b"dog", b"xyz"], choices) == [1, 1, 3, 0]
+    # bytes, not characters: b"\xc3\xa9" (e-acute) is one edit from b"\xc3" and two from b"e"
+    assert nearest([b"\xc3\xa9"], [b"e", b"\xc3"]) == [1]
+    assert nearest([b"a"], []) == [-1]
+
+
+def test_mined_map_matches_within_roles():
+    reference = VocabView((b"<s>", b" the", b"the", None, b"</s>", b"<pad>"), frozenset({0, 4, 5}), "text")
+    member = VocabView((b"<|end|>", b"th", b" the", b"<x>"), frozenset({0, 3}), "text")
+    # <s>, <pad>: the member's one other special; " the" exact; "the": "th" and " the" at 1, the lower
+    # id; no text: -1; the stop </s>: the member's stop, however it is spelled
+    assert mined_map(reference, [4], member, [0]).tolist() == [3, 2, 1, -1, 0, 3]
+    plain = VocabView((b"a", b"th"), frozenset(), "text")
+    assert mined_map(reference, [4], plain, []).tolist() == [-1, 1, 1, -1, -1, -1]
+    duplicated = VocabView((b"a", b"b", b"a"), frozenset(), "text")
+    assert mined_map(duplicated, [], duplicated, []).tolist() == [0, 1, 2]  # a vocabulary with itself: identity
+
+
+def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, caplog):
+    reference = VocabView((b"ab", b"b", b"</s>"), frozenset({2}), "text")
+    member = VocabView((b"a", b"bb", b"<e>"), frozenset({2}), "text")
+    built = cached_mined_map(reference, [2], member, [2], tmp_path)
+    assert built.tolist() == [0, 0, 2]  # "b": "a" and "bb" at 1, the lower id
+    [path] = tmp_path.glob("mined-*.pt")
+    monkeypatch.setattr(mined, "mined_map", lambda *args: pytest.fail("rebuilt a cached map"))
+    assert cached_mined_map(reference, [2], member, [2], tmp_path).tolist() == [0, 0, 2]
+    monkeypatch.undo()
+    path.write_bytes(b"not a tensor file")
+    assert cached_mined_map(reference, [2], member, [2], tmp_path).tolist() == [0, 0, 2]
+    assert "damaged MinED cache" in caplog.text
 
 
 # ------------------------------------------------------------------ generation invariants
-@pytest.mark.parametrize("params", [PackLLMParams(), PackLLMParams(variant="opt"), PackLLMParams(ppl_unit="byte")])
+@pytest.mark.parametrize("params", [PackLLMParams(), PackLLMParams(variant="opt"), PackLLMParams(ppl_unit="byte"),
+                                    PackLLMParams(alignment="union"), PackLLMParams(alignment="union", variant="opt")])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
     alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
@@ -99,8 +158,9 @@ def naive_weights(members, models, request, params):
     return weights
 
 
-@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt")], ids=["sim", "opt"])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params):
+@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"), PackLLMParams(variant="opt", alignment="union")],
+                         ids=["sim", "opt"])
+def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params):
     def pair():
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
     fast = PackLLM(pair(), params, batch_size=3)
@@ -113,10 +173,100 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
         assert generation.text == cut_at_until(naive_gac(members, models, request, weights), request.until)
 
 
-def test_batch_invariant_and_weights_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def levenshtein(a: bytes, b: bytes) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
+
+
+def naive_map(reference, member) -> dict[int, int]:
+    """Reference id -> member id: same role (stop, other special, text), exact bytes, else least edit distance."""
+    def role(m, i):
+        return "stop" if i in m.stop_ids else "special" if i in m.vocab.special_ids else "text"
+    found = {}
+    for i, piece in enumerate(reference.vocab.pieces):
+        if piece is None:
+            continue
+        same = [j for j, p in enumerate(member.vocab.pieces) if p is not None and role(member, j) == role(reference, i)]
+        if same:
+            found[i] = min(same, key=lambda j: (member.vocab.pieces[j] != piece,
+                                                levenshtein(piece, member.vocab.pieces[j]), j))
+    return found
+
+
+def naive_mined(members, models, request, weights, window=4):
+    """Eq. 3 on the top-1 expert's vocabulary, one request at a time, full forwards, maps as dicts."""
+    reference = max(range(len(members)), key=lambda k: (weights[k], -k))
+    ref = members[reference]
+    maps = [None if k == reference else naive_map(ref, m) for k, m in enumerate(members)]
+    appenders = [text_appender(m, window) for m in members]
+    writer_ids = text_lookup(members[0])
+    seqs = [m.render(request.prompt) for m in members]
+    text, writer = b"", []
+    for _ in range(request.max_new_tokens):
+        logprobs = []
+        for model, seq in zip(models, seqs):
+            with torch.no_grad():
+                logprobs.append(model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).tolist())
+        def fused(x):
+            total = 0.0
+            for k, lp in enumerate(logprobs):
+                if weights[k] > 0:
+                    y = x if k == reference else maps[k].get(x)
+                    total += weights[k] * lp[y] if y is not None else -math.inf
+            return total
+        allowed = [x for x, p in enumerate(ref.vocab.pieces)
+                   if x in ref.stop_ids or (p is not None and x not in ref.vocab.special_ids)]
+        token = max(allowed, key=lambda x: (fused(x), -x))
+        if token in ref.stop_ids:
+            break
+        data = ref.vocab.pieces[token]
+        for k, appender in enumerate(appenders):
+            if k == reference:
+                seqs[k].append(token)
+            else:
+                plan = appender.plan(seqs[k], data)
+                seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
+        text += data
+        if writer is not None:
+            own = token if reference == 0 else writer_ids.get(data)
+            writer = writer + [own] if own is not None else None
+        rendered = members[0].decode(writer) if writer is not None else text.decode("utf-8", errors="replace")
+        if any(u in rendered for u in request.until):
+            break
+    return members[0].decode(writer) if writer is not None else text.decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02)],
+                         ids=["sim", "opt", "sharp"])
+@pytest.mark.parametrize("order", ["bpe-sp", "sp-bpe"])
+def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params,
+                                                          order, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path))
+    pairs = [(bpe_model, bpe_tokenizer), (sp_model, sp_tokenizer)][::1 if order == "bpe-sp" else -1]
+    def pair():
+        return [LocalMember(model, tokenizer, name) for (model, tokenizer), name in zip(pairs, "ab")]
+    fast = PackLLM(pair(), params, batch_size=3)
+    generations = fast.generate(REQUESTS)
+    members, models = pair(), [model for model, _ in pairs]
+    references = set()
+    for request, generation in zip(REQUESTS, generations):
+        weights = naive_weights(members, models, request, params)
+        references.add(max(range(2), key=lambda k: (weights[k], -k)))
+        assert generation.text == cut_at_until(naive_mined(members, models, request, weights), request.until)
+    assert fast.info()["alignment"] == "mined"
+    if params.tau == 0.02:
+        assert references == {0, 1}  # rows with different references in one batch
+
+
+@pytest.mark.parametrize("alignment", ["union", "mined"])
+def test_batch_invariant_and_weights_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, alignment):
     def run(batch_size):
         method = PackLLM([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
-                         PackLLMParams(variant="opt"), batch_size=batch_size)
+                         PackLLMParams(variant="opt", alignment=alignment), batch_size=batch_size)
         return outputs(method), method.info()
     (one, info_one), (three, info_three) = run(1), run(3)
     assert one == three

@@ -9,11 +9,15 @@ Each prompt P gets its own member weights lambda_k (sum 1) from how well each me
                    sorted by PPL_k, each next one mixed in as a*current + (1-a)*next with the best
                    a on the grid {0, 1/grid, ..., 1} (the paper's greedy algorithm, step 0.05)
 
-Decoding fuses the members every step with the row's weights. The paper fuses logits over
-vocabularies aligned to one reference tokenizer (MinED); here the fusion is the project's union
-vocabulary by bytes, GaC Eq. 3 with per-row weights: q(u) = sum_k lambda_k P_k(u). PackLLM-opt's
-objective is measured in the same space, on the prompt cut into segments that end where every
-member's tokenisation of it has a boundary (each member's segment probability is exact there).
+Decoding fuses the members every step with the row's weights, in one of two spaces (``alignment``):
+- ``mined`` (the paper's tokenizer alignment and logit fusion): the reference is the row's top-1 expert (largest
+  lambda_k, ties to the lower index); every member's log-probs are carried onto the reference
+  vocabulary by MinED (vocab/mined.py) and fused as p(x) = softmax_x(sum_k lambda_k s_k(x)); greedy
+  takes the reference token at the argmax, the others take its text.
+- ``union``: the project's union vocabulary by bytes, GaC Eq. 3 with per-row weights:
+  q(u) = sum_k lambda_k P_k(u).
+PackLLM-opt's objective is measured on the prompt cut into segments that end where every member's
+tokenisation of it has a boundary (each member's segment probability is exact there).
 
 Log-likelihood of a continuation: sum_k lambda_k p_k(continuation) with lambda from the context,
 as GaC scores (sequence level). Perplexity tasks (no prompt to weigh by): equal weights.
@@ -36,12 +40,15 @@ from ensemble_bench.methods.base import (Generation, GenerationRequest, Loglikel
                                          rolling_with_members, score_with_members)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round, decode_batch
-from ensemble_bench.methods.feeding import give_text, text_appender
+from ensemble_bench.methods.feeding import FeedStats, make_feeders, text_lookup
 from ensemble_bench.union_cache import cached_union
+from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
+WRITER = 0  # whose decode renders the text
 
 
 class PackLLMParams(MethodParams):
@@ -50,6 +57,7 @@ class PackLLMParams(MethodParams):
     grid: int = Field(default=20, ge=1, le=1000)   # PackLLM-opt: a in steps of 1/grid (paper: 0.05)
     ppl_unit: Literal["token", "byte"] = "token"   # log PPL per member token (paper) or per prompt byte
     window: int = Field(default=4, ge=0, le=64)    # look-behind tokens when re-tokenising new text
+    alignment: Literal["union", "mined"] = "mined"  # fusion space: the top-1 expert's vocabulary (paper) or bytes
 
     @model_validator(mode="after")
     def _variant_fields(self):
@@ -187,6 +195,16 @@ def prompt_weights(params: PackLLMParams, scores: Sequence[PromptScore]) -> list
 @dataclass
 class PackState(RequestState):
     weights: tuple[float, ...] = ()
+    token: int = -1  # mined: the reference's last chosen id (it takes its own token back)
+
+    @property
+    def reference(self) -> int:
+        return top_expert(self.weights)
+
+
+def top_expert(weights: Sequence[float]) -> int:
+    """The member with the largest weight (the paper's top-1 expert), ties to the lower index."""
+    return max(range(len(weights)), key=lambda k: (weights[k], -k))
 
 
 @dataclass
@@ -198,32 +216,137 @@ class PackStats:
         mean = [sum(col) / len(col) for col in zip(*self.weights)] if self.weights else None
         top = [0] * (len(self.weights[0]) if self.weights else 0)
         for w in self.weights:
-            top[max(range(len(w)), key=lambda k: (w[k], -k))] += 1
+            top[top_expert(w)] += 1
         per_request = 1000 * self.scoring_seconds / len(self.weights) if self.weights else None
         return {"packllm_weights_mean": mean, "packllm_top_member_counts": top,
                 "packllm_prompt_scoring_ms_per_request": per_request,
                 "packllm_prompt_weights": [[round(x, 6) for x in w] for w in self.weights]}
 
 
-class PackLLM(DecodingMethod):
-    name = "packllm"
-    Params = PackLLMParams
-    min_members = 2
-    writer = 0  # whose decode renders the text
+class UnionFusion:
+    """``alignment: union``: GaC's union by bytes with each row's weights; every member takes the bytes."""
 
-    def __init__(self, members: Sequence[Member], params: PackLLMParams, batch_size: int = 1):
-        super().__init__(members, params, batch_size)
+    def __init__(self, members: Sequence[Member]):
         self.union = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                   cache_dir() / "union")
         # equal weights here: each row's lambda enters as log lambda added to its log-probs, which
         # scales P_k(u) by lambda_k and keeps the mixture's exact greedy bound valid
         self.mixture = UnionMixture(self.union, [1.0] * len(members), [m.vocab.size for m in members])
         self.stop_entries = frozenset(self.union.stop_mask.nonzero().flatten().tolist())
-        self.appenders = [text_appender(m, params.window, self.union.maps[i].by_bytes) for i, m in enumerate(members)]
+        self.by_bytes = [m.by_bytes for m in self.union.maps]
+
+    def info(self) -> dict:
+        return {"union_size": self.union.size}
+
+    def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
+        log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
+        shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
+        return [self._advance(u) for u in self.mixture.greedy(shifted)]
+
+    def _advance(self, entry: int) -> Advance:
+        if entry in self.stop_entries:
+            return STOP
+        token = int(self.union.maps[WRITER].to_member[entry])
+        return Advance(self.union.entries[entry], (token,) if token >= 0 else None, 1)
+
+    def chunks(self, states: list[PackState], advances: list[Advance], member: int) -> tuple[list, list]:
+        return [[a.data] for a in advances], [[] for _ in advances]
+
+
+@dataclass(frozen=True)
+class Carried:
+    """One member's log-probs carried onto one reference vocabulary: gather ``index``; ``missing`` ids get -inf."""
+
+    index: torch.Tensor    # [V_ref] member ids (0 where missing)
+    missing: torch.Tensor  # [V_ref] bool
+
+    @classmethod
+    def of(cls, mapped: torch.Tensor) -> Carried:
+        return cls(mapped.clamp(min=0), mapped < 0)
+
+    def carry(self, logprobs: torch.Tensor, device: torch.device) -> torch.Tensor:
+        carried = logprobs[:, self.index.to(logprobs.device)].float().to(device)
+        return carried.masked_fill(self.missing.to(device), -math.inf)
+
+
+def choosable(view: VocabView, stop_ids: frozenset[int]) -> torch.Tensor:
+    """[V] bool: ids greedy may pick: text tokens and stop ids (as in the union; not other special tokens)."""
+    return torch.tensor([(p is not None and i not in view.special_ids) or i in stop_ids
+                         for i, p in enumerate(view.pieces)], dtype=torch.bool)
+
+
+class MinedFusion:
+    """``alignment: mined`` (the paper): fusion on the row's top-1 expert's vocabulary, members carried there by MinED."""
+
+    def __init__(self, members: Sequence[Member]):
+        self.members = members
+        folder = cache_dir() / "mined"
+        self.carried = [[None if k == r else Carried.of(cached_mined_map(ref.vocab, sorted(ref.stop_ids), m.vocab,
+                                                                           sorted(m.stop_ids), folder))
+                         for k, m in enumerate(members)] for r, ref in enumerate(members)]  # [reference][member]
+        self.choosable = [choosable(m.vocab, m.stop_ids) for m in members]
+        self.writer_ids = text_lookup(members[WRITER])
+        self.by_bytes = None  # members take text by their own lowest id with the bytes
+
+    def info(self) -> dict:
+        return {}
+
+    def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
+        advances: list[Advance | None] = [None] * len(states)
+        for reference in sorted({s.reference for s in states}):
+            rows = [i for i, s in enumerate(states) if s.reference == reference]
+            for i, token in zip(rows, self._argmax(dists, [states[i] for i in rows], rows, reference)):
+                states[i].token = token
+                advances[i] = self._advance(reference, token)
+        return advances
+
+    def _argmax(self, dists: list[torch.Tensor], states: list[PackState], rows: list[int], reference: int) -> list[int]:
+        """The reference's id at argmax_x sum_k lambda_k s_k(x) (the paper's logit fusion; softmax keeps the argmax, and
+        log-probs differ from logits by one constant per member and row) for these rows."""
+        device = dists[reference].device
+        weights = torch.tensor([s.weights for s in states], dtype=torch.float32, device=device)  # [rows, K]
+        fused = torch.zeros((len(rows), dists[reference].shape[-1]), device=device)
+        for k, lp in enumerate(dists):
+            picked = lp[torch.tensor(rows, device=lp.device)]
+            aligned = picked.float().to(device) if k == reference else self.carried[reference][k].carry(picked, device)
+            w = weights[:, k:k + 1]
+            fused += torch.where(w > 0, w * aligned, 0.0)  # a member with lambda_k = 0 adds nothing (not 0 * -inf)
+        fused = fused.masked_fill(~self.choosable[reference].to(device), -math.inf)
+        return fused.argmax(dim=-1).tolist()  # ties: the lowest id
+
+    def _advance(self, reference: int, token: int) -> Advance:
+        member = self.members[reference]
+        if token in member.stop_ids:
+            return STOP
+        data = member.vocab.pieces[token]
+        if reference == WRITER:
+            return Advance(data, (token,), 1)
+        own = self.writer_ids.get(data)
+        return Advance(data, (own,) if own is not None else None, 1)
+
+    def chunks(self, states: list[PackState], advances: list[Advance], member: int) -> tuple[list, list]:
+        """The reference takes its own token back; the other members take its bytes."""
+        mine = [s.reference == member for s in states]
+        return ([[] if own else [a.data] for own, a in zip(mine, advances)],
+                [[s.token] if own else [] for own, s in zip(mine, states)])
+
+
+class PackLLM(DecodingMethod):
+    name = "packllm"
+    Params = PackLLMParams
+    min_members = 2
+    writer = WRITER
+
+    def __init__(self, members: Sequence[Member], params: PackLLMParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.fusion = UnionFusion(members) if params.alignment == "union" else MinedFusion(members)
+        self.feed_stats = FeedStats()
+        self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
         self.stats = PackStats()
 
     def info(self) -> dict:
-        return {**super().info(), "union_size": self.union.size, **self.stats.summary()}
+        return {**super().info(), "alignment": self.params.alignment, **self.fusion.info(),
+                **self.feed_stats.summary("local"), **self.stats.summary()}
 
     def weights_for(self, prompts: list[list[list[int]]]) -> list[list[float]]:
         """lambda of each prompt ([row][member]); ``prompts[member][row]`` in each member's ids."""
@@ -240,19 +363,11 @@ class PackLLM(DecodingMethod):
         return [self.result(s, r) for s, r in zip(states, requests)]
 
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> Round:
-        log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
-        shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
-        return Round([self._advance(u) for u in self.mixture.greedy(shifted)], dists)
-
-    def _advance(self, entry: int) -> Advance:
-        if entry in self.stop_entries:
-            return STOP
-        token = int(self.union.maps[self.writer].to_member[entry])
-        return Advance(self.union.entries[entry], (token,) if token >= 0 else None, 1)
+        return Round(self.fusion.choose(dists, states), dists)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
-        return each(self.members, lambda member, appender: give_text(member, appender, [[a.data] for a in advances]),
-                    self.appenders)
+        return each(self.members, lambda member, k: self.feeders[k].give(states, *self.fusion.chunks(states, advances, k)),
+                    list(range(len(self.members))))
 
     def result(self, state: PackState, request: GenerationRequest) -> Generation:
         self.stats.weights.append(list(state.weights))
