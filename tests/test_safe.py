@@ -1,6 +1,7 @@
 """SAFE: hand-checked sharpening and stability, identity, batch invariance, fast == a naive
 uncached generate-verify-ensemble cycle, the recorded shares, parameters, Ray placement."""
 
+import copy
 import logging
 
 import pytest
@@ -20,17 +21,29 @@ from tests.tiny import REQUESTS, outputs
 
 
 # ------------------------------------------------------------------ hand-checked pieces
-def test_sharpening_consolidates_sub_words_only_when_the_average_is_smooth():
-    entries = (STOP_KEY + b"</s>", b" So", b" Sofia", b" Sofa", b" and")
-    mixed = torch.tensor([0.05, 0.30, 0.25, 0.10, 0.30])
-    # smooth (top 0.30 < 0.5): " Sofia" takes " So" -> 0.55, " Sofa" 0.40, " So" 0.30, " and" 0.30
-    assert sharpened_choice(mixed, entries, frozenset({0}), sharpen=0.5) == 2
-    # not smooth enough to sharpen: plain argmax, lowest index on the tie
-    assert sharpened_choice(mixed, entries, frozenset({0}), sharpen=0.3) == 1
-    assert sharpened_choice(mixed, entries, frozenset({0}), sharpen=0.0) == 1
-    # a stop entry takes no prefix mass and gives none
-    stop_heavy = torch.tensor([0.45, 0.30, 0.0, 0.0, 0.25])
-    assert sharpened_choice(stop_heavy, entries, frozenset({0}), sharpen=0.5) == 0
+def test_sharpening_moves_mass_to_the_drafters_prefix_token_only_when_the_average_is_smooth():
+    entries = (STOP_KEY + b"</s>", b" So", b" Sofia", b" Sofa", b" and", b" ", STOP_KEY + b"</s> x")
+    mixed = torch.tensor([0.05, 0.20, 0.25, 0.15, 0.30, 0.05, 0.0])
+    everything = range(len(entries))
+    # smooth (top 0.30 < 0.5): " So" (0.20 > lambda 0.1) takes " Sofia" + " Sofa" -> 0.60 (Sec. 3.3)
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 1
+    # the longer entries gain nothing from their prefix (the reverse direction is not the paper's)
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, [2, 3, 4], everything, 0.1) == 4
+    # lambda: a candidate must exceed the floor
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, everything, 0.25) == 4
+    # only pool entries give: without " Sofia" in the pool " So" reaches 0.35
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 3, 4], 0.1) == 1
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 2, 4], 0.1) == 1
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 4], 0.1) == 4
+    # not smooth enough to sharpen: plain argmax
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.3, everything, everything, 0.1) == 4
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.0, everything, everything, 0.1) == 4
+    # the bare space and stop entries never gain; stops give nothing to a stop prefix
+    spaced = torch.tensor([0.25, 0.0, 0.20, 0.0, 0.30, 0.15, 0.10])
+    assert sharpened_choice(spaced, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 4
+    # ties: the lowest index
+    tie = torch.tensor([0.0, 0.25, 0.0, 0.0, 0.25, 0.0, 0.0])
+    assert sharpened_choice(tie, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 1
 
 
 def test_stable_positions_are_token_starts_in_every_reading():
@@ -50,14 +63,15 @@ def test_stable_positions_are_token_starts_in_every_reading():
 
 
 # ------------------------------------------------------------------ invariants
-@pytest.mark.parametrize("params", [SafeParams(), SafeParams(draft_tokens=1, sharpen=0.0),
-                                    SafeParams(drafter=1, draft_tokens=7, weights=[1.0, 3.0])])
+@pytest.mark.parametrize("params", [SafeParams(), SafeParams(draft_tokens=1, sharpen=0.0, gate=0.5),
+                                    SafeParams(drafter=1, draft_tokens=7, weights=[1.0, 3.0], candidate_floor=0.0)])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
     alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
     pair = Safe([same_model("a"), same_model("b")], params, batch_size=batch_size)
     assert outputs(pair) == alone
     assert pair.stats.ensembled == 0 and pair.stats.drafts_accepted == pair.stats.rounds > 0
+    assert pair.stats.unanimous == pair.stats.stable > 0  # rule (ii)(1) decides every position
 
 
 def members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
@@ -82,14 +96,17 @@ def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     assert info["ensembled_fraction"] == info["tokens_ensembled"] / info["tokens_committed"]
     assert info["draft_acceptance_rate"] == info["drafts_accepted"] / info["safe_rounds"]
     assert info["safe_rounds"] - info["drafts_accepted"] == info["tokens_replaced"]  # a replacement ends its draft
+    # every position checked ends in exactly one of: a skip by rule (ii)(1), (ii)(2), the gate, or an ensemble
+    assert info["stable_positions"] == (info["skipped_unanimous"] + info["skipped_average"] + info["skipped_gate"]
+                                        + info["tokens_ensembled"])
+    assert info["skipped_gate"] == 0 and info["tokens_sharpened"] <= info["tokens_ensembled"]
 
 
 # ------------------------------------------------------------------ naive reference implementation
-def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0, window=4):
+def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0, window=4, floor=0.1, gate=None):
     """One request, every forward recomputed from scratch, every verifier re-tokenised from
-    scratch, the union average and the sharpening by dicts."""
+    scratch, the skip rules, the union average and the sharpening by dicts (paper Sec. 3.2-3.3)."""
     verifiers = [v for v in range(len(members)) if v != drafter]
-    union: dict[bytes, float] = {}
 
     def key(u, token):
         m = members[u]
@@ -101,20 +118,36 @@ def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0,
         with torch.no_grad():
             return models[u](torch.tensor([prompts[u] + ids])).logits[0, -1].float().log_softmax(-1)
 
+    def own_probability(u, lp, token):
+        """u's probability of its token of the draft (None: of stopping)."""
+        probs = lp.exp()
+        return float(sum(probs[s] for s in members[u].stop_ids)) if token is None else float(probs[token])
+
     def mixed_choice(dists):
-        union.clear()
+        projected = []
         for u, lp in enumerate(dists):
+            mass: dict[bytes, float] = {}
             for token, p in enumerate(lp.exp().tolist()):
                 k = key(u, token)
                 if k is not None:
-                    union[k] = union.get(k, 0.0) + p / len(dists)
+                    mass[k] = mass.get(k, 0.0) + p
+            projected.append(mass)
+        union: dict[bytes, float] = {}
+        for mass in projected:
+            for k, p in mass.items():
+                union[k] = union.get(k, 0.0) + p / len(dists)
         order = list(union)
-        if max(union.values()) >= sharpen:
-            return max(order, key=lambda e: (union[e], -order.index(e)))
-        top = sorted(order, key=lambda e: (-union[e], order.index(e)))[:16]
-        score = {e: union[e] + (0 if e.startswith(STOP_KEY) else sum(
-            union[p] for p in top if p != e and p and not p.startswith(STOP_KEY) and e.startswith(p))) for e in top}
-        return max(top, key=lambda e: (score[e], -order.index(e)))
+        if max(union.values()) < sharpen:  # Sec. 3.3: lambda-floored drafter tokens take the mass of their extensions
+            tops = [sorted(mass, key=lambda e: -mass[e])[:10] for mass in projected]
+            pool = {e for top in tops for e in top}
+            score = dict(union)
+            for c in tops[drafter]:
+                if c.startswith(STOP_KEY) or c == b" " or not union[c] > floor:
+                    continue
+                score[c] = union[c] + sum(union[o] for o in pool if o != c and not o.startswith(STOP_KEY)
+                                          and o.startswith(c))
+            union = score
+        return max(order, key=lambda e: (union[e], -order.index(e)))
 
     tails = {v: CanonicalTail.from_view(members[v].vocab, continuation_encoder(
         lambda text, m=members[v]: m.encode(text, add_special_tokens=False))) for v in verifiers}
@@ -155,6 +188,12 @@ def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0,
                         else int(dists[v].argmax()) == readings[v][0][at[v]] for v in verifiers)
             if agree:
                 continue
+            average = own_probability(drafter, seen[t], None if last else tokens[t]) + sum(
+                own_probability(v, dists[v], None if last else readings[v][0][at[v]]) for v in verifiers)
+            if average / len(members) > 0.5:
+                continue
+            if gate is not None and float(seen[t].exp().max()) >= gate:
+                continue
             entry = mixed_choice([seen[t] if u == drafter else dists[u] for u in range(len(members))])
             mine = STOP_KEY if last else pieces[tokens[t]]
             if (entry.startswith(STOP_KEY) and last) or entry == mine:
@@ -184,16 +223,35 @@ def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0,
     return rendered[1:] if members[drafter].vocab.strips_leading_space and rendered.startswith(" ") else rendered
 
 
-@pytest.mark.parametrize("drafter,draft_tokens,sharpen", [(0, 5, 0.5), (1, 3, 0.0)])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
-                                                    drafter, draft_tokens, sharpen):
-    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen)
-    fast = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params, batch_size=3)
+@pytest.fixture(scope="module")
+def peaked_bpe_model(bpe_model):
+    """The byte-level model with 10x larger logits: its own token is so probable that the average
+    own-token probability passes 1/2 at some positions (rule (ii)(2)) and the gate closes at others."""
+    model = copy.deepcopy(bpe_model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)
+    return model
+
+
+@pytest.mark.parametrize("drafter,draft_tokens,sharpen,floor,gate,peaked", [
+    (0, 5, 0.5, 0.1, None, False), (1, 3, 0.0, 0.1, None, False), (0, 4, 1.0, 0.02, 0.5, False),
+    (0, 4, 0.5, 0.1, 0.99, True)])
+def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, peaked_bpe_model,
+                                                    drafter, draft_tokens, sharpen, floor, gate, peaked):
+    first = peaked_bpe_model if peaked else bpe_model
+    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor, gate=gate)
+    fast = Safe(members_of(bpe_tokenizer, first, sp_tokenizer, sp_model), params, batch_size=3)
     generations = fast.generate(REQUESTS)
-    assert fast.stats.replaced > 0  # the comparison covers replaced tokens
-    slow_members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    if peaked:  # the comparison covers both skips beyond consensus
+        assert fast.stats.average > 0 and fast.stats.gated > 0 and fast.stats.ensembled > 0
+    else:  # the comparison covers replaced tokens
+        assert fast.stats.replaced > 0
+    if sharpen in (0.0, 1.0):  # never / always below the sharpening threshold
+        assert fast.stats.sharpened == (fast.stats.ensembled if sharpen else 0)
+    slow_members = members_of(bpe_tokenizer, first, sp_tokenizer, sp_model)
     for request, generation in zip(REQUESTS, generations):
-        slow = naive_safe(slow_members, [bpe_model, sp_model], request, draft_tokens, sharpen, drafter)
+        slow = naive_safe(slow_members, [first, sp_model], request, draft_tokens, sharpen, drafter,
+                          floor=floor, gate=gate)
         assert generation.text == cut_at_until(slow, request.until)
 
 
@@ -207,7 +265,9 @@ def test_loglikelihood_is_the_drafters(bpe_tokenizer, bpe_model, sp_tokenizer, s
 
 
 @pytest.mark.parametrize("fields", [{"draft_tokens": 0}, {"draft_tokens": 65}, {"sharpen": 1.5},
-                                    {"sharpen": -0.1}, {"window": -1}, {"gate": 0}, {"draft_tokens": "5"}])
+                                    {"sharpen": -0.1}, {"window": -1}, {"gate": 0}, {"gate": 1.5},
+                                    {"gate": "0.5"}, {"candidate_floor": -0.1}, {"candidate_floor": 1.1},
+                                    {"lambda": 0.1}, {"draft_tokens": "5"}])
 def test_bad_parameters_are_rejected(fields):
     with pytest.raises(ValidationError):
         SafeParams(**fields)

@@ -1,28 +1,36 @@
 """SAFE — "When to Ensemble: Identifying Token-Level Points for Stable and Fast LLM Ensembling"
-(Yun, Ki, Lee, Yang; arXiv 2510.15346). Generate - verify - ensemble, one cycle per round:
+(Yun, Ki, Lee, Yang; arXiv 2510.15346v2). Generate - verify - ensemble, one cycle per round
+(Sec. 3, Algorithm 1):
 
-1. generate: the drafter decodes up to ``draft_tokens`` tokens greedily (Sec. 4, "drafter");
-2. verify: every verifier re-tokenises the committed text + the draft with its own tokenizer
-   (canonically: vocab/retokenize.py). A draft position (the start of a drafter token) is
-   *stable* when it is a token boundary in every verifier's re-tokenisation, so that no verifier
-   reads an OOV-like split word there (the paper's tokenisation-mismatch factor). At a stable
-   position the verifiers *agree* when each one's most probable next token is its own token of
-   the draft from there (the consensus factor). Ensembling happens only at stable positions
-   where some verifier disagrees;
-3. ensemble: the members' distributions at that position are averaged over the union vocabulary,
+1. generate (Sec. 3.1): the drafter decodes up to ``draft_tokens`` tokens greedily;
+2. verify (Sec. 3.2): every verifier re-tokenises the committed text + the draft with its own
+   tokenizer (canonically: vocab/retokenize.py). (i) OOV-like check, Eq. (1): a draft position
+   (the start of a drafter token) may be ensembled only when the text before it ends on a token
+   boundary of every verifier's re-tokenisation (compared as byte offsets). (ii) ensemble
+   distribution check: an allowed position is skipped when (1) every verifier's most probable
+   token is its own token of the draft there (unanimous consensus), or (2) the average over all
+   members, drafter included (weighted, App. H), of each member's probability of its own aligned
+   token is above 1/2. With ``gate`` (GaC's rule, Sec. 4.1 "Baselines": "GaC + SAFE") a position
+   is also skipped unless the drafter's top probability is below ``gate``. The earliest position
+   left is ensembled;
+3. ensemble (Sec. 3.3): the members' distributions there are averaged over the union vocabulary,
    keyed by bytes (GaC Eq. 3, vocab/mixture.py). When the average is overly smooth (its top
-   probability below ``sharpen``) it is sharpened: probability spread over sub-word tokens of one
-   word is consolidated, each candidate taking the mass of the candidates that are byte prefixes
-   of it (" So" and " Sofia" -> " Sofia"), among the ``SHARPEN_TOP`` most probable entries. If the
-   chosen entry is the drafter's token the draft goes on; otherwise it replaces the token and the
-   rest of the draft is discarded (as in speculative decoding).
+   probability below ``sharpen``, the paper's 0.5) it is sharpened heuristically: each candidate
+   -- one of the drafter's ``POOL_TOP`` most probable tokens whose average exceeds
+   ``candidate_floor`` (the paper's lambda) -- gains the average of the entries that extend it
+   (whose bytes start with its bytes; the pool: every member's ``POOL_TOP`` most probable
+   entries, as the authors' code), so " Sofia" and " Sofa" consolidate into " So"; then the top
+   entry is chosen. If it is the drafter's token the draft goes on (Algorithm 1 re-drafts from it;
+   under greedy decoding the drafter would draft the same tokens again); otherwise it replaces the
+   token and the rest of the draft is discarded.
 
 A verifier whose vocabulary is the drafter's reads the drafter's own ids (there is nothing to
-re-tokenise: every position is stable for it), so a member ensembled with itself never disagrees
+re-tokenise: every position is stable for it), so a member ensembled with itself always agrees
 and equals the member alone. Every member's KV cache stays warm; each round moves every row of a
-member to its new ids with one crop and one extend (``move_rows``). The Member interface returns
-the next-token distribution after the last appended token only, so a verifier reads the draft in
-one extend per stable position (not the whole draft in one forward as the paper's verifier does).
+member to its new ids with one crop and one extend (``move_rows``; App. D prunes and re-extends
+the caches too). The Member interface returns the next-token distribution after the last
+appended token only, so a verifier reads the draft in one extend per stable position (not the
+whole draft in one forward as the paper's verifier does).
 
 Log-likelihood (multiple choice): the drafter's own score; SAFE ensembles only while generating.
 """
@@ -47,13 +55,17 @@ from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 
-SHARPEN_TOP = 16  # union entries considered by the sharpening step
+POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
+AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
+SPACE = b" "        # never a sharpening candidate (authors' code: the bare space prefixes every word)
 
 
 class SafeParams(MethodParams):
-    drafter: int | str = 0                                  # member index or name
-    draft_tokens: int = Field(default=5, ge=1, le=64)       # tokens drafted per cycle
+    drafter: int | str = 0                                  # member index or name (Sec. 4.2: the best model)
+    draft_tokens: int = Field(default=5, ge=1, le=64)       # tokens drafted per cycle (Sec. 3.1, 4.2: n = 5)
     sharpen: float = Field(default=0.5, ge=0.0, le=1.0)     # sharpen when the ensemble's top probability < this (0: never)
+    candidate_floor: float = Field(default=0.1, ge=0.0, le=1.0)  # Sec. 3.3 lambda: a candidate's average must exceed it
+    gate: float | None = Field(default=None, gt=0.0, le=1.0)  # GaC's gate: ensemble only if the drafter's top p < gate
     weights: list[float] | None = None                      # per-member weights of the average (None: equal)
     window: int = Field(default=4, ge=0, le=64)             # look-behind tokens when the drafter takes a replaced token
 
@@ -102,15 +114,21 @@ class SafeStats:
     rounds: int = 0
     drafts_accepted: int = 0  # rounds whose whole draft was kept
     tokens: int = 0           # tokens committed (drafter tokens, replaced tokens, stops)
-    stable: int = 0           # positions checked for consensus
+    stable: int = 0           # positions checked for consensus (no OOV-like token before them)
+    unanimous: int = 0        # skipped by Sec. 3.2 (ii)(1): every verifier's top token is its draft token
+    average: int = 0          # skipped by Sec. 3.2 (ii)(2) only: the average own-token probability > 1/2
+    gated: int = 0            # skipped by ``gate`` only: the drafter's top probability is not below it
     ensembled: int = 0        # positions ensembled
+    sharpened: int = 0        # ensembled positions whose average was sharpened (Sec. 3.3)
     replaced: int = 0         # ensembled positions whose choice was not the drafter's token
 
     def summary(self) -> dict:
         return {"safe_rounds": self.rounds, "drafts_accepted": self.drafts_accepted,
                 "draft_acceptance_rate": self.drafts_accepted / self.rounds if self.rounds else None,
                 "tokens_committed": self.tokens, "stable_positions": self.stable,
-                "tokens_ensembled": self.ensembled, "tokens_replaced": self.replaced,
+                "skipped_unanimous": self.unanimous, "skipped_average": self.average, "skipped_gate": self.gated,
+                "tokens_ensembled": self.ensembled, "tokens_sharpened": self.sharpened,
+                "tokens_replaced": self.replaced,
                 "ensembled_fraction": self.ensembled / self.tokens if self.tokens else None}
 
 
@@ -128,23 +146,24 @@ def move_rows(member: Member, targets: Sequence[Sequence[int]]) -> torch.Tensor:
     return member.extend([list(target[k:]) for k, target in zip(keep, targets)])
 
 
-def sharpened_choice(mixed: torch.Tensor, entries: Sequence[bytes], stops: frozenset[int], sharpen: float) -> int:
-    """The ensemble's union entry: argmax of the average (lowest index on ties), or, when its top
-    probability is below ``sharpen``, of the consolidated scores (each of the top entries plus the
-    top entries that are byte prefixes of it; stop entries stand alone)."""
+def sharpened_choice(mixed: torch.Tensor, entries: Sequence[bytes], stops: frozenset[int], sharpen: float,
+                     candidates: Sequence[int] = (), pool: Sequence[int] = (), floor: float = 0.1) -> int:
+    """The ensemble's union entry (Sec. 3.3): argmax of the average ``mixed`` (lowest index on
+    ties) or, when its top probability is below ``sharpen``, argmax after each of ``candidates``
+    (the drafter's top entries) whose average exceeds ``floor`` (lambda) gains the average of the
+    other ``pool`` entries that extend it (start with its bytes). Stop entries, empty entries and
+    the bare space neither gain nor give."""
     if float(mixed.max()) >= sharpen:
         return int(mixed.argmax())
-    values, indices = mixed.topk(min(SHARPEN_TOP, mixed.shape[0]))
-    top = list(zip(indices.tolist(), values.tolist()))
-    best, best_score = -1, -1.0
-    for index, value in top:
-        score = value
-        if index not in stops:
-            score += sum(v for j, v in top if j != index and j not in stops and entries[j]
-                         and entries[index].startswith(entries[j]))
-        if score > best_score or (score == best_score and index < best):
-            best, best_score = index, score
-    return best
+    scores = mixed.clone()
+    for c in dict.fromkeys(candidates):
+        base = entries[c]
+        if c in stops or not base or base == SPACE or float(mixed[c]) <= floor:
+            continue
+        gain = sum(float(mixed[o]) for o in dict.fromkeys(pool)
+                   if o != c and o not in stops and entries[o].startswith(base))
+        scores[c] = float(mixed[c]) + gain
+    return int(scores.argmax())
 
 
 class Safe(DecodingMethod):
@@ -156,6 +175,7 @@ class Safe(DecodingMethod):
         super().__init__(members, params, batch_size)
         self.drafter = resolve_member(params.drafter, [m.name for m in members], "drafter")
         weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
+        self.weights = weights
         self.union = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                   cache_dir() / "union")
         self.mixture = UnionMixture(self.union, weights, [m.vocab.size for m in members])
@@ -291,15 +311,47 @@ class Safe(DecodingMethod):
             self.stats.stable += 1
             at = {v: seen[v][k][t] for v in self.verifiers}
             if all(self._agrees(v, at[v], readings[v][k], draft, t) for v in self.verifiers):
+                self.stats.unanimous += 1  # Sec. 3.2 (ii)(1)
+                continue
+            own = {u: self._own_probability(u, at.get(u, draft.seen[t]), readings, k, draft, t)
+                   for u in range(len(self.members))}
+            if sum(self.weights[u] * p for u, p in own.items()) > AVERAGE_SKIP:
+                self.stats.average += 1  # Sec. 3.2 (ii)(2), weighted as App. H
+                continue
+            if self.params.gate is not None and float(draft.seen[t].max().exp()) >= self.params.gate:
+                self.stats.gated += 1  # GaC's gate ("GaC + SAFE", Sec. 4.1)
                 continue
             self.stats.ensembled += 1
             dists = [draft.seen[t][None] if u == self.drafter else at[u][None] for u in range(len(self.members))]
-            mixed = self.mixture.full(dists)[0]  # Eq. 3 over the union vocabulary
-            chosen = sharpened_choice(mixed.cpu(), self.union.entries, self.stop_entries, self.params.sharpen)
+            chosen = self._ensemble(dists)
             if not self._is_drafters(chosen, draft, t):
                 self.stats.replaced += 1
                 return t, chosen
         return len(draft.tokens), None
+
+    def _own_probability(self, u: int, dist: torch.Tensor, readings: dict[int, list[Reading]], k: int,
+                         draft: Draft, t: int) -> float:
+        """Member ``u``'s probability of its own token of the draft at position ``t`` (at the
+        drafter's stop: of any of its stop ids)."""
+        member = self.members[u]
+        if t == len(draft.tokens):
+            return float(dist[sorted(member.stop_ids)].exp().sum())
+        if u == self.drafter:
+            return float(dist[draft.tokens[t]].exp())
+        reading = readings[u][k]
+        return float(dist[reading.ids[reading.count_to(draft.offsets[t])]].exp())
+
+    def _ensemble(self, dists: list[torch.Tensor]) -> int:
+        """The union entry chosen from the members' log-probs [1, V_u] (GaC Eq. 3, then Sec. 3.3)."""
+        mixed = self.mixture.full(dists)[0].cpu()
+        if float(mixed.max()) >= self.params.sharpen:
+            return int(mixed.argmax())
+        self.stats.sharpened += 1
+        tops = [self.union.maps[u].project(d.float().exp().cpu(), self.union.size)[0].topk(
+            min(POOL_TOP, self.union.size)).indices.tolist() for u, d in enumerate(dists)]
+        pool = [entry for top in tops for entry in top]
+        return sharpened_choice(mixed, self.union.entries, self.stop_entries, self.params.sharpen,
+                                tops[self.drafter], pool, self.params.candidate_floor)
 
     def _agrees(self, v: int, dist: torch.Tensor, reading: Reading, draft: Draft, t: int) -> bool:
         """Consensus: the verifier's top token is its own token of the draft at position ``t``."""
