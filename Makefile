@@ -14,7 +14,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install demo test test-fast bench bench-overhead bench-overhead-check clean regress baseline \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
-	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion
+	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine.
 SCALE ?= paper
@@ -66,7 +66,7 @@ baseline: install
 	$(BIN)/python scripts/store_baseline.py results/ci_regress results/baseline/ci_regress
 
 reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
-reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion: install
+reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe: install
 	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS)
 
 clean:

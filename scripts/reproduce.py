@@ -44,6 +44,12 @@ TARGETS = {
                             ("sweetspan_table8", None, [f"sweetspan_flores_{d}_4good"
                                                         for d in ("en_de", "de_en", "en_ro", "ro_en")])] + PAPER_SWEETSPAN,
                   "offline": [("sweetspan_table7", None, ["sweetspan_nq", "sweetspan_gsm8k"])]},
+    "safe": {"paper": [("safe_table2", None, [f"safe_table2_{pair}" for pair in (
+                           "internlm3_qwen25", "qwen25_exaone35", "internlm3_exaone35", "three")]),
+                       ("safe_table3", None, ["safe_table3_qwen2_llama31"]),
+                       ("safe_table4", None, ["safe_table4_internlm3_qwen25_sharpen"]),
+                       ("safe_table5", None, ["safe_table5_internlm3_qwen25_floor"]),
+                       ("safe_table6", None, ["safe_table6_internlm3_qwen25_draft_len"])]},
     "coolfusion": {"paper": [("coolfusion_table3", None, ["coolfusion_table3_cool2", "coolfusion_table3_cool3",
                                                           "coolfusion_table3_cool_align_off", "coolfusion_table3_cool_rerank",
                                                           "coolfusion_table3_rerank3"])],
@@ -65,6 +71,9 @@ def main() -> None:
     parser.add_argument("--scale", choices=("paper", "offline"), default="paper")
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    if args.scale not in TARGETS[args.target]:
+        sys.exit(f"error: {args.target} has no {args.scale} stand-in; every method on the packaged models: "
+                 "ensbench run recipes/offline/compare_all.yaml")
     folder = "offline" if args.scale == "offline" else "paper"
     for layout, block, recipes in TARGETS[args.target][args.scale]:
         runs = []

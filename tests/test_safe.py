@@ -63,7 +63,7 @@ def test_stable_positions_are_token_starts_in_every_reading():
 
 
 # ------------------------------------------------------------------ invariants
-@pytest.mark.parametrize("params", [SafeParams(), SafeParams(draft_tokens=1, sharpen=0.0, gate=0.5),
+@pytest.mark.parametrize("params", [SafeParams(), SafeParams(draft_tokens=1, sharpen=0.0, gate_threshold=0.5),
                                     SafeParams(drafter=1, draft_tokens=7, weights=[1.0, 3.0], candidate_floor=0.0)])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
@@ -239,7 +239,7 @@ def peaked_bpe_model(bpe_model):
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, peaked_bpe_model,
                                                     drafter, draft_tokens, sharpen, floor, gate, peaked):
     first = peaked_bpe_model if peaked else bpe_model
-    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor, gate=gate)
+    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor, gate_threshold=gate)
     fast = Safe(members_of(bpe_tokenizer, first, sp_tokenizer, sp_model), params, batch_size=3)
     generations = fast.generate(REQUESTS)
     if peaked:  # the comparison covers both skips beyond consensus
@@ -265,8 +265,8 @@ def test_loglikelihood_is_the_drafters(bpe_tokenizer, bpe_model, sp_tokenizer, s
 
 
 @pytest.mark.parametrize("fields", [{"draft_tokens": 0}, {"draft_tokens": 65}, {"sharpen": 1.5},
-                                    {"sharpen": -0.1}, {"window": -1}, {"gate": 0}, {"gate": 1.5},
-                                    {"gate": "0.5"}, {"candidate_floor": -0.1}, {"candidate_floor": 1.1},
+                                    {"sharpen": -0.1}, {"window": -1}, {"gate_threshold": 0}, {"gate_threshold": 1.5},
+                                    {"gate_threshold": "0.5"}, {"gate": 0.5}, {"candidate_floor": -0.1}, {"candidate_floor": 1.1},
                                     {"lambda": 0.1}, {"draft_tokens": "5"}])
 def test_bad_parameters_are_rejected(fields):
     with pytest.raises(ValidationError):

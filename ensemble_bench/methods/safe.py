@@ -10,8 +10,8 @@
    distribution check: an allowed position is skipped when (1) every verifier's most probable
    token is its own token of the draft there (unanimous consensus), or (2) the average over all
    members, drafter included (weighted, App. H), of each member's probability of its own aligned
-   token is above 1/2. With ``gate`` (GaC's rule, Sec. 4.1 "Baselines": "GaC + SAFE") a position
-   is also skipped unless the drafter's top probability is below ``gate``. The earliest position
+   token is above 1/2. With ``gate_threshold`` (GaC's rule, Sec. 4.1 "Baselines": "GaC + SAFE") a position
+   is also skipped unless the drafter's top probability is below ``gate_threshold``. The earliest position
    left is ensembled;
 3. ensemble (Sec. 3.3): the members' distributions there are averaged over the union vocabulary,
    keyed by bytes (GaC Eq. 3, vocab/mixture.py). When the average is overly smooth (its top
@@ -65,7 +65,7 @@ class SafeParams(MethodParams):
     draft_tokens: int = Field(default=5, ge=1, le=64)       # tokens drafted per cycle (Sec. 3.1, 4.2: n = 5)
     sharpen: float = Field(default=0.5, ge=0.0, le=1.0)     # sharpen when the ensemble's top probability < this (0: never)
     candidate_floor: float = Field(default=0.1, ge=0.0, le=1.0)  # Sec. 3.3 lambda: a candidate's average must exceed it
-    gate: float | None = Field(default=None, gt=0.0, le=1.0)  # GaC's gate: ensemble only if the drafter's top p < gate
+    gate_threshold: float | None = Field(default=None, gt=0.0, le=1.0)  # GaC's gate: ensemble only if the drafter's top p < gate
     weights: list[float] | None = None                      # per-member weights of the average (None: equal)
     window: int = Field(default=4, ge=0, le=64)             # look-behind tokens when the drafter takes a replaced token
 
@@ -117,7 +117,7 @@ class SafeStats:
     stable: int = 0           # positions checked for consensus (no OOV-like token before them)
     unanimous: int = 0        # skipped by Sec. 3.2 (ii)(1): every verifier's top token is its draft token
     average: int = 0          # skipped by Sec. 3.2 (ii)(2) only: the average own-token probability > 1/2
-    gated: int = 0            # skipped by ``gate`` only: the drafter's top probability is not below it
+    gated: int = 0            # skipped by ``gate_threshold`` only: the drafter's top probability is not below it
     ensembled: int = 0        # positions ensembled
     sharpened: int = 0        # ensembled positions whose average was sharpened (Sec. 3.3)
     replaced: int = 0         # ensembled positions whose choice was not the drafter's token
@@ -318,7 +318,7 @@ class Safe(DecodingMethod):
             if sum(self.weights[u] * p for u, p in own.items()) > AVERAGE_SKIP:
                 self.stats.average += 1  # Sec. 3.2 (ii)(2), weighted as App. H
                 continue
-            if self.params.gate is not None and float(draft.seen[t].max().exp()) >= self.params.gate:
+            if self.params.gate_threshold is not None and float(draft.seen[t].max().exp()) >= self.params.gate_threshold:
                 self.stats.gated += 1  # GaC's gate ("GaC + SAFE", Sec. 4.1)
                 continue
             self.stats.ensembled += 1
