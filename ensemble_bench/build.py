@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ensemble_bench.members import Member, load_member
 from ensemble_bench.members.remote import RemoteMember, connect, launch, wait_placed
-from ensemble_bench.methods import Method, get_method
+from ensemble_bench.methods import Method, MethodParams, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, validate_method
 
 
@@ -36,13 +36,17 @@ class MemberPool:
         return self._loaded[index]
 
 
+def row_params(recipe: Recipe, row: Row) -> MethodParams:
+    """The validated parameters of one planned row, defaults filled in."""
+    if row.spec is None:
+        return get_method(row.method).Params()
+    return validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1]
+
+
 def build_method(recipe: Recipe, row: Row, pool: MemberPool) -> Method:
     """The method of one planned row, over the pool's members."""
-    method_cls = get_method(row.method)
-    params = (method_cls.Params() if row.spec is None else
-              validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1])
     members = [pool.get(i) for i in row.members]
-    return method_cls(members, params, batch_size=recipe.batch_size)
+    return get_method(row.method)(members, row_params(recipe, row), batch_size=recipe.batch_size)
 
 
 def build_from_model_args(data: dict, method_name: str | None, extra: dict) -> tuple[Row, Method]:

@@ -4,6 +4,7 @@ Layout of one run::
 
     results/<recipe>/<run id>/
       recipe.yaml            the recipe as run (with its fingerprint)
+      params.json            every row's method parameters, defaults included
       tasks/                 generated lm-eval task configs
       cache/<row>.db         lm-eval's response cache: every answered request, committed at once
       <row>/                 lm-eval's own files for one row (results_*.json, samples_*.jsonl)
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ensemble_bench.build import MemberPool, build_method
+from ensemble_bench.build import MemberPool, build_method, row_params
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
@@ -39,6 +40,7 @@ from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
 from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
 
+PARAMS = "params.json"
 HUB = ("huggingface.co", 443)
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 
@@ -107,7 +109,9 @@ def inside(folder: Path, name: str) -> Path:
 
 def _runs_of(recipe: Recipe) -> list[Path]:
     """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
-    runs stay findable when the fingerprint's own definition changes."""
+    runs stay findable when the fingerprint's own definition changes. A run whose rows were
+    computed with other method parameters than this code gives the recipe (a default changed
+    since) is not this recipe's run: it is neither resumed nor reused."""
     base = Path(recipe.output) / recipe.name
     fingerprint = recipe.fingerprint()
     found = []
@@ -116,9 +120,28 @@ def _runs_of(recipe: Recipe) -> list[Path]:
             held = parse_recipe(yaml.safe_load((folder / "recipe.yaml").read_text()), str(folder))
         except (OSError, UserError, yaml.YAMLError):
             continue
-        if held.model_copy(update={"output": recipe.output}).fingerprint() == fingerprint:
+        if (held.model_copy(update={"output": recipe.output}).fingerprint() == fingerprint
+                and _same_params(folder, recipe)):
             found.append(folder)
     return found
+
+
+def resolved_params(recipe: Recipe) -> dict[str, dict]:
+    """Every row's method parameters with the defaults of this code filled in (the recipe's
+    fingerprint leaves defaults out, so that adding a field keeps old runs resumable)."""
+    return {row.label: row_params(recipe, row).model_dump(mode="json") for row in plan_rows(recipe)}
+
+
+def _same_params(folder: Path, recipe: Recipe) -> bool:
+    """Whether a run folder's rows used the parameters this code resolves; runs written before
+    PARAMS existed have none to compare and count as the same."""
+    try:
+        held = json.loads((folder / PARAMS).read_text())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return held == resolved_params(recipe)
 
 
 def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
@@ -282,6 +305,8 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     run_dir, resumed = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_recipe(run_dir, recipe)
+    if not (run_dir / PARAMS).exists():
+        atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     include_path, groups = _task_groups(recipe, run_dir)
     task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults_needed(recipe.data))
 

@@ -184,3 +184,25 @@ def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path)
            {row: samples_of(whole / row) for row in ("bpe", "sp", "gac")}
     scores = [(r / "summary.csv").read_text().split("ms/token")[0] for r in (run_dir, whole)]
     assert scores[0] == scores[1]
+
+
+def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs, tmp_path, monkeypatch):
+    """params.json holds every row's parameters with this code's defaults; when a default changes
+    (here: the stored file says GaC's retokenize was canonical), the old run is left alone."""
+    from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.runner import PARAMS, _run_dir, finished_run
+
+    recipe_path = tmp_path / "tiny.yaml"
+    recipe_path.write_text(recipe_text(tiny_dirs, tmp_path / "results"))
+    assert run(monkeypatch, "run", str(recipe_path)) == 0
+    [run_dir] = (tmp_path / "results" / "tiny-run").iterdir()
+    recipe = load_recipe(recipe_path)
+    stored = json.loads((run_dir / PARAMS).read_text())
+    assert stored["gac"]["retokenize"] == "local" and stored["gac"]["threshold"] == 0.6 and stored["bpe"] == {}
+    assert finished_run(recipe) == run_dir
+
+    stored["gac"]["retokenize"] = "canonical"
+    (run_dir / PARAMS).write_text(json.dumps(stored))
+    assert finished_run(recipe) is None
+    (run_dir / "summary.md").unlink()  # unfinished now: still not resumed
+    assert _run_dir(recipe, fresh=False)[1] is False
