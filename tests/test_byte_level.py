@@ -1,5 +1,6 @@
 """Byte-level exact ensembling: hand-checked covering trees, identity, batch invariance, fast == a
-naive reference that re-tokenises every prefix and re-runs every forward, parameters, Ray."""
+naive reference that re-tokenises every prefix and re-runs every forward (generation and byte-by-byte
+scoring), parameters, Ray."""
 
 import logging
 import math
@@ -149,14 +150,92 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
 
 
 # ------------------------------------------------------------------ scoring, parameters
-def test_loglikelihood_is_the_weighted_average_of_sequence_probabilities(bpe_tokenizer, bpe_model, sp_tokenizer,
-                                                                         sp_model):
-    a, b = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
-    request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
-    la = a.score([a.encode_pair(request.prompt.text, request.continuation)])[0].logprob
-    lb = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
-    [score] = ByteLevel([a, b], ByteLevelParams(weights=[1.0, 3.0])).loglikelihood([request])
-    assert score.logprob == pytest.approx(math.log((math.exp(la) + 3 * math.exp(lb)) / 4), abs=1e-5)
+def naive_byte_score(members, models, context, continuation, weights):
+    """log q(continuation | context) and is_greedy: for every byte, every member's M(. | x) from
+    scratch (naive_next_byte), the weighted average, the forced byte's log-probability."""
+    tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
+        lambda t, m=m: m.encode(t, add_special_tokens=False))) for m in members]
+    spaces = len(context) - len(context.rstrip())
+    context, forced = context[:len(context) - spaces], (context[len(context) - spaces:] + continuation).encode()
+    prompts = [m.encode(context) if context else [m.prefix_token_id] for m in members]
+    total, greedy = 0.0, True
+    for i, byte in enumerate(forced):
+        dists = [naive_next_byte(m, model, p, tail, forced[:i])
+                 for m, model, p, tail in zip(members, models, prompts, tails)]
+        mixed = [sum(w * d[b] for w, d in zip(weights, dists)) / sum(weights) for b in range(257)]
+        total += math.log(mixed[byte] or 1e-300)  # zero: a byte token inside a character (no branch opens)
+        greedy = greedy and max(range(257), key=lambda b: (mixed[b], -b)) == byte
+    return total, greedy
+
+
+SCORED = [LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42"),
+          LoglikelihoodRequest(Prompt(text=CORPUS[0][:23]), CORPUS[0][23:41]),
+          LoglikelihoodRequest(Prompt(text="Caf\u00e9 "), "cr\u00e8me br\u00fbl\u00e9e"),  # moved space, 2-byte chars
+          LoglikelihoodRequest(Prompt(text=CORPUS[1][:15].rstrip()), ""),
+          LoglikelihoodRequest(Prompt(text=""), CORPUS[2][:9])]
+
+
+@pytest.mark.parametrize("order,weights", [((0, 1), [1.0, 1.0]), ((1, 0), [1.0, 3.0]), ((1,), [1.0])])
+def test_loglikelihood_byte_by_byte_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, order,
+                                                          weights):
+    both = [(bpe_tokenizer, bpe_model), (sp_tokenizer, sp_model)]
+    chosen = [both[i] for i in order]
+    members = [LocalMember(model, tok, f"m{i}") for i, (tok, model) in enumerate(chosen)]
+    fast = ByteLevel(members, ByteLevelParams(weights=weights), batch_size=3).loglikelihood(SCORED)
+    for request, score in zip(SCORED, fast):
+        logprob, greedy = naive_byte_score(members, [model for _, model in chosen], request.prompt.text,
+                                           request.continuation, weights)
+        assert score.logprob == pytest.approx(logprob, abs=2e-4)
+        assert score.is_greedy == greedy
+    assert fast[3].logprob == 0.0 and fast[3].is_greedy
+    assert fast[2].logprob < -600  # these tiny vocabularies split e-grave into byte tokens: q = 0 there
+
+
+def test_loglikelihood_batch_invariance_and_member_with_itself(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
+                                                               same_model):
+    def run(batch_size):
+        members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+        return ByteLevel(members, ByteLevelParams(weights=[2.0, 1.0]), batch_size=batch_size).loglikelihood(SCORED)
+    one, two, five = run(1), run(2), run(5)
+    for a, b, c in zip(one, two, five):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) == pytest.approx(c.logprob, abs=1e-5)
+        assert a.is_greedy == b.is_greedy == c.is_greedy
+    alone = ByteLevel([same_model("solo")], ByteLevelParams(), batch_size=2).loglikelihood(SCORED)
+    doubled = ByteLevel([same_model("a"), same_model("b")], ByteLevelParams(weights=[1.0, 4.0]),
+                        batch_size=2).loglikelihood(SCORED)
+    assert [s.is_greedy for s in doubled] == [s.is_greedy for s in alone]
+    assert [s.logprob for s in doubled] == pytest.approx([s.logprob for s in alone], abs=1e-5)
+
+
+def test_is_greedy_when_the_continuation_is_the_greedy_generation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    method = ByteLevel(pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), ByteLevelParams(weights=[1.0, 2.0]))
+    prompt = Prompt(text="Question: 12 plus 30?\nAnswer:")
+    [generation] = method.generate([GenerationRequest(prompt, (), 4)])
+    text = generation.text
+    assert text
+    greedy, other = method.loglikelihood([LoglikelihoodRequest(prompt, text),
+                                          LoglikelihoodRequest(prompt, text[:-1] + ("b" if text[-1] != "b" else "c"))])
+    assert greedy.is_greedy and not other.is_greedy
+    assert greedy.logprob > other.logprob
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_single_member_score_is_its_exact_byte_level_probability(bpe_tokenizer, bpe_model, batch_size):
+    """One member: the product of its next-byte conditionals, i.e. the ratio of its byte-level
+    probabilities of context + continuation prefixes (each a normalised covering-tree mass)."""
+    member = LocalMember(bpe_model, bpe_tokenizer, "a")
+    tail = CanonicalTail.from_view(member.vocab, continuation_encoder(
+        lambda t: member.encode(t, add_special_tokens=False)))
+    request = SCORED[1]
+    forced = request.continuation.encode()
+    prompt = member.encode(request.prompt.text)
+    probs = [naive_next_byte(member, bpe_model, prompt, tail, forced[:i])[byte] for i, byte in enumerate(forced)]
+    whole = ByteLevel([member], ByteLevelParams(), batch_size=batch_size).loglikelihood([request])[0].logprob
+    halves = ByteLevel([member], ByteLevelParams(), batch_size=batch_size).loglikelihood(
+        [request, LoglikelihoodRequest(request.prompt, request.continuation[:7])])
+    assert whole == pytest.approx(sum(math.log(p) for p in probs), abs=2e-4)
+    # log P(cont[:7] | ctx) is the first part of the sum: the chain rule holds byte by byte
+    assert halves[1].logprob == pytest.approx(sum(math.log(p) for p in probs[:7]), abs=2e-4)
 
 
 @pytest.mark.parametrize("fields", [{"weights": []}, {"main": 1.5}, {"extra": 1}, {"weights": "equal"}])

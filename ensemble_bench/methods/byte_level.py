@@ -23,8 +23,15 @@ canonical tokens of the generated text; ``main`` also renders the text (Sentence
 space). A single member is allowed: it is that member's greedy byte-level decoding, and a member
 ensembled with itself equals it.
 
-Log-likelihood (multiple choice): the weighted average of the members' own sequence probabilities
-(each with its own tokenisation), as GaC scores.
+Log-likelihood (multiple choice) scores under the same byte-level ensemble, teacher-forced through
+the same loop: log P(continuation | context) = sum_i log q(b_i | context + continuation[:i]), with q
+the weighted average above. Each member is prefilled on the context as generation starts from a
+prompt; for each continuation byte every member's next-byte distribution is read (step 1), log q of
+the forced byte is added (step 2), and every member takes the forced byte (step 3, ``feed``).
+``is_greedy``: the forced byte is q's argmax (same tie rule) at every byte. lm-eval's split moves the
+context's trailing whitespace into the continuation (when every member's rendered context ends with
+the same whitespace). One forward per member per continuation byte. ``loglikelihood_rolling``
+(perplexity) still averages the members' own whole-text probabilities.
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (GenerationRequest, LoglikelihoodRequest, MethodParams, normalised_weights,
-                                         resolve_member, rolling_with_members, score_with_members)
+from ensemble_bench.methods.base import (GenerationRequest, LoglikelihoodRequest, MethodParams, Timing,
+                                         normalised_weights, resolve_member, rolling_with_members)
 from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.methods.decode import (STOP, Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
+                                           in_batches)
+from ensemble_bench.methods.stopping import StopRule
 from ensemble_bench.vocab.covering import END, Branch, SortedVocab, branch_at, next_byte_distribution
 from ensemble_bench.vocab.retokenize import CanonicalTail, Plan, continuation_encoder
 
@@ -67,6 +76,15 @@ class ByteState(RequestState):
     prompt: list[list[int]] = field(default_factory=list)  # each member's prompt ids
     trees: list[Tree] = field(default_factory=list)
     budget_tokens: int = 0  # the main member's most canonical tokens so far
+
+
+@dataclass
+class ByteScoringState(ByteState):
+    """A continuation being scored byte by byte: its bytes, and the log-probability and greedy flag so far."""
+
+    forced: bytes = b""
+    total: float = 0.0
+    greedy: bool = True
 
 
 @dataclass
@@ -144,6 +162,10 @@ class ByteLevel(DecodingMethod):
         byte = int(self.mixed(state).argmax())
         if byte == END:
             return STOP
+        return self._plan(state, byte)
+
+    def _plan(self, state: ByteState, byte: int) -> Advance:
+        """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
         for tail, tree in zip(self.tails, state.trees):
             tree.plan = tail.plan(tree.held, tree.pending, bytes([byte]))
         main = state.trees[self.main].plan
@@ -190,10 +212,64 @@ class ByteLevel(DecodingMethod):
         return [math.log(sum(w * math.exp(lp) for w, lp in zip(self.weights, values)) or 1e-300)
                 for values in zip(*per_member)]
 
+    def _split(self, request: LoglikelihoodRequest) -> tuple[list[list[int]], bytes]:
+        """Each member's context ids (lm-eval's split: trailing whitespace moves to the continuation
+        when every member's rendered context ends with the same whitespace) and the forced bytes."""
+        texts = [m.render_text(request.prompt) for m in self.members]
+        moved = {t[len(t.rstrip()):] for t in texts}
+        cut = len(moved.pop()) if len(moved) == 1 else 0
+        contexts = [m.encode(t[:len(t) - cut]) if t[:len(t) - cut] else [] for m, t in zip(self.members, texts)]
+        contexts = [ids or [m.prefix_token_id] for m, ids in zip(self.members, contexts)]
+        forced = (texts[0][len(texts[0]) - cut:] + request.continuation).encode()
+        return contexts, forced
+
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
-        per_member = score_with_members(self.members, requests, self.batch_size)
-        combined = self._combine([[s.logprob for s in scores] for scores in per_member])
-        return [Score(lp, all(scores[k].is_greedy for scores in per_member)) for k, lp in enumerate(combined)]
+        """log q(continuation | context), byte by byte (module docstring); batches longest first."""
+        splits = [self._split(r) for r in requests]
+        lengths = [max(len(c) for c in contexts) + len(forced) for contexts, forced in splits]
+        return in_batches(lengths, self.batch_size, lambda batch: self._score_batch([splits[i] for i in batch]))
+
+    def _score_batch(self, splits: list[tuple[list[list[int]], bytes]]) -> list[Score]:
+        """The loop, teacher-forced; an empty continuation scores 0 and stays out of it."""
+        live = [k for k, (_, forced) in enumerate(splits) if forced]
+        states = [ByteScoringState(StopRule((), len(splits[k][1])), forced=splits[k][1]) for k in live]
+        if states:
+            prompts = [[splits[k][0][i] for k in live] for i in range(len(self.members))]
+            decode_batch(ByteTeacherForced(self), prompts, states, Timing())
+        scores = [Score(0.0, True) for _ in splits]
+        for k, state in zip(live, states):
+            scores[k] = Score(state.total, state.greedy)
+        return scores
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
+
+
+class ByteTeacherForced(Steps):
+    """The byte-level step with the continuation's next byte as the choice: it scores log q of that
+    byte (and whether it is q's argmax); every member then takes it through ``ByteLevel.feed``. The
+    budget is the continuation's bytes, one per round."""
+
+    def __init__(self, method: ByteLevel):
+        self.method = method
+        self.members = method.members
+
+    @property
+    def writer(self) -> int:
+        return self.method.main
+
+    def choose(self, dists: list[torch.Tensor], states: list[ByteScoringState]) -> Round:
+        if not states[0].trees:
+            self.method._begin(dists, states)
+        advances = []
+        for state in states:
+            self.method.stats.add(state.trees)
+            mixed = self.method.mixed(state)
+            byte = state.forced[state.count]
+            state.total += math.log(float(mixed[byte]) or 1e-300)
+            state.greedy = state.greedy and int(mixed.argmax()) == byte
+            advances.append(Advance(self.method._plan(state, byte).data, None, 1))  # one byte of the budget
+        return Round(advances, dists)
+
+    def feed(self, dists, states: list[ByteScoringState], advances: list[Advance]) -> list[torch.Tensor]:
+        return self.method.feed(dists, states, advances)
