@@ -480,6 +480,12 @@ POINTS = {  # where the run is interrupted
 }
 
 
+def default_sigint():
+    """In the child: Ctrl-C's default action, also when pytest itself was started in the background
+    of a shell without job control (which starts it with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_dirs, tmp_path_factory):
     """The files of an uninterrupted run of the interrupt tests' recipe."""
@@ -503,7 +509,8 @@ def test_an_interrupted_run_resumes_to_identical_files(sig, point, tiny_dirs, un
         folder.mkdir()
         recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=8))
         command = [sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe)]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=default_sigint)
         wait_for(lambda: POINTS[point](folder / "results" / "tiny-faults"), process)
         process.send_signal(sig)
         stderr = process.communicate(timeout=60)[1]
