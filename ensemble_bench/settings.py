@@ -1,0 +1,105 @@
+"""Every environment variable ensbench reads, read and checked here.
+
+A bad value is one line naming the variable and what it allows (``UserError``, exit 2). An empty
+value counts as unset. Paths have ``~`` and ``$VAR`` expanded; one naming a variable that is not set
+is refused rather than becoming a literal ``$VAR`` folder. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ensemble_bench.errors import EnvironmentFault, UserError
+
+CACHE = "ENSBENCH_CACHE"                    # where models, data and derived caches are kept
+THREADS = "ENSBENCH_THREADS"                # default of `ensbench run --threads`
+BBH_DIR = "ENSBENCH_BBH_DIR"                # a folder of BIG-Bench-Hard <task>.json files
+ALLOW_CODE_EXECUTION = "ENSBENCH_ALLOW_CODE_EXECUTION"            # set by the runner from the recipe
+ALLOW_UNISOLATED_EXECUTION = "ENSBENCH_ALLOW_UNISOLATED_EXECUTION"  # set by the runner from the recipe
+HUB_OFFLINE = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")        # the Hugging Face libraries' own switches
+DEFAULT_CACHE = Path("~/.cache/ensbench")
+YES, NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_UNEXPANDED = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def raw(name: str) -> str | None:
+    """The variable's value without surrounding blanks; None when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def expand_path(text: str, name: str) -> Path:
+    """``text`` with ``~`` and ``$VAR`` expanded; UserError naming ``name`` if something stays unexpanded."""
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    left = _UNEXPANDED.search(expanded)
+    if left:
+        raise UserError(f"{name}={text}: ${left.group(1).strip('{}')} is not set: set it or give a plain path")
+    if expanded.startswith("~"):
+        raise UserError(f"{name}={text}: no such user's home folder: give a plain path")
+    return Path(expanded)
+
+
+def threads() -> int:
+    """``$ENSBENCH_THREADS``: torch CPU threads, 0 (the default) leaves torch's own choice."""
+    value = raw(THREADS)
+    if value is None:
+        return 0
+    if not value.isdecimal():
+        raise UserError(f"{THREADS}={value!r}: must be a non-negative integer (0 or unset: torch's default)")
+    return int(value)
+
+
+def flag(name: str) -> bool:
+    """A yes/no variable: 1/true/yes/on, or 0/false/no/off (unset: no)."""
+    value = raw(name)
+    if value is None or value.lower() in NO:
+        return False
+    if value.lower() in YES:
+        return True
+    raise UserError(f"{name}={value!r}: must be 1 (or true/yes/on) or 0 (or false/no/off, or unset)")
+
+
+def hub_offline() -> str | None:
+    """The first of HF_DATASETS_OFFLINE / HF_HUB_OFFLINE that is switched on, or None. Read leniently
+    (an unknown value counts as off), as the Hugging Face libraries read them."""
+    return next((name for name in HUB_OFFLINE if (raw(name) or "").lower() in YES), None)
+
+
+def bbh_dir() -> Path | None:
+    """``$ENSBENCH_BBH_DIR`` expanded, None when unset; UserError when it is set but not a folder."""
+    value = raw(BBH_DIR)
+    if value is None:
+        return None
+    folder = expand_path(value, BBH_DIR)
+    if not folder.is_dir():
+        raise UserError(f"{BBH_DIR}={value}: not a folder (it must hold BIG-Bench-Hard <task>.json files)")
+    return folder
+
+
+def cache_root() -> Path:
+    """``$ENSBENCH_CACHE`` (default ``~/.cache/ensbench``), expanded and created if missing.
+
+    UserError when the variable names a file (or a path through one); EnvironmentFault when the
+    folder cannot be created for another reason (read-only disk, no permission)."""
+    value = raw(CACHE)
+    root = expand_path(value, CACHE) if value else DEFAULT_CACHE.expanduser()
+    shown = f"{CACHE}={value}" if value else f"the cache folder {root} (set {CACHE} to use another)"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(f"{shown}: is a file, or a path through a file: {CACHE} must name a folder") from None
+    except OSError as err:
+        raise EnvironmentFault(f"{shown}: cannot create it ({err.strerror or err}): "
+                               f"set {CACHE} to a writable folder") from None
+    return root
+
+
+def check_environment() -> None:
+    """Read every variable once, so that a bad value stops a command before anything is loaded."""
+    threads()
+    cache_root()
+    bbh_dir()
+    flag(ALLOW_CODE_EXECUTION)
+    flag(ALLOW_UNISOLATED_EXECUTION)
