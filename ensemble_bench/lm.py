@@ -21,9 +21,11 @@ from ensemble_bench.build import build_from_model_args
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method
+from ensemble_bench.methods.base import NonFiniteScore, check_finite
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
+ENSEMBLE, COMBINING = "the ensemble", "combining its members' scores"  # who and when, in NonFiniteScore
 log = logging.getLogger(__name__)
 
 
@@ -88,10 +90,15 @@ class EnsembleLM(LM):
 
     # --- requests -------------------------------------------------------------------------------
     def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
-        """Answer requests in chunks (longest first), caching each answer as soon as it exists."""
+        """Answer requests in chunks (longest first), caching each answer as soon as it exists.
+        A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
         for chunk in self._chunks(requests):
-            for i, answer in zip(chunk, call([convert(requests[i].args) for i in chunk])):
+            try:
+                computed = call([convert(requests[i].args) for i in chunk])
+            except NonFiniteScore as err:
+                raise _located(err, requests, chunk) from None
+            for i, answer in zip(chunk, computed):
                 answers[i] = answer
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
                 self.requests_computed += 1
@@ -132,13 +139,37 @@ class EnsembleLM(LM):
             return LoglikelihoodRequest(to_prompt(context), continuation)
 
         def call(batch):
-            return [(s.logprob, s.is_greedy) for s in self.method.loglikelihood(batch)]
+            scores = self.method.loglikelihood(batch)
+            check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in batch],
+                         [r.continuation for r in batch])
+            return [(s.logprob, s.is_greedy) for s in scores]
 
         return self._run_in_chunks("loglikelihood", requests, convert, call)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0],
-                                   self.method.loglikelihood_rolling)
+        def call(texts):
+            totals = self.method.loglikelihood_rolling(texts)
+            check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
+            return totals
+
+        return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
+
+
+def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
+    """The fault naming lm-eval's request (its position, task and document) when its prompt and
+    continuation single one out of the chunk, else as raised."""
+    def matches(i: int) -> bool:
+        args = requests[i].args
+        same_continuation = err.continuation is None or (len(args) > 1 and args[1] == err.continuation)
+        return err.prompt is not None and to_prompt(args[0]) == err.prompt and same_continuation
+
+    found = [i for i in chunk if matches(i)] or (chunk if len(chunk) == 1 else [])
+    if not found:
+        return err
+    request = requests[found[0]]
+    task = getattr(request, "task_name", None)
+    document = f" ({task}, document {request.doc_id})" if task is not None else ""
+    return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
 
 
 # --- one registered lm-eval model per method (the class name is its "module:Class" target) -----------

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ensemble_bench.errors import UserError
 from ensemble_bench.vocab import VocabView
 
 
@@ -70,6 +71,7 @@ class Tokenizing(ABC):
     max_length: int
     prefix_token_id: int  # conditions a continuation whose context is empty (BOS, else EOS)
     uses_chat_template: bool  # render applies the tokenizer's chat template to chat prompts
+    contexts_truncated: int = 0  # requests cut from the left to fit ``max_length`` (fit_pairs, fit_prompt)
 
     @abstractmethod
     def render_text(self, prompt: Prompt) -> str:
@@ -113,15 +115,67 @@ class Tokenizing(ABC):
     def rolling_pairs(self, text: str) -> list[tuple[list[int], list[int]]]:
         """Disjoint windows covering every token of ``text`` (perplexity tasks).
 
-        Each window predicts up to ``max_length`` tokens given everything before them (the
-        first given the prefix token); ``score`` keeps the last ``max_length`` inputs.
+        Each window predicts up to ``max_length`` tokens given the tokens before it that fit in
+        the window beside it (the first window given the prefix token), as lm-eval's HFLM does;
+        the pairs fit the window already, so they count as no truncation.
         """
         ids = self.encode(text)
         pairs = []
         for start in range(0, len(ids), self.max_length):
+            window = ids[start:start + self.max_length]
             context = [self.prefix_token_id] + ids[:start]
-            pairs.append((context, ids[start:start + self.max_length]))
+            pairs.append((last(context, self.max_length + 1 - len(window)), window))
         return pairs
+
+    def fit_pairs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[list[int], list[int]]]:
+        """Each (context, continuation) cut from the left to the window (``fit_pair``); every pair
+        cut adds one to ``contexts_truncated``."""
+        fitted = []
+        for context, continuation in pairs:
+            context, continuation, cut = self.fit_pair(context, continuation)
+            self.contexts_truncated += cut
+            fitted.append((context, continuation))
+        return fitted
+
+    def fit_pair(self, context: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], list[int], bool]:
+        """One pair fitted to the window (``fit_window``), and whether it was cut."""
+        return fit_window(context, continuation, self.max_length)
+
+    def fit_prompt(self, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """The last ``max_length - max_new_tokens`` prompt tokens, as lm-eval's HFLM keeps for
+        generation (so the prompt and every new token fit the window); a cut prompt adds one to
+        ``contexts_truncated``. A budget that leaves no room for the prompt is refused, as HFLM does."""
+        room = self.max_length - max_new_tokens
+        if room <= 0:
+            raise no_room(self, max_new_tokens)
+        self.contexts_truncated += len(ids) > room
+        return last(ids, room)
+
+
+def no_room(member: Tokenizing, new_tokens: int) -> UserError:
+    """A request whose new tokens alone fill the member's window (lm-eval's HFLM refuses it too)."""
+    return UserError(f"member '{member.name}' has a window of {member.max_length} tokens: a request needing "
+                     f"{new_tokens} new tokens (max_gen_toks, or a continuation scored token by token) leaves "
+                     "no room for its prompt; lower max_gen_toks or use a member with a longer context")
+
+
+def last(ids: Sequence[int], count: int) -> list[int]:
+    """The last ``count`` ids (none when ``count`` <= 0, unlike ``ids[-0:]``)."""
+    return list(ids[len(ids) - count:]) if count > 0 else []
+
+
+def fit_window(context: Sequence[int], continuation: Sequence[int], max_length: int) -> tuple[list[int], list[int], bool]:
+    """(context, continuation, whether it was cut) fitting a window of ``max_length`` inputs, as
+    lm-eval's HFLM fits a causal LM's input: ``context + continuation`` keep their last
+    ``max_length + 1`` tokens (the last one is only predicted), so the context loses tokens from
+    its left and the continuation is scored whole. A continuation longer than ``max_length``
+    keeps its last ``max_length`` tokens, after the one token before them (HFLM itself fails there).
+    """
+    if len(context) + len(continuation) <= max_length + 1:
+        return list(context), list(continuation), False
+    window = last(list(context) + list(continuation), max_length + 1)
+    kept = min(len(continuation), max_length)
+    return window[:len(window) - kept], window[len(window) - kept:], True
 
 
 class Stepping(ABC):

@@ -36,9 +36,15 @@ def stop_ids_of(tokenizer, generation_config, vocab) -> frozenset[int]:
     return frozenset(i for i in ids if 0 <= i < vocab.size)
 
 
+WINDOW_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx", "max_seq_len", "seq_length",
+                 "max_sequence_length")  # lm-eval's HFLM reads the first three, in this order
+
+
 def max_length_of(config, tokenizer) -> int:
+    """A model's window in tokens: its config's position limit, else the tokenizer's
+    ``model_max_length``, else 2048 (lm-eval HFLM's rule, with more config spellings)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+    for attr in WINDOW_FIELDS:
         value = getattr(text_config, attr, None)
         if value:
             return int(value)
@@ -189,9 +195,11 @@ class LocalMember(TokenizerSide, Member):
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Sum of continuation log-probs and greedy flag, as lm-eval's HFLM defines them.
 
-        The input is ``(context + continuation)[-(max_length + 1):][:-1]``; rows are left padded
-        and only the last ``len(continuation)`` positions go through the output head.
+        Pairs are cut to the window first (``fit_pairs``: the input is ``(context +
+        continuation)[-(max_length + 1):][:-1]``); rows are left padded and only the last
+        ``len(continuation)`` positions go through the output head.
         """
+        pairs = self.fit_pairs(pairs)
         results: list[Score | None] = [None] * len(pairs)
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         for start in range(0, len(order), batch_size):
@@ -201,7 +209,7 @@ class LocalMember(TokenizerSide, Member):
         return results
 
     def _score_chunk(self, pairs) -> list[Score]:
-        inputs = [(list(ctx) + list(cont))[-(self.max_length + 1):][:-1] for ctx, cont in pairs]
+        inputs = [(ctx + cont)[:-1] for ctx, cont in pairs]
         keep = max(len(cont) for _, cont in pairs)
         ids, mask = _left_padded(inputs, self.pad_id)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)

@@ -13,7 +13,9 @@ interface in the driver by forwarding calls. What crosses the wire:
   NaN rows that ``crop`` leaves. An ``extend`` that gives no row a token makes no call;
 - ``crop`` and ``keep`` are sent without waiting (an actor runs its calls in order); their
   errors are checked here first and any remote error surfaces at the next call that waits;
-- ``score`` sends token id pairs and gets (log-prob, greedy) pairs back.
+- ``score`` sends token id pairs, already cut to the window, and gets (log-prob, greedy) pairs
+  back. Every cut to the window (``fit_pairs``, ``fit_prompt``) happens in the driver, so the
+  driver's ``contexts_truncated`` counts them all.
 
 Methods read whole distributions (GaC projects every id onto the union vocabulary, DeePEn
 every valid id, UniTE's alignment and the span methods look up arbitrary ids), so the rows are
@@ -331,7 +333,9 @@ class RemoteMember(TokenizerSide, Member):
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
-        plain = [(self._plain([ctx])[0], self._plain([cont])[0]) for ctx, cont in pairs]
+        """Pairs are fitted to the window here, so ``contexts_truncated`` counts them in the driver
+        (the actor's member then has nothing to cut)."""
+        plain = [(self._plain([ctx])[0], self._plain([cont])[0]) for ctx, cont in self.fit_pairs(pairs)]
         return self._wait(self.actor.score.remote(plain, batch_size))
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 
 from ensemble_bench.members import kv
-from ensemble_bench.members.base import ForwardClock, Member, Prompt, Score, flatten_messages
+from ensemble_bench.members.base import (ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last,
+                                         no_room)
 from ensemble_bench.members.local import max_length_of, stop_ids_of
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
@@ -200,11 +201,34 @@ class Seq2SeqMember(TokenizerSide, Member):
         return self.source_row(context), self.encode(continuation, add_special_tokens=False)
 
     def rolling_pairs(self, text: str) -> list[tuple[list[int], list[int]]]:
-        """Windows of the text as decoder output over an empty source (perplexity tasks)."""
+        """Windows of the text as decoder output over an empty source (perplexity tasks); each
+        window follows the start token and the text before it that fits the decoder's window."""
         ids = self.encode(text, add_special_tokens=False)
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        return [(eos + [SOURCE_END, self.start_id] + ids[:start], ids[start:start + self.max_length])
-                for start in range(0, len(ids), self.max_length)]
+        pairs = []
+        for start in range(0, len(ids), self.max_length):
+            window = ids[start:start + self.max_length]
+            before = last(ids[:start], self.max_length - len(window))
+            pairs.append((eos + [SOURCE_END, self.start_id] + before, window))
+        return pairs
+
+    def fit_pair(self, context: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], list[int], bool]:
+        """The encoder input keeps its last ``max_length`` tokens (lm-eval's HFLM gives a seq2seq
+        encoder the whole window); the decoder prefix and continuation fit it as a causal LM's
+        context and continuation do (``fit_window``)."""
+        source, decoder = split_row(context, self.start_id)
+        decoder, continuation, decoder_cut = fit_window(decoder, continuation, self.max_length)
+        return last(source, self.max_length) + [SOURCE_END] + decoder, continuation, \
+            decoder_cut or len(source) > self.max_length
+
+    def fit_prompt(self, ids: Sequence[int], max_new_tokens: int) -> list[int]:
+        """The encoder input cut to its last ``max_length`` tokens; the decoder prefix and the new
+        tokens must fit the window."""
+        source, decoder = split_row(ids, self.start_id)
+        if len(decoder) + max_new_tokens > self.max_length:
+            raise no_room(self, max_new_tokens)
+        self.contexts_truncated += len(source) > self.max_length
+        return last(source, self.max_length) + [SOURCE_END] + decoder
 
     # --- batched, KV-cached stepping --------------------------------------------------------
     def _reset(self, rows: int) -> None:
@@ -331,6 +355,7 @@ class Seq2SeqMember(TokenizerSide, Member):
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Sum of the continuation's log-probs given the row's source and decoder prefix, and whether
         greedy decoding yields it; batched without a cache (right padding)."""
+        pairs = self.fit_pairs(pairs)
         results: list[Score] = []
         for start in range(0, len(pairs), batch_size):
             results.extend(self._score_chunk(pairs[start:start + batch_size]))

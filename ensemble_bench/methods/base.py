@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
 from ensemble_bench.methods.concurrent import each
 
 
@@ -83,12 +84,65 @@ class Timing:
         }
 
 
+NON_FINITE_CAUSES = ("a NaN or infinite score is never counted; the usual causes are NaN or infinite weights "
+                     "(the model's, or the method's) or an fp16 overflow: try dtype: float32 or bfloat16")
+
+
+class NonFiniteScore(UserError):
+    """A NaN or infinite log-likelihood or probability reached the scorer: the row stops with one
+    line naming who gave it, the request and the step (exit 2), and no score is kept.
+
+    ``row`` (set by the decoding loop: the request's row in its batch), ``prompt`` and
+    ``continuation`` let the callers up the stack name the request better (``with_``): the loop
+    knows only rows, the method its requests, lm.py the benchmark's document.
+    """
+
+    def __init__(self, who: str, value: float, step: str, excerpt: str, *, row: int | None = None,
+                 prompt: Prompt | None = None, continuation: str | None = None, where: str = ""):
+        self.parts = {"who": who, "value": value, "step": step, "excerpt": excerpt, "row": row, "prompt": prompt,
+                      "continuation": continuation, "where": where}
+        self.row, self.prompt, self.continuation = row, prompt, continuation
+        super().__init__(f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; "
+                         f"{NON_FINITE_CAUSES}")
+
+    def with_(self, **changes) -> NonFiniteScore:
+        """The same fault with some parts replaced (a better name for the request)."""
+        return NonFiniteScore(**{**self.parts, **changes})
+
+
+def excerpt(text: str, width: int = 40, end: bool = False) -> str:
+    """A short quote of a text: its first (or, ``end``, its last) ``width`` characters."""
+    if len(text) <= width:
+        return repr(text)
+    return repr("..." + text[-width:]) if end else repr(text[:width] + "...")
+
+
+def request_excerpt(prompt: Prompt, continuation: str | None = None) -> str:
+    """How a fault names a request: the end of its context, the start of its continuation."""
+    context = flatten_messages(prompt.messages) if prompt.is_chat else prompt.text
+    shown = f"context {excerpt(context, end=True)}"
+    return shown if continuation is None else f"{shown}, continuation {excerpt(continuation)}"
+
+
+def check_finite(values: Sequence[float], who: str, step: str, prompts: Sequence[Prompt],
+                 continuations: Sequence[str | None]) -> None:
+    """NonFiniteScore for the first value that is NaN or infinite (one ``isfinite`` per value,
+    over floats already on the host)."""
+    bad = next((k for k, value in enumerate(values) if not math.isfinite(value)), None)
+    if bad is not None:
+        raise NonFiniteScore(who, values[bad], step, request_excerpt(prompts[bad], continuations[bad]),
+                             prompt=prompts[bad], continuation=continuations[bad])
+
+
 def continuation_scores(member: Member, requests: Sequence[LoglikelihoodRequest],
                         batch_size: int) -> tuple[list[Score], list[int]]:
     """One member's score of each continuation (its own chat template and tokenisation, lm-eval's
-    split) and the continuation's length in its tokens."""
+    split) and the continuation's length in its tokens; NonFiniteScore if one is NaN or infinite."""
     pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
-    return (member.score(pairs, batch_size=batch_size) if pairs else []), [len(cont) for _, cont in pairs]
+    scores = member.score(pairs, batch_size=batch_size) if pairs else []
+    check_finite([s.logprob for s in scores], f"member '{member.name}'", "scoring a continuation",
+                 [r.prompt for r in requests], [r.continuation for r in requests])
+    return scores, [len(cont) for _, cont in pairs]
 
 
 def score_with_members(members: Sequence[Member], requests: Sequence[LoglikelihoodRequest],
@@ -98,9 +152,15 @@ def score_with_members(members: Sequence[Member], requests: Sequence[Loglikeliho
 
 
 def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_size: int) -> list[list[float]]:
-    """Every member's total log-likelihood of every whole text (perplexity tasks): ``[member][text]``."""
-    return each(members, lambda m: [sum(s.logprob for s in m.score(m.rolling_pairs(t), batch_size=batch_size))
-                                    for t in texts])
+    """Every member's total log-likelihood of every whole text (perplexity tasks): ``[member][text]``;
+    NonFiniteScore if one is NaN or infinite."""
+    def totals(member: Member) -> list[float]:
+        values = [sum(s.logprob for s in member.score(member.rolling_pairs(t), batch_size=batch_size)) for t in texts]
+        check_finite(values, f"member '{member.name}'", "scoring a whole text", [Prompt(text=t) for t in texts],
+                     [None] * len(texts))
+        return values
+
+    return each(members, totals)
 
 
 def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> int:
@@ -118,8 +178,8 @@ def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
     """Explicit per-member weights, checked and scaled to sum to 1."""
     if len(weights) != count:
         raise UserError(f"method.weights: expected {count} values (one per member), got {len(weights)}")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UserError(f"method.weights: weights must be >= 0 with a positive sum, got {list(weights)}")
+    if not all(math.isfinite(w) for w in weights) or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise UserError(f"method.weights: weights must be finite, >= 0, with a positive sum, got {list(weights)}")
     return [w / sum(weights) for w in weights]
 
 
@@ -140,6 +200,7 @@ class Method(ABC):
         self.params = params
         self.batch_size = batch_size
         self.timing = Timing()
+        self._truncated_before = [m.contexts_truncated for m in self.members]  # members serve several rows
 
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -154,6 +215,8 @@ class Method(ABC):
         """Total log-likelihood of each whole text (perplexity tasks)."""
 
     def info(self) -> dict:
-        """Hyper-parameters and timing, for the results file."""
+        """Hyper-parameters, timing and, per member, the requests of this method cut from the left
+        to fit the member's window, for the results file."""
+        truncated = {m.name: m.contexts_truncated - before for m, before in zip(self.members, self._truncated_before)}
         return {"method": self.name, "params": self.params.model_dump(), "batch_size": self.batch_size,
-                **self.timing.summary()}
+                **self.timing.summary(), "contexts_truncated": truncated}

@@ -4,6 +4,8 @@ steps that make it that method (``Steps``):
 
     prefill every member (prompts cut to fit each request's budget)
     while a request is live:
+        check    every member's next-token distributions hold no NaN or +inf and some finite
+                 log-prob (one reduction per member on its device; else NonFiniteScore)
         choose   the method's step: one token per row (GaC: mix and choose; UniTE / DeePEn: the
                  emitter's step; single: argmax) or one segment per row (span methods: propose,
                  score, choose and commit) -> a ``Round``: one ``Advance`` per live row
@@ -26,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import Generation, GenerationRequest, Method, Timing
+from ensemble_bench.methods.base import (Generation, GenerationRequest, Method, NonFiniteScore, Timing, excerpt,
+                                         request_excerpt)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 
@@ -127,8 +130,11 @@ class Steps(ABC):
 
 
 def fit_prompt(member: Member, ids: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Keep the end of a prompt so that it and the new tokens fit the member's context."""
-    return list(ids[-(member.max_length - max_new_tokens):])
+    """The prompt as it fits the member's window with the new tokens: whole, or cut from the left
+    by the member (``Tokenizing.fit_prompt``, which counts the cut)."""
+    if len(ids) + max_new_tokens <= member.max_length:
+        return list(ids)
+    return member.fit_prompt(ids, max_new_tokens)
 
 
 def prefill(members: Sequence[Member], prompts: list[list[list[int]]], budgets: list[int]) -> list[torch.Tensor]:
@@ -143,6 +149,22 @@ def drop_rows(members: Sequence[Member], still: list[int], dists: list[torch.Ten
     return [dist[still] for dist in dists]
 
 
+def check_distributions(members: Sequence[Member], dists: list[torch.Tensor], live: list[int],
+                        prompts: list[list[list[int]]], states: list[RequestState]) -> None:
+    """NonFiniteScore (naming the member, the request's row and the step) when a live row's
+    next-token log-probs hold a NaN or +inf or no finite value at all: its largest log-prob is
+    then not finite. One reduction and one ``isfinite(...).all()`` per member, on its device."""
+    for index, (member, dist) in enumerate(zip(members, dists)):
+        top = dist.amax(dim=-1)
+        if bool(torch.isfinite(top).all()):
+            continue
+        k = int((~torch.isfinite(top)).nonzero()[0, 0])
+        row = live[k]
+        shown = member.decode([t for t in prompts[index][row] if t >= 0][-16:])  # seq2seq rows hold a -1 mark
+        raise NonFiniteScore(f"member '{member.name}'", float(top[k]), f"at decoding step {states[row].count}",
+                             f"context {excerpt(shown, end=True)}", row=row)
+
+
 def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing) -> None:
     """Decode one batch to the end; ``states`` are updated in place (see the module docstring)."""
     writer = steps.members[steps.writer]
@@ -151,6 +173,7 @@ def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[Requ
     live = list(range(len(states)))
     first = True
     while live:
+        check_distributions(steps.members, dists, live, prompts, states)
         done = steps.choose(dists, [states[i] for i in live])
         for i, advance in zip(live, done.advances):
             advance_request(writer, states[i], advance)
@@ -202,5 +225,11 @@ class DecodingMethod(Method, Steps):
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         states = [self.start(r) for r in requests]
-        decode_batch(self, prompts, states, self.timing)
+        try:
+            decode_batch(self, prompts, states, self.timing)
+        except NonFiniteScore as err:
+            if err.row is None:
+                raise
+            request = requests[err.row]  # the loop names a row; its request names the fault better
+            raise err.with_(excerpt=request_excerpt(request.prompt), prompt=request.prompt) from None
         return [self.result(s, r) for s, r in zip(states, requests)]

@@ -20,7 +20,7 @@ import torch
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, flatten_messages
-from ensemble_bench.methods.base import LoglikelihoodRequest, continuation_scores
+from ensemble_bench.methods.base import LoglikelihoodRequest, check_finite, continuation_scores
 from ensemble_bench.methods.concurrent import each
 
 DEFAULT_REWARD_TEMPLATE = None  # None: the scorer's chat template, else a (prompt, answer) text pair
@@ -145,6 +145,7 @@ class RewardScorer:
 
     def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
         scores = self.reward.scores(prompt, texts)
+        check_finite(scores, "the reward model", "scoring the members' answers", [prompt] * len(texts), texts)
         return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], main)
 
 
@@ -162,6 +163,8 @@ class ClassifierComparator:
     def __call__(self, question: str, pairs: list[tuple[str, str]]) -> list[bool]:
         texts = [self.template.format(prompt=question, a=a, b=b) for pair in pairs for a, b in (pair, pair[::-1])]
         scores = self.classifier(texts)
+        check_finite(scores, "the ranker", "comparing two answers", [Prompt(text=question)] * len(texts),
+                     [answer for pair in pairs for answer in pair])
         return [scores[2 * k] >= scores[2 * k + 1] for k in range(len(pairs))]
 
 
