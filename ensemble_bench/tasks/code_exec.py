@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 
+from ensemble_bench import settings
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks.isolation import Sandbox, detect
 
@@ -104,9 +105,9 @@ def estimate_pass_at_k(samples: int, correct: int, k: int) -> float:
 
 
 def _require_opt_in() -> None:
-    if os.environ.get(ALLOW_ENV) != "1":
+    if not settings.flag(ALLOW_ENV):
         raise RuntimeError(f"running generated code needs the recipe's allow_code_execution: true ({ALLOW_ENV}=1)")
-    if detect().level == "none" and os.environ.get(UNISOLATED_ENV) != "1":
+    if detect().level == "none" and not settings.flag(UNISOLATED_ENV):
         raise RuntimeError("no isolation for generated code on this machine: it needs the recipe's "
                            f"allow_unisolated_execution: true ({UNISOLATED_ENV}=1)")
 

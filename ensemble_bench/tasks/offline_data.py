@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ensemble_bench import settings
 from ensemble_bench.cache import fetch_wheel
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks.flores import DIRECTIONS as FLORES_DIRECTIONS
@@ -155,13 +155,13 @@ def build_gsm8k() -> Configs:
 
 def build_bbh() -> Configs:
     """SaylorTwift/bbh: one config per task, split test, from ``$ENSBENCH_BBH_DIR/<task>.json``."""
-    folder = os.environ.get(BBH_ENV)
-    if not folder:
-        raise UserError(f"BBH has no offline source in any package: set {BBH_ENV} to a directory "
-                        "of BIG-Bench-Hard <task>.json files (CI uses /work/shared/data/bbh)")
+    folder = settings.bbh_dir()
+    if folder is None:
+        raise UserError(f"BBH has no offline source in any package: set {BBH_ENV} to a folder "
+                        "of BIG-Bench-Hard <task>.json files, or use data: hub")
     configs: Configs = {}
     for task in BBH_TASKS:
-        path = Path(folder) / f"{task}.json"
+        path = folder / f"{task}.json"
         try:
             examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
         except (OSError, ValueError, KeyError) as err:
