@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,10 @@ from ensemble_bench.members.sources import check_spec
 from ensemble_bench.methods import get_method
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
-STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+# every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
+STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
+LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
 # every name that becomes a file or folder name (recipe, member, row): no separators, no leading dot
 LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"
 SAFE_NAME = "letters, digits and . _ = + - (starting with a letter or digit)"
@@ -155,7 +159,7 @@ class TaskSpec(BaseModel):
     name: str = Field(min_length=1)
     variant: str | None = None
     shots: int | None = Field(default=None, ge=0)
-    limit: int | None = Field(default=None, gt=0)
+    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
 
 
 class Recipe(BaseModel):
@@ -167,9 +171,9 @@ class Recipe(BaseModel):
     methods: list[MethodSpec] | None = Field(default=None, min_length=1)  # several (e.g. a paper table)
     singles: bool = False
     tasks: list[TaskSpec] = Field(min_length=1)
-    limit: int | None = Field(default=None, gt=0)
+    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
     batch_size: int = Field(default=1, gt=0)
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, le=SEED_MAX)
     output: str = "results"
     data: Literal["hub", "offline"] = "hub"
     fewshot_as_multiturn: bool = False
@@ -294,8 +298,34 @@ def _field_path(loc, prefix: str = "") -> str:
     return path or "recipe"
 
 
+def _branch_error(error: dict, field: tuple) -> bool:
+    """Whether ``error`` is about one branch of the union ``field`` (pydantic tags the branches of
+    ``Literal[...] | list[float]`` as 'literal[...]' and 'list[float]')."""
+    loc = error["loc"]
+    return len(loc) > len(field) and loc[:len(field)] == field and "[" in str(loc[len(field)])
+
+
+def _wrong_type(error: dict) -> bool:
+    return error["type"] == "literal_error" or error["type"].endswith("_type")
+
+
+def _telling_error(errors: list) -> dict:
+    """The error to report: the first; or, when it only says the input is not of one branch of a
+    union (``weights: [.nan, 1]`` is not 'average'), the error of a branch that took the input's type."""
+    first = errors[0]
+    field = first["loc"][:-1]
+    if not (_wrong_type(first) and _branch_error(first, field)):
+        return first
+    return next((e for e in errors if _branch_error(e, field) and not _wrong_type(e)), first)
+
+
+def _shortened(text: str, most: int = 80) -> str:
+    """``text`` cut to ``most`` characters (a 1 MiB value stays a readable line)."""
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def _pydantic_line(source: str, err: ValidationError, prefix: str = "") -> str:
-    first = err.errors()[0]
+    first = _telling_error(err.errors())
     loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
@@ -303,7 +333,8 @@ def _pydantic_line(source: str, err: ValidationError, prefix: str = "") -> str:
     if first["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
         message = f"not a safe folder name: use {SAFE_NAME}, no path separators"
     given = first.get("input")
-    shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else f" (got {given!r})"
+    shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else \
+        f" (got {_shortened(repr(given))})"
     return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"
 
 
@@ -320,14 +351,7 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         validate_method(recipe, spec, source, field)
         for point in recipe.sweep_points() if recipe.sweep else []:
             validate_method(recipe, spec, f"{source}: sweep {point}", field, point)
-    for i, task in enumerate(recipe.tasks):
-        try:
-            bench = get_benchmark(task.name, task.variant)
-        except UserError as err:
-            raise UserError(f"{source}: tasks[{i}].name: {err}") from None
-        if bench.runs_code and not recipe.allow_code_execution:
-            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
-                            "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
+    check_tasks(recipe, source)
     check_placement(recipe, source)
     for i, member in enumerate(recipe.members):
         try:
@@ -343,6 +367,28 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     except UserError as err:
         raise UserError(f"{source}: {err}") from None
     return recipe
+
+
+def check_tasks(recipe: Recipe, source: str) -> None:
+    """Each task names a known benchmark once, with no more shots than its few-shot pool holds."""
+    listed: dict[str, int] = {}
+    for i, task in enumerate(recipe.tasks):
+        try:
+            bench = get_benchmark(task.name, task.variant)
+        except UserError as err:
+            raise UserError(f"{source}: tasks[{i}].name: {err}") from None
+        if task.name in listed:  # results and tables hold one score per benchmark name
+            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' is listed already "
+                            f"(tasks[{listed[task.name]}]): list each benchmark once (another variant: a recipe of "
+                            "its own)")
+        listed[task.name] = i
+        if bench.runs_code and not recipe.allow_code_execution:
+            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
+                            "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
+        shots, most = bench.default_shots if task.shots is None else task.shots, bench.max_shots(recipe.data)
+        if most is not None and shots > most:
+            raise UserError(f"{source}: tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
+                            f"(its few-shot pool), got {shots}")
 
 
 def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = "method",
@@ -373,12 +419,72 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
     return method, params
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last one silently)."""
+MAX_RECIPE_BYTES = 1 << 20  # 1 MiB; recipes are a few KiB
+MAX_YAML_DEPTH = 32  # nesting of mappings and lists; a recipe needs about 5
+MAX_YAML_NODES = 100_000  # values of the document with every alias expanded (a "billion laughs" has 10**9)
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class RecipeLimit(yaml.MarkedYAMLError):
+    """A recipe document past one of RecipeLoader's limits."""
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def check_expanded_size(root: yaml.Node) -> None:
+    """RecipeLimit if the document, every alias written out, has more than MAX_YAML_NODES values, or
+    if a mapping or list contains itself. Linear in the nodes as written (each counted once)."""
+    sizes: dict[int, int] = {}  # id(node) -> values below it, itself included, aliases expanded
+    open_nodes: set[int] = set()  # the nodes on the path from the root to the node being visited
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[id(node)] > MAX_YAML_NODES:
+                raise RecipeLimit(None, None, f"more than {MAX_YAML_NODES} values with every alias written out "
+                                  "(a recipe has a few hundred)", node.start_mark)
+        elif id(node) in open_nodes:
+            raise RecipeLimit(None, None, "an alias names a mapping or list that contains it: a recipe cannot "
+                              "be recursive", node.start_mark)
+        elif id(node) not in sizes:
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node))
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """YAML of a recipe: refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently), nesting deeper than MAX_YAML_DEPTH and aliases past check_expanded_size."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.depth >= MAX_YAML_DEPTH:
+            raise RecipeLimit(None, None, f"nested deeper than {MAX_YAML_DEPTH} mappings and lists",
+                              self.peek_event().start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            check_expanded_size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # `<<: *defaults`: keys given beside it override the merged ones
+                continue
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
@@ -386,19 +492,33 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The recipe file as text; UserError if it cannot be read, is too large or is not UTF-8."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_RECIPE_BYTES + 1)  # never more: the path may be /dev/zero
     except OSError as err:
         raise UserError(f"{path}: cannot read recipe: {err.strerror or err}") from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise UserError(f"{path}: larger than {MAX_RECIPE_BYTES} bytes (1 MiB), the most a recipe may have")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): "
                         "save the recipe as UTF-8") from None
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    path = Path(path)
+    text = _read_text(path)
     try:
-        data = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - a SafeLoader
+    except RecipeLimit as err:
+        raise UserError(f"{path}: line {err.problem_mark.line + 1}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
+    except ValueError as err:  # a value YAML reads but Python cannot hold (an int of 5000 digits, 2024-13-01)
+        raise UserError(f"{path}: not valid YAML: {err}") from None
     return parse_recipe(data, str(path))

@@ -17,9 +17,10 @@ from ensemble_bench.methods.concurrent import each
 
 
 class MethodParams(BaseModel):
-    """A method's hyper-parameters, validated from the recipe's ``method`` block."""
+    """A method's hyper-parameters, validated from the recipe's ``method`` block. Every float, in
+    lists too (weights, scores), must be finite: NaN and +-inf are refused (``allow_inf_nan``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
@@ -42,11 +42,12 @@ class CharEDParams(MethodParams):
     weights: list[float] | None = None          # per member; None: equal (the paper's average)
     window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
 
-    @model_validator(mode="after")
-    def _weights(self):
-        if self.weights is not None and (any(w < 0 for w in self.weights) or sum(self.weights) <= 0):
+    @field_validator("weights")
+    @classmethod
+    def _positive_sum(cls, value):
+        if value is not None and (any(w < 0 for w in value) or sum(value) <= 0):
             raise ValueError("weights must be >= 0 with a positive sum")
-        return self
+        return value
 
 
 def no_token(prefix: bytes) -> torch.Tensor | None:

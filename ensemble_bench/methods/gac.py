@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
@@ -49,7 +49,15 @@ class GacParams(MethodParams):
     # how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code
     retokenize: Retokenize = "local"
     temperature: float = Field(default=0.0, ge=0.0)  # 0: greedy; > 0: sample x ~ q^(1/T)
-    seed: int = 0  # sampling seed; each request draws from its own generator (batch-invariant)
+    # sampling seed; each request draws from its own generator (batch-invariant)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+
+    @field_validator("weights")
+    @classmethod
+    def _positive_sum(cls, value):
+        if isinstance(value, list) and (any(w < 0 for w in value) or sum(value) <= 0):
+            raise ValueError("weights must be >= 0 with a positive sum")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -57,8 +65,6 @@ class GacParams(MethodParams):
             raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
         if self.weights == "score_minus_ece" and self.ece is None:
             raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
-        if isinstance(self.weights, list) and (any(w < 0 for w in self.weights) or sum(self.weights) <= 0):
-            raise ValueError("weights must be >= 0 with a positive sum")
         if self.gate is not None and self.threshold is None:
             raise ValueError("a gate needs a threshold (0..1)")
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.tasks.flores import FIXTURE_SHOTS as FLORES_FIXTURE_SHOTS
 
 DEFAULT_VARIANT = "default"
 
@@ -34,6 +35,12 @@ class Benchmark:
     without the model hub; ``needs`` is one line naming what is missing before it can run
     (None when runnable); ``note`` is a caveat to print beside its scores. ``is_group`` says
     whether ``task`` is an lm-eval group (True) or a single task.
+
+    ``offline_shots`` / ``hub_shots``: the most shots the benchmark's few-shot pool allows with
+    ``data: offline`` / ``data: hub`` (None: not known). lm-eval draws the shots from the pool and,
+    when the pool is the scored split, draws one more to drop the scored document: asking for more
+    ends in ``Sample larger than population`` after the members are loaded. Pools per task of a
+    group (MMLU: 5 dev questions per subject; BBH: 3 chain-of-thought examples per task).
     """
 
     name: str
@@ -46,25 +53,43 @@ class Benchmark:
     note: str | None = None
     is_group: bool = False
     runs_code: bool = False  # scored by running generated programs: needs the recipe's opt-in
+    offline_shots: int | None = None
+    hub_shots: int | None = None
+
+    def max_shots(self, data: str) -> int | None:
+        """The most shots its few-shot pool allows under ``data`` ("offline" / "hub"; None: not known)."""
+        return self.offline_shots if data == "offline" else self.hub_shots
 
 
+# Few-shot pools (offline: tasks/offline_data.py and task_configs.offline_overrides; hub: lm-eval 0.4.13's
+# stock task YAMLs). Offline copies without a train split draw shots from the scored split, the
+# scored document excluded: its size minus one.
 _BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("mmlu", "generative", "mmlu_flan_n_shot_generative", 5,
-              "exact_match,flexible-extract", offline=True, is_group=True),
-    Benchmark("mmlu", "loglikelihood", "mmlu", 5, "acc,none", offline=True, is_group=True),
-    Benchmark("gsm8k", DEFAULT_VARIANT, "gsm8k", 5, "exact_match,flexible-extract", offline=True),
-    Benchmark("bbh", DEFAULT_VARIANT, "bbh_cot_fewshot", 3, "exact_match,get-answer",
-              offline=True, is_group=True),
+    Benchmark("mmlu", "generative", "mmlu_flan_n_shot_generative", 5,  # dev: 5 per subject (first_n)
+              "exact_match,flexible-extract", offline=True, is_group=True, offline_shots=5, hub_shots=5),
+    Benchmark("mmlu", "loglikelihood", "mmlu", 5, "acc,none", offline=True, is_group=True,
+              offline_shots=5, hub_shots=5),
+    Benchmark("gsm8k", DEFAULT_VARIANT, "gsm8k", 5, "exact_match,flexible-extract", offline=True,
+              offline_shots=1319 - 1, hub_shots=7473),  # offline: test; hub: train
+    Benchmark("bbh", DEFAULT_VARIANT, "bbh_cot_fewshot", 3, "exact_match,get-answer",  # 3 listed per task
+              offline=True, is_group=True, offline_shots=3, hub_shots=3),
     Benchmark("triviaqa", DEFAULT_VARIANT, "triviaqa", 5, "exact_match,remove_whitespace",
-              offline=True, note=_TRIVIAQA_NOTE),
-    Benchmark("nq", DEFAULT_VARIANT, "nq_open", 5, "exact_match,remove_whitespace", offline=True),
-    Benchmark("piqa", DEFAULT_VARIANT, "piqa", 0, "acc,none", offline=True),
-    Benchmark("arc_c", DEFAULT_VARIANT, "arc_challenge", 0, "acc,none", offline=True),
-    Benchmark("mbpp", DEFAULT_VARIANT, "mbpp", 3, "pass_at_1,none", offline=True, runs_code=True),
+              offline=True, note=_TRIVIAQA_NOTE, offline_shots=7993 - 1, hub_shots=138384),  # hub: train
+    Benchmark("nq", DEFAULT_VARIANT, "nq_open", 5, "exact_match,remove_whitespace", offline=True,
+              offline_shots=3610 - 1, hub_shots=87925),  # offline: validation; hub: train
+    Benchmark("piqa", DEFAULT_VARIANT, "piqa", 0, "acc,none", offline=True,
+              offline_shots=1838 - 1, hub_shots=16113),  # offline: validation; hub: train
+    Benchmark("arc_c", DEFAULT_VARIANT, "arc_challenge", 0, "acc,none", offline=True,
+              offline_shots=1172 - 1, hub_shots=1119),  # offline: test; hub: train
+    # offline: test, first_n without the scored one; hub: the 10-question prompt split
+    Benchmark("mbpp", DEFAULT_VARIANT, "mbpp", 3, "pass_at_1,none", offline=True, runs_code=True,
+              offline_shots=500 - 1, hub_shots=10),
+    # no few-shot split: lm-eval falls back to the 164 test problems (the scored one not excluded)
     Benchmark("humaneval", DEFAULT_VARIANT, "humaneval", 0, "pass_at_k,create_test", offline=True,
-              runs_code=True),
+              runs_code=True, offline_shots=164, hub_shots=164),
+    # shots from the dev split: the fixture's first sentences offline, Flores dev (997) on the hub
     *(Benchmark(f"flores_{direction}", version, f"{version}_{direction}", 4, "bleu,none", offline=True,
-                note=_FLORES_NOTE)
+                note=_FLORES_NOTE, offline_shots=FLORES_FIXTURE_SHOTS, hub_shots=997)
       for direction in _FLORES_DIRECTIONS for version in ("flores101", "flores200")),
 )
 
