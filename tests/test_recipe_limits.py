@@ -116,6 +116,12 @@ def test_all_zero_weights_never_reach_a_division(tmp_path, monkeypatch, capsys, 
     assert "method.weights: " in line and "positive sum" in line
 
 
+@pytest.mark.parametrize("method", WEIGHTED)
+def test_weights_beyond_float32_are_refused_before_they_become_inf(tmp_path, monkeypatch, capsys, method):
+    line = refused(monkeypatch, capsys, tmp_path, method=f"{method}, weights: [1.0e+39, 1]")
+    assert "method.weights: " in line and "sum of at most 3.4e+38" in line
+
+
 # ---------------------------------------------------------------- seeds
 
 @pytest.mark.parametrize("seed, message", [

@@ -175,13 +175,25 @@ def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> 
     return value
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # weights become float32 tensors: a larger sum would be inf
+
+
+def weights_problem(weights: Sequence[float]) -> str | None:
+    """Why per-member weights cannot be used (not finite, negative, a sum of zero or beyond
+    float32), or None."""
+    total = math.fsum(weights)
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < total <= FLOAT32_MAX:
+        return f"weights must be finite and >= 0, with a positive sum of at most {FLOAT32_MAX:.3g}"
+    return None
+
+
 def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
     """Explicit per-member weights, checked and scaled to sum to 1."""
     if len(weights) != count:
         raise UserError(f"method.weights: expected {count} values (one per member), got {len(weights)}")
-    if not all(math.isfinite(w) for w in weights) or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UserError(f"method.weights: weights must be finite, >= 0, with a positive sum, got {list(weights)}")
-    return [w / sum(weights) for w in weights]
+    if (problem := weights_problem(weights)) is not None:
+        raise UserError(f"method.weights: {problem}, got {list(weights)}")
+    return [w / math.fsum(weights) for w in weights]
 
 
 class Method(ABC):

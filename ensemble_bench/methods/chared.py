@@ -31,7 +31,8 @@ from pydantic import Field, field_validator
 
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         normalised_weights, rolling_with_members, score_with_members)
+                                         normalised_weights, rolling_with_members, score_with_members,
+                                         weights_problem)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import give_text, text_appender, text_lookup
@@ -45,8 +46,8 @@ class CharEDParams(MethodParams):
     @field_validator("weights")
     @classmethod
     def _positive_sum(cls, value):
-        if value is not None and (any(w < 0 for w in value) or sum(value) <= 0):
-            raise ValueError("weights must be >= 0 with a positive sum")
+        if value is not None and (problem := weights_problem(value)) is not None:
+            raise ValueError(problem)
         return value
 
 

@@ -29,7 +29,8 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         resolve_member, rolling_with_members, score_with_members)
+                                         resolve_member, rolling_with_members, score_with_members,
+                                         weights_problem)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
@@ -55,8 +56,8 @@ class GacParams(MethodParams):
     @field_validator("weights")
     @classmethod
     def _positive_sum(cls, value):
-        if isinstance(value, list) and (any(w < 0 for w in value) or sum(value) <= 0):
-            raise ValueError("weights must be >= 0 with a positive sum")
+        if isinstance(value, list) and (problem := weights_problem(value)) is not None:
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")
@@ -83,8 +84,8 @@ def resolve_weights(params: GacParams, count: int) -> list[float]:
     for name, values in lists:
         if values is not None and len(values) != count:
             raise UserError(f"method.{name}: expected {count} values (one per member), got {len(values)}")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UserError(f"method.weights: resolved weights must be >= 0 with a positive sum, got {weights}")
+    if (problem := weights_problem(weights)) is not None:
+        raise UserError(f"method.weights: resolved {problem}, got {weights}")
     return weights
 
 
