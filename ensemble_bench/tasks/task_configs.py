@@ -74,12 +74,13 @@ def _check_mode(data: str) -> None:
         raise UserError(f"unknown data source {data!r} (choose: {', '.join(DATA_MODES)})")
 
 
-def _resolve_shots(bench: Benchmark, shots: int | None) -> int:
-    """The shot count to use: ``shots`` if given, else the benchmark's default; checked."""
+def _resolve_shots(bench: Benchmark, shots: int | None, data: str) -> int:
+    """The shot count to use: ``shots`` if given, else the benchmark's default; checked against
+    the few-shot pool of ``data``."""
     n = bench.default_shots if shots is None else shots
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise UserError(f"benchmark {bench.name!r}: shots must be a whole number >= 0, got {shots!r}")
-    limit = LOCAL_DATASETS[bench.name].max_shots if bench.name in LOCAL_DATASETS else None
+    limit = bench.max_shots(data)
     if limit is not None and n > limit:
         raise UserError(f"benchmark {bench.name!r} has only {limit} few-shot examples per task, asked for {n}")
     return n
@@ -104,7 +105,7 @@ def _member(bench: Benchmark, shots: int, data: str, root: Path | None) -> dict[
     return member
 
 
-def _check_selection(selection: list[tuple[Benchmark, int | None]]) -> list[tuple[Benchmark, int]]:
+def _check_selection(selection: list[tuple[Benchmark, int | None]], data: str) -> list[tuple[Benchmark, int]]:
     """``selection`` with shot counts resolved; UserError for anything that cannot run."""
     if not selection:
         raise UserError("no benchmarks selected")
@@ -115,7 +116,7 @@ def _check_selection(selection: list[tuple[Benchmark, int | None]]) -> list[tupl
         seen.add(bench.task)
         if bench.needs:
             raise UserError(f"benchmark {bench.name!r} cannot run yet: {bench.needs}")
-    return [(bench, _resolve_shots(bench, shots)) for bench, shots in selection]
+    return [(bench, _resolve_shots(bench, shots, data)) for bench, shots in selection]
 
 
 # ---------------------------------------------------------------- stock groups with a wrong aggregate
@@ -227,7 +228,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     Several selections can share ``dest`` (one TaskManager) when each has its own ``suffix``.
     """
     _check_mode(data)
-    resolved = _check_selection(selection)
+    resolved = _check_selection(selection, data)
     root = ensure_offline_data([bench for bench, _ in resolved]) if data == "offline" else None
     group = group_name(data) + suffix
     config = {
