@@ -44,7 +44,6 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark
 from ensemble_bench.tasks import flores
 from ensemble_bench.tasks.data_store import ensure_offline_data, local_dataset
-from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
 
 DATA_MODES = ("offline", "hub")
 TEMPLATE_DIR = Path(__file__).parent / "templates"
