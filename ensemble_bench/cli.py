@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -46,15 +47,30 @@ INTERRUPTS = _classes("Abort") + (KeyboardInterrupt,)
 INTERRUPTED = 130  # also what typer >= 0.2x returns for a Ctrl-C in non-standalone mode
 BUG = 70  # EX_SOFTWARE
 
+
+class PipeConsole(Console):
+    """rich's Console, but a closed pipe raises BrokenPipeError (ended quietly by ``main``) instead of
+    rich's own ``SystemExit(1)``."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Benchmark training-free ensembles of LLMs with different tokenizers.")
-console = Console()
+console = PipeConsole()
 
 
 def _quiet_libraries() -> None:
-    """Our progress bar replaces the libraries' own bars and warnings during a run."""
+    """Our progress bar replaces the libraries' own bars and warnings during a run. sqlitedict (lm-eval's
+    response cache) logs a failed write from its worker thread as some 60 lines of stack and raises it
+    again at the next call, where it becomes our one line (disk full, read-only): its log says nothing more."""
+    import logging
+
     import datasets
     import transformers
+
+    logging.getLogger("sqlitedict").setLevel(logging.CRITICAL)
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -174,9 +190,11 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
 
     from ensemble_bench.methods import get_method
     from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
 
     get_method(method)
+    [out] = checked_files(user_path(out), [""])
     decisions = select_models(load_candidates(runs), max_models, gap, length_ratio,
                               [t for t in tasks.split(",") if t] or None)
     table = Table(title=f"determine-then-ensemble (gap <= {gap:.2f}, length ratio <= {length_ratio:g}, "
@@ -249,16 +267,19 @@ def table(runs: list[Path] = typer.Argument(..., help="finished runs, or results
           block: str = typer.Option(None, help="only this block of the paper's table"),
           out: Path = typer.Option(None, help="write <out>.md, <out>.tex and <out>.csv (default: print Markdown)")):
     """Our results in the layout of a paper's table (rows the runs lack are marked 'not run')."""
+    from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.tables import build_table, get_layout, render
 
     chosen = get_layout(layout)
+    formats = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
+    targets = checked_files(user_path(out), list(formats)) if out is not None else []
     frame = build_table(chosen, runs, with_paper=paper, block=block)
-    if out is None:
+    if not targets:
         print(render(frame, chosen, "markdown"))
         return
-    for fmt, suffix in (("markdown", ".md"), ("latex", ".tex"), ("csv", ".csv")):
-        atomic_write_text(out.with_name(out.name + suffix), render(frame, chosen, fmt))
-    console.print(f"wrote {out}.md, .tex and .csv")
+    for target in targets:
+        atomic_write_text(target, render(frame, chosen, formats[target.suffix]))
+    console.print("wrote " + ", ".join(map(str, targets)), soft_wrap=True)
 
 
 @app.command()
@@ -268,8 +289,12 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
                                                "default: accuracy vs latency of every row"),
          title: str = typer.Option("", help="figure title")):
     """Accuracy vs latency per row, or accuracy vs a swept parameter (members' best as dashed lines)."""
-    from ensemble_bench.report.plots import parameter_records, plot_accuracy_latency, plot_parameter
+    from ensemble_bench.report.out_files import checked_files, user_path
+    from ensemble_bench.report.plots import (PLOT_SUFFIXES, parameter_records, plot_accuracy_latency,
+                                             plot_parameter)
 
+    out = user_path(out)
+    checked_files(out, PLOT_SUFFIXES)  # before the runs are read: a bad --out costs nothing
     records = parameter_records(runs, param)
     written = (plot_parameter(records, param, out, title or f"accuracy vs {param}") if param else
                plot_accuracy_latency(records, out, title or "accuracy vs latency"))
@@ -338,21 +363,24 @@ def compare(run: Path = typer.Argument(..., help="finished run, or results/<reci
             out: Path = typer.Option(None, help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
     """What the rows of a run did differently: intervals, paired tests, oracle, differing examples."""
     from ensemble_bench.report.compare import build_report, render_csv, render_markdown
+    from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.tables import resolve_run
 
+    targets = checked_files(user_path(out), (".md", ".csv")) if out is not None else []
     report = build_report(resolve_run(run), row or None, benchmark)
     text = render_markdown(report, show)
     print(text, end="")
-    if out is not None:
-        atomic_write_text(out.with_name(out.name + ".md"), text)
-        atomic_write_text(out.with_name(out.name + ".csv"), render_csv(report))
-        console.print(f"wrote {out}.md and .csv", soft_wrap=True)
+    if targets:
+        markdown, table = targets
+        atomic_write_text(markdown, text)
+        atomic_write_text(table, render_csv(report))
+        console.print("wrote " + ", ".join(map(str, targets)), soft_wrap=True)
 
 
 def _say(line: str, prefix: str = "error:") -> None:
     """One line on stderr, never read as markup; a broken stderr is no reason for a second fault."""
     try:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble((prefix, "bold red"), " ", line))
+        PipeConsole(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble((prefix, "bold red"), " ", line))
     except Exception:  # noqa: BLE001 - nothing left to tell the user with
         pass
 
@@ -368,6 +396,23 @@ def _report_bug(err: BaseException) -> int:
     return BUG
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether a broken pipe is stdout's: false only when stdout is a pipe whose reader is still there,
+    so that a broken pipe of anything else is no reason to end quietly. Poll reports an error on the
+    writing end of a pipe whose reading end is closed; /dev/null is what rich's own broken-pipe handler
+    (typer's help) puts in stdout's place."""
+    try:
+        from select import POLLERR, POLLHUP, POLLOUT, poll  # not `import select`: a command has that name
+
+        if os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull)):
+            return True
+        poller = poll()
+        poller.register(sys.stdout.fileno(), POLLOUT)
+        return any(event & (POLLERR | POLLHUP) for _, event in poller.poll(0))
+    except (ImportError, OSError, ValueError):  # no poll on this system, or stdout is no file: cannot tell
+        return True
+
+
 def _stdout_closed() -> int:
     """The reader of our output went away (`ensbench table RUN | head`): end quietly, as cat does,
     and point stdout at /dev/null so the interpreter's last flush cannot fail a second time."""
@@ -381,7 +426,7 @@ def _stdout_closed() -> int:
 
 def _exit_code(err: BaseException) -> int:
     """Tell the user about ``err`` (one line for every expected fault) and return the exit code."""
-    if isinstance(err, BrokenPipeError):
+    if isinstance(err, BrokenPipeError) and _stdout_reader_gone():
         return _stdout_closed()
     if isinstance(err, HELP_REQUESTS):  # no command given: the help, as click prints it
         err.show()
@@ -402,7 +447,13 @@ def main() -> None:
     """The ``ensbench`` entry point: exit 0 done, 1 regression or environment fault, 2 user error,
     70 a bug (with its traceback), 130 interrupted."""
     try:
-        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
+        try:
+            code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
+            sys.stdout.flush()  # here, so that a reader gone before the last flush is handled too
+        except SystemExit as done:  # click itself turns a broken pipe into exit 1: undo that
+            if not isinstance(done.__context__, BrokenPipeError):
+                raise
+            raise done.__context__ from None
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001 - every fault ends here: one line, or a bug report

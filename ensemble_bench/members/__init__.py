@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +85,22 @@ def quantization_config(quantization: str | None, dtype: str):
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=getattr(torch, dtype))
 
 
+def _refused_pickle(source: ModelSource, err: pickle.UnpicklingError) -> str:
+    """What to tell about pickled weights (``pytorch_model*.bin``) that torch's safe loader refused, or
+    that are damaged: the file and the safe way to load the model, never advice to turn the protection
+    off (torch's own message ends with that advice, so it is not passed on)."""
+    folder = Path(source.location)
+    files = ", ".join(map(str, sorted(folder.glob("pytorch_model*.bin")))) if folder.is_dir() else ""
+    files = files or "its pickled weights (pytorch_model.bin)"
+    if "weights only load failed" not in str(err).lower():
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"{files}: not a readable weights file ({first}): fetch or save the model again"
+    blocked = re.search(r"unsupported GLOBAL (\S+)", str(err))
+    runs = f": it would run {blocked.group(1)}" if blocked else ""
+    return (f"{files}: torch's safe loader refuses this pickle{runs}; load the model from safetensors "
+            "instead (model.safetensors beside config.json, from a source you trust)")
+
+
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
@@ -120,6 +138,8 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
         weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
             source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code, **placement)
+    except pickle.UnpicklingError as err:
+        raise UserError(f"cannot load model '{model}': {_refused_pickle(source, err)}") from None
     except (OSError, ValueError, ImportError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         if "custom code" in first and not trust_remote_code:

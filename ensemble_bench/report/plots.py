@@ -8,12 +8,14 @@ import math
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.report.out_files import checked_files, write_with
 from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.summary import finished_recipe, run_rows
 from ensemble_bench.report.tables import resolve_run
 from ensemble_bench.tasks import get_benchmark
 
 LOG2_PARAMETERS = ("span_words", "k")
+PLOT_SUFFIXES = (".png", ".svg")
 
 
 def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[dict]:
@@ -61,12 +63,11 @@ def mean_error_bar(record: dict, benchmarks: list[str]) -> tuple[float, float]:
 
 
 def _save(figure, path_stem: Path) -> list[Path]:
-    written = []
-    for suffix in (".png", ".svg"):
-        target = path_stem.with_name(path_stem.name + suffix)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(target, dpi=150)
-        written.append(target)
+    """``<stem>.png`` and ``<stem>.svg``, both checked before either is written, each atomically."""
+    written = checked_files(path_stem, PLOT_SUFFIXES)
+    for target in written:
+        kind = target.suffix[1:]  # the temporary name ends in .partial: say the format
+        write_with(target, lambda partial: figure.savefig(partial, dpi=150, format=kind))
     return written
 
 
