@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install demo test test-fast bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install demo test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
@@ -39,6 +39,13 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration"
+
+# The property-based fuzzer of tests/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
+# FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).
+FUZZ_EXAMPLES ?= 400
+FUZZ_SEED ?= 30
+fuzz: install
+	ENSBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ENSBENCH_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q tests/test_fuzz.py -k "hostile or mutated"
 
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1

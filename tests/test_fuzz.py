@@ -1,0 +1,219 @@
+"""Property-based fuzzing of the command line (issue 30): mutated shipped recipes through
+``run --dry-run`` and hostile argument vectors through every command never end in exit 70, a
+traceback, more than one error line or a file written outside the output; a smoke pass runs the
+runtime-only fields through real tiny runs; every failure the fuzzer found is a named test below.
+
+Bound: ENSBENCH_FUZZ_EXAMPLES examples per property (default 40; `make fuzz` runs 400) with the
+fixed seed ENSBENCH_FUZZ_SEED (default 30); no example database is kept.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import LoglikelihoodRequest
+from ensemble_bench.methods.gac import Gac, GacParams
+from tests.fake_runs import fake_run
+from tests.fuzz_strategies import (
+    COMMANDS, ROOT, alias_bomb, argument_vectors, call_cli, call_with_argv, deep_flow, dry_run, is_finite_json,
+    mutated_recipes, sandbox,
+)
+from tests.test_faults import BASE_RECIPE, ROWS, one_line, run_cli
+
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ensbench-hypothesis-"))  # nothing of hypothesis in the checkout
+EXAMPLES = int(os.environ.get("ENSBENCH_FUZZ_EXAMPLES", "40"))
+SEED = int(os.environ.get("ENSBENCH_FUZZ_SEED", "30"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=False,
+                suppress_health_check=list(HealthCheck))
+
+
+# --- the fuzzer ----------------------------------------------------------------------------------------------------
+@seed(SEED)
+@FUZZ
+@given(case=mutated_recipes())
+def test_a_mutated_shipped_recipe_is_a_plan_or_one_line(case):
+    with sandbox() as box:
+        outcome = dry_run(box, case)
+    assert not outcome.problems(), (outcome.problems(), outcome.code, outcome.err[-2000:])
+    assert not (case.refuse and outcome.code == 0), f"the dry run accepted {case.refuse}"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@seed(SEED)
+@FUZZ
+@given(data=st.data())
+def test_every_command_on_hostile_arguments_is_a_result_or_one_line(command, data):
+    case = data.draw(argument_vectors(command), label="argv")
+    with sandbox() as box:
+        outcome = call_with_argv(box, case)
+    assert not outcome.problems(), (outcome.problems(), outcome.argv, outcome.code, outcome.err[-2000:])
+
+
+# --- the smoke pass: runtime-only fields through real tiny runs (limit 1) ------------------------------------------
+SMOKE = {  # recipe fields -> whether the run must be refused (exit 2) rather than finish (exit 0)
+    "seed 0, 1 shot, window 0, a tiny weight": ({"seed": 0, "shots": 1, "window": 0, "weights": "[1.0e-300, 1.0]"}, False),
+    "largest seed, window 64, a zero weight": ({"seed": 2**32 - 1, "shots": 0, "window": 64, "weights": "[0.0, 1.0]"}, False),
+    "seed -1": ({"seed": -1}, True),
+    "seed 99999999999": ({"seed": 99999999999}, True),
+    "shots above the data": ({"shots": 100000}, True),
+    "NaN weight": ({"weights": "[.nan, 1.0]"}, True),
+    "infinite weight": ({"weights": "[.inf, 1.0]"}, True),
+    "window 65": ({"window": 65}, True),
+}
+
+
+def smoke_recipe(dirs, fields: dict) -> str:
+    fields = {"seed": 1234, "shots": 0, "window": 4, "weights": "average", **fields}
+    return textwrap.dedent(f"""\
+        name: smoke
+        members:
+          - {{model: {dirs[0]}, name: bpe}}
+          - {{model: {dirs[1]}, name: sp}}
+        method: {{name: gac, weights: {fields['weights']}, window: {fields['window']}}}
+        tasks:
+          - {{name: piqa, limit: 1, shots: {fields['shots']}}}
+        seed: {fields['seed']}
+        data: offline
+        output: out
+    """)
+
+
+@pytest.mark.usefixtures("offline_data")
+@pytest.mark.parametrize("case", sorted(SMOKE))
+def test_runtime_fields_through_a_real_tiny_run_are_a_result_or_one_line(case, tiny_dirs):
+    fields, refused = SMOKE[case]
+    with sandbox() as box:
+        recipe = box.root / "recipe.yaml"
+        recipe.write_text(smoke_recipe(tiny_dirs, fields))
+        outcome = call_cli(box, ["run", str(recipe)], [box.cwd / "out"], limit_s=300)
+        written = [p.read_text() for p in (box.cwd / "out").rglob("*.json")]
+    assert not outcome.problems(), (outcome.problems(), outcome.err[-3000:])
+    assert outcome.code == (2 if refused else 0), outcome.err[-3000:]
+    assert all(is_finite_json(text) for text in written), "a result file holds NaN or infinity"
+    assert refused or written
+
+
+# --- every distinct failure the fuzzer found, as a named test ------------------------------------------------------
+def test_gac_zero_or_underflowing_weight_scores_multiple_choice(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    """weights: [0.0, 1.0] (a member kept for gating only, GaC Table 5) took log(0) in the scoring (exit 70)."""
+    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+    request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
+    alone = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
+    for weights in ([0.0, 1.0], [1e-300, 1.0]):
+        [score] = Gac([a, b], GacParams(weights=weights)).loglikelihood([request])
+        assert score.logprob == pytest.approx(alone, abs=1e-4), weights
+
+
+def recipe_file(tmp_path, text: str):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def demo_recipe(tmp_path, **fields) -> dict:
+    return {**yaml.safe_load((ROOT / "recipes/offline/demo.yaml").read_text()), "output": str(tmp_path / "out"), **fields}
+
+
+def test_a_deeply_nested_recipe_value_is_one_line(tmp_path, monkeypatch, capsys):
+    """3000 nested flow lists: RecursionError in the YAML reader, a 400 kB traceback (exit 70)."""
+    recipe = demo_recipe(tmp_path)
+    del recipe["description"]
+    text = yaml.safe_dump(recipe, sort_keys=False) + "description: " + deep_flow(3000, False) + "\n"
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, text), "--dry-run")
+    assert code == 2 and one_line(out)
+
+
+def test_an_alias_bomb_is_one_short_line(tmp_path, monkeypatch, capsys):
+    """9**7 strings through nested aliases in a sweep: the error echoed all of them (megabytes on one line)."""
+    text = yaml.safe_dump(demo_recipe(tmp_path), sort_keys=False) + f"sweep: {{threshold: {alias_bomb(9, 7)}}}\n"
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, text), "--dry-run")
+    assert code == 2 and len(one_line(out)) < 2000
+
+
+def test_a_long_value_of_the_wrong_type_is_echoed_shortened(tmp_path, monkeypatch, capsys):
+    """A 30000-character string given as a member's weight was echoed in full in the error line."""
+    recipe = demo_recipe(tmp_path)
+    recipe["members"][0]["weight"] = "ø" * 30000
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, yaml.safe_dump(recipe)), "--dry-run")
+    assert code == 2 and "members[0].weight" in one_line(out) and len(one_line(out)) < 2000
+
+
+def test_a_model_name_too_long_for_the_file_system_is_one_line(tmp_path, monkeypatch, capsys):
+    """members[0].model of 300 characters: OSError ENAMETOOLONG while checking whether it is a folder (exit 70)."""
+    recipe = demo_recipe(tmp_path)
+    recipe["members"][0]["model"] = "\x80f" * 150
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, yaml.safe_dump(recipe)), "--dry-run")
+    assert code in (1, 2) and "members[0].model" in one_line(out)
+
+
+@pytest.mark.parametrize("field,value", [("seed", -1), ("seed", 99999999999)])
+def test_a_seed_out_of_range_is_refused_by_the_dry_run(field, value, tmp_path, monkeypatch, capsys):
+    text = yaml.safe_dump(demo_recipe(tmp_path, **{field: value}), sort_keys=False)
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, text), "--dry-run")
+    assert code == 2 and "seed" in one_line(out)
+
+
+def test_a_benchmark_listed_twice_is_refused_by_the_dry_run(tmp_path, monkeypatch, capsys):
+    recipe = demo_recipe(tmp_path)
+    recipe["tasks"].append(recipe["tasks"][0])  # written as an anchor and an alias
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, yaml.safe_dump(recipe)), "--dry-run")
+    assert code == 2 and "tasks[2]" in one_line(out)
+
+
+@pytest.mark.parametrize("weights", ["[.nan, 1.0]", "[.inf, 1.0]"])
+def test_a_non_finite_weight_is_refused_by_the_dry_run(weights, tmp_path, monkeypatch, capsys):
+    text = yaml.safe_dump(demo_recipe(tmp_path), sort_keys=False).replace("weights: average", f"weights: {weights}")
+    code, out = run_cli(monkeypatch, capsys, "run", recipe_file(tmp_path, text), "--dry-run")
+    assert code == 2 and "weights" in one_line(out)
+
+
+@pytest.mark.parametrize("command", ["compare", "plot", "table", "regress"])
+def test_a_run_path_too_long_for_the_file_system_is_one_line(command, tmp_path, monkeypatch, capsys):
+    """A 300-character path component: OSError ENAMETOOLONG in resolve_run (exit 70)."""
+    extra = {"plot": ["--out", str(tmp_path / "plot")], "table": ["--layout", "gac_table3"],
+             "regress": ["--baseline", str(fake_run(tmp_path / "base", ROWS, BASE_RECIPE))]}
+    code, out = run_cli(monkeypatch, capsys, command, "x" * 300, *extra.get(command, []))
+    assert code in (1, 2) and one_line(out)
+
+
+@pytest.mark.parametrize("command", ["plot", "table", "compare"])
+def test_an_out_name_too_long_for_the_file_system_is_one_line(command, tmp_path, monkeypatch, capsys):
+    """--out with a 300-character name: OSError ENAMETOOLONG while saving (exit 70)."""
+    run = fake_run(tmp_path / "run", ROWS, BASE_RECIPE)
+    extra = ["--layout", "gac_table3"] if command == "table" else []
+    code, out = run_cli(monkeypatch, capsys, command, str(run), "--out", str(tmp_path / ("o" * 300)), *extra)
+    assert code in (1, 2) and one_line(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_plot_with_an_empty_out_is_one_line(tmp_path, monkeypatch, capsys):
+    """`plot --out=`: ValueError "PosixPath('.') has an empty name" (exit 70)."""
+    run = fake_run(tmp_path / "run", ROWS, BASE_RECIPE)
+    code, out = run_cli(monkeypatch, capsys, "plot", str(run), "--out=")
+    assert code == 2 and "--out" in one_line(out)
+
+
+def test_a_layout_with_a_newline_is_echoed_on_one_line(tmp_path, monkeypatch, capsys):
+    """An unknown --layout holding line breaks was echoed as given: the error spread over several lines."""
+    run = fake_run(tmp_path / "run", ROWS, BASE_RECIPE)
+    code, out = run_cli(monkeypatch, capsys, "table", str(run), "--layout", "nope\n\nsecond\nthird")
+    assert code == 2 and "nope" in one_line(out)
+
+
+@pytest.mark.parametrize("command", [["--help"], ["list"]])
+def test_ensbench_threads_abc_is_one_line(command):
+    """ENSBENCH_THREADS=abc was read when the command line was built: a traceback on every command."""
+    done = subprocess.run([sys.executable, "-m", "ensemble_bench.cli", *command], capture_output=True, text=True,
+                          env={**os.environ, "ENSBENCH_THREADS": "abc"}, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 0 or (done.returncode == 2 and len(lines) == 1 and "ENSBENCH_THREADS" in lines[0])
