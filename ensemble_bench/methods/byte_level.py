@@ -51,7 +51,7 @@ from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import (STOP, Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
                                            in_batches)
 from ensemble_bench.methods.stopping import StopRule
-from ensemble_bench.vocab.covering import END, Branch, SortedVocab, branch_at, next_byte_distribution
+from ensemble_bench.vocab.covering import END, Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
 from ensemble_bench.vocab.retokenize import CanonicalTail, Plan, continuation_encoder
 
 
@@ -101,6 +101,10 @@ class TreeStats:
             self.widest = max(self.widest, len(tree.branches))
             self.tokens += sum(b.width for b in tree.branches)
 
+    def add_rows(self, states: Sequence[ByteState]) -> None:
+        for state in states:
+            self.add(state.trees)
+
     def summary(self, members: int) -> dict:
         per = self.steps * members
         return {"byte_steps": self.steps,
@@ -121,6 +125,7 @@ class ByteLevel(DecodingMethod):
         self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
         self.tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
             lambda text, m=m: m.encode(text, add_special_tokens=False))) for m in members]
+        self.stops = [sorted(m.stop_ids) for m in members]
         self.stats = TreeStats()
 
     @classmethod
@@ -144,25 +149,33 @@ class ByteLevel(DecodingMethod):
         """Steps 1-2 for every live row, and each member's re-tokenisation of the chosen byte."""
         if not states[0].trees:
             self._begin(dists, states)
-        return Round([self._choose(state) for state in states], dists, by_span=True)
+        self.stats.add_rows(states)
+        chosen = self.mixed_rows(states).argmax(dim=1).tolist()
+        return Round([STOP if byte == END else self._plan(state, byte) for state, byte in zip(states, chosen)],
+                     dists, by_span=True)
 
     def _begin(self, dists: list[torch.Tensor], states: list[ByteState]) -> None:
+        """Every row's root branch in every member (depth 0 after its prompt, P = 1)."""
         prompts = [m.row_ids() for m in self.members]
         for k, state in enumerate(states):
             state.prompt = [rows[k] for rows in prompts]
-            state.trees = [Tree(branches=[branch_at(self.vocabs[i], 0.0, dists[i][k], sorted(m.stop_ids))])
-                           for i, m in enumerate(self.members)]
+            state.trees = [Tree() for _ in self.members]
+        for i in range(len(self.members)):
+            roots = open_branches(self.vocabs[i], [0.0] * len(states), dists[i], self.stops[i])
+            for state, root in zip(states, roots):
+                state.trees[i].branches = [root]
 
-    def mixed(self, state: ByteState) -> torch.Tensor:
-        """[257] the weighted average of the members' next-byte distributions (step 2)."""
-        return sum(w * next_byte_distribution(v, t.branches) for w, v, t in zip(self.weights, self.vocabs, state.trees))
+    def member_distributions(self, i: int, states: Sequence[ByteState]) -> torch.Tensor:
+        """[rows, 257] member i's M_i(. | x) of every row (step 1): its live branches of all rows in
+        one scatter-add and one weighted sum."""
+        branches = [b for state in states for b in state.trees[i].branches]
+        rows = torch.tensor([k for k, state in enumerate(states) for _ in state.trees[i].branches], dtype=torch.long)
+        logps = torch.tensor([b.logp for b in branches], dtype=torch.float64)
+        return mixture_by_row(next_byte_masses(self.vocabs[i], branches), logps, rows, len(states)).cpu()
 
-    def _choose(self, state: ByteState) -> Advance:
-        self.stats.add(state.trees)
-        byte = int(self.mixed(state).argmax())
-        if byte == END:
-            return STOP
-        return self._plan(state, byte)
+    def mixed_rows(self, states: Sequence[ByteState]) -> torch.Tensor:
+        """[rows, 257] the weighted average of the members' next-byte distributions (step 2)."""
+        return sum(w * self.member_distributions(i, states) for i, w in enumerate(self.weights))
 
     def _plan(self, state: ByteState, byte: int) -> Advance:
         """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
@@ -194,18 +207,22 @@ class ByteLevel(DecodingMethod):
             return dist
         member.crop(lengths)
         dist, scored = member.extend_scored(feeds)
-        for k, state in enumerate(states):
-            self._advance_tree(i, state.trees[i], dist[k], scored[k] if feeds[k] else None)
+        opening = [k for k, state in enumerate(states) if feeds[k] and self._advance_tree(state.trees[i], scored[k])]
+        if opening:  # the branch at the new end of x (c_{n+1}) of every row that has one, opened together
+            index = torch.tensor(opening, dtype=torch.long, device=dist.device)
+            opened = open_branches(self.vocabs[i], [states[k].trees[i].cum[-1] for k in opening],
+                                   dist.index_select(0, index), self.stops[i])
+            for k, branch in zip(opening, opened):
+                states[k].trees[i].branches.append(branch)
         return dist
 
-    def _advance_tree(self, i: int, tree: Tree, dist: torch.Tensor, scored: list[float] | None) -> None:
+    @staticmethod
+    def _advance_tree(tree: Tree, scored: list[float]) -> bool:
+        """The row holds the plan's ids (and their log-probabilities); True when a branch opens (no pending bytes)."""
         plan = tree.plan
-        if scored is None:
-            return
         tree.held = tree.held[:plan.keep] + list(plan.ids)
         tree.cum = tree.cum[:plan.keep + 1] + list(accumulate(scored, initial=tree.cum[plan.keep]))[1:]
-        if not plan.pending:  # the branch at the new end of x (c_{n+1})
-            tree.branches.append(branch_at(self.vocabs[i], tree.cum[-1], dist, sorted(self.members[i].stop_ids)))
+        return not plan.pending
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
@@ -261,13 +278,15 @@ class ByteTeacherForced(Steps):
     def choose(self, dists: list[torch.Tensor], states: list[ByteScoringState]) -> Round:
         if not states[0].trees:
             self.method._begin(dists, states)
+        self.method.stats.add_rows(states)
+        mixed = self.method.mixed_rows(states)
+        forced = torch.tensor([state.forced[state.count] for state in states], dtype=torch.long)
+        chance = mixed.gather(1, forced[:, None])[:, 0].tolist()
+        greedy = (mixed.argmax(dim=1) == forced).tolist()
         advances = []
-        for state in states:
-            self.method.stats.add(state.trees)
-            mixed = self.method.mixed(state)
-            byte = state.forced[state.count]
-            state.total += math.log(float(mixed[byte]) or 1e-300)
-            state.greedy = state.greedy and int(mixed.argmax()) == byte
+        for state, byte, p, top in zip(states, forced.tolist(), chance, greedy):
+            state.total += math.log(p or 1e-300)
+            state.greedy = state.greedy and top
             advances.append(Advance(self.method._plan(state, byte).data, None, 1))  # one byte of the budget
         return Round(advances, dists)
 

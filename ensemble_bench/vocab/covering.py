@@ -25,6 +25,7 @@ of a branch are one scatter-add over its range (``next_byte_mass``).
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,22 +52,32 @@ class SortedVocab:
         self.pieces = [pieces[i] for i in ids]
         self.order = torch.tensor(ids, dtype=torch.long)
         width = max((len(p) for p in self.pieces), default=1)
-        matrix = torch.full((len(ids), width + 1), END, dtype=torch.long)  # byte k of each piece, END past its end
+        # columns[k, r]: byte k of sorted piece r, END past its end (byte-major: a branch reads one row)
+        columns = torch.full((width + 1, len(ids)), END, dtype=torch.long)
         for row, piece in enumerate(self.pieces):
-            matrix[row, :len(piece)] = torch.tensor(list(piece), dtype=torch.long)
-        self.bytes_at = matrix
-        self._placed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+            columns[:len(piece), row] = torch.tensor(list(piece), dtype=torch.long)
+        self.columns = columns
+        self.bytes_at = columns.T  # [sorted piece, k] (a view)
+        # the first byte of every id of the head (SKIP: excluded, no piece, or past the pieces)
+        first = torch.full((len(pieces),), SKIP, dtype=torch.long)
+        first[self.order] = columns[0]
+        self.first_byte = first
+        self._placed: dict[str, tuple[torch.Tensor, ...]] = {}
 
     @property
     def size(self) -> int:
         return len(self.pieces)
 
-    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(order, bytes_at) on ``device`` (copied once)."""
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         key = str(device)
         if key not in self._placed:
-            self._placed[key] = (self.order.to(device), self.bytes_at.to(device))
+            self._placed[key] = tuple(t.to(device) for t in (self.order, self.columns, self.first_byte))
         return self._placed[key]
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(order, bytes_at) on ``device`` (copied once)."""
+        order, columns, _ = self._on(device)
+        return order, columns.T
 
     def narrow(self, lo: int, hi: int, prefix: bytes) -> tuple[int, int]:
         """The range of tokens that start with ``prefix``, inside [lo, hi) (which holds a shorter prefix's)."""
@@ -75,17 +86,23 @@ class SortedVocab:
         return start, (hi if bound is None else bisect_left(self.pieces, bound, start, hi))
 
 
+SKIP = END + 1  # the bin of the ids that are no ordinary piece (dropped after the sums)
+
+
 @dataclass(frozen=True)
 class Branch:
     """One branch of the covering tree: trunk c_j (log-probability ``logp``), its next-token
-    probabilities in sorted-vocabulary order, and the range of tokens extending x[j:] (``depth`` bytes)."""
+    probabilities p(t | c_j) in the member's id order, and the range of sorted tokens extending
+    x[j:] (``depth`` bytes). ``mass``: its next-byte masses when opened at depth 0 (computed with
+    every branch opened in the same step, ``open_branches``)."""
 
     logp: float
-    probs: torch.Tensor    # [sorted vocab] p(t | c_j)
+    probs: torch.Tensor    # [head] p(t | c_j), id order
     lo: int
     hi: int
     depth: int = 0          # len(x[j:])
     end: float = 0.0        # p(stop | c_j); counts only while depth == 0
+    mass: torch.Tensor | None = None  # [257] at depth 0, when already summed
 
     @property
     def width(self) -> int:
@@ -100,23 +117,82 @@ class Branch:
 
     def next_byte_mass(self, vocab: SortedVocab) -> torch.Tensor:
         """[257] sum of p(t | c_j) over the range's tokens by their byte after x[j:] (END: the stop mass at depth 0)."""
-        _, bytes_at = vocab.on(self.probs.device)
-        mass = torch.zeros(END + 1, dtype=self.probs.dtype, device=self.probs.device)
-        mass.index_add_(0, bytes_at[self.lo:self.hi, self.depth], self.probs[self.lo:self.hi])
-        mass[END] = self.end if self.depth == 0 else 0.0  # slot END held the pieces that end with x
-        return mass
+        return next_byte_masses(vocab, [self])[0]
+
+
+def exact_exp(logprobs: torch.Tensor) -> torch.Tensor:
+    """``logprobs.float().exp()`` without exp's slow path where the result leaves float32's normal
+    range (below -87.3: subnormal, then 0 below -104; most of a peaked distribution is there): the
+    normal part in one exp, the few subnormal results by themselves, the rest exactly 0."""
+    logprobs = logprobs.float()
+    small = logprobs < -87.0
+    if not bool(small.any()):
+        return logprobs.exp()
+    probs = torch.where(small, -80.0, logprobs).exp().masked_fill_(small, 0.0)
+    subnormal = (small & (logprobs > -110.0)).nonzero(as_tuple=True)
+    if subnormal[0].numel():
+        probs[subnormal] = logprobs[subnormal].exp()
+    return probs
+
+
+def open_branches(vocab: SortedVocab, logps: Sequence[float], logprobs: torch.Tensor,
+                  stop_ids: Sequence[int]) -> list[Branch]:
+    """New branches at the end of x (depth 0), one per row of ``logprobs`` [rows, head]: one exp,
+    one scatter-add of every row's probabilities by first byte, one stop sum for all rows
+    (ByteSampler Eq. 2, the j = n term)."""
+    rows, head = logprobs.shape
+    _, _, first_byte = vocab._on(logprobs.device)
+    if head > len(first_byte):  # a head wider than the pieces: the rest is no ordinary piece
+        first_byte = torch.cat([first_byte, first_byte.new_full((head - len(first_byte),), SKIP)])
+    probs = exact_exp(logprobs)
+    index = (first_byte[None, :head] + (SKIP + 1) * torch.arange(rows, device=probs.device)[:, None]).reshape(-1)
+    mass = torch.zeros(rows * (SKIP + 1), dtype=probs.dtype, device=probs.device)
+    mass.index_add_(0, index, probs.reshape(-1))
+    mass = mass.view(rows, SKIP + 1)[:, :END + 1]
+    stops = [s for s in stop_ids if s < head]
+    mass[:, END] = probs[:, stops].sum(dim=1) if stops else 0.0
+    return [Branch(float(logp), probs[k], 0, vocab.size, 0, 0.0, mass[k]) for k, logp in enumerate(logps)]
 
 
 def branch_at(vocab: SortedVocab, logp: float, logprobs: torch.Tensor, stop_ids: Sequence[int]) -> Branch:
     """A new branch at the end of x (depth 0): every token extends the empty suffix."""
-    order, _ = vocab.on(logprobs.device)
-    probs = logprobs.float().exp()
-    end = float(probs[list(stop_ids)].sum()) if stop_ids else 0.0
-    return Branch(logp, probs[order], 0, vocab.size, 0, end)
+    return open_branches(vocab, [logp], logprobs[None], stop_ids)[0]
+
+
+def next_byte_masses(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Tensor:
+    """[branches, 257] each branch's next-byte masses: the ones opened this step as summed then, the
+    narrowed ones in one scatter-add over all their ranges (each range's tokens by their byte after
+    x[j:]; the pieces equal to x[j:] land on END, which holds no mass past depth 0)."""
+    device = branches[0].probs.device
+    order, columns, _ = vocab._on(device)
+    masses = torch.zeros((len(branches), END + 1), dtype=branches[0].probs.dtype, device=device)
+    opened = [k for k, b in enumerate(branches) if b.mass is not None]
+    if opened:
+        masses[opened] = torch.stack([branches[k].mass for k in opened])
+    narrowed = [k for k, b in enumerate(branches) if b.mass is None]
+    if narrowed:
+        chosen = [branches[k] for k in narrowed]
+        values = torch.cat([b.probs[order[b.lo:b.hi]] for b in chosen])
+        bins = torch.cat([columns[b.depth, b.lo:b.hi] + (END + 1) * k for k, b in zip(narrowed, chosen)])
+        masses.view(-1).index_add_(0, bins, values)
+        masses[narrowed, END] = torch.tensor([b.end if b.depth == 0 else 0.0 for b in chosen],
+                                             dtype=masses.dtype, device=device)
+    return masses
+
+
+def mixture_by_row(masses: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """[count, 257] M(. | x) normalised per row (module docstring): the branches' masses ``masses``
+    [branches, 257] weighted by P(c_j) = exp(``logps``) relative to the row's largest, summed into
+    their ``rows``."""
+    top = torch.full((count,), -math.inf, dtype=logps.dtype).scatter_reduce(0, rows, logps, "amax")
+    weights = (logps - top[rows]).exp().to(device=masses.device, dtype=masses.dtype)
+    total = torch.zeros((count, END + 1), dtype=masses.dtype, device=masses.device)
+    total.index_add_(0, rows.to(masses.device), weights[:, None] * masses)
+    return total / total.sum(dim=1, keepdim=True)
 
 
 def next_byte_distribution(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Tensor:
     """[257] M(. | x) normalised (module docstring), from the live branches of one member."""
-    top = max(b.logp for b in branches)
-    total = sum(torch.exp(torch.tensor(b.logp - top)) * b.next_byte_mass(vocab).cpu() for b in branches)
-    return total / total.sum()
+    logps = torch.tensor([b.logp for b in branches], dtype=torch.float64)
+    rows = torch.zeros(len(branches), dtype=torch.long)
+    return mixture_by_row(next_byte_masses(vocab, branches), logps, rows, 1)[0].cpu()
