@@ -4,6 +4,9 @@ Exit codes: 0 done; 1 a regression (``ensbench regress``) or an environment faul
 70 a bug in ensbench (the traceback is printed); 130 interrupted.
 """
 
+import errno
+import sqlite3
+
 
 class UserError(Exception):
     """A mistake in the user's input (recipe, model name, data); printed as one line."""
@@ -21,10 +24,17 @@ class EnvironmentFault(Exception):
 NETWORK_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "gaierror", "OfflineModeIsEnabled",
                    "LocalEntryNotFoundError"}
 DISK_FULL = "disk full{where}: free space on that disk (or set output: to another disk) and run the same command again"
-NOT_WRITABLE = "cannot write{where}: {why}: make the folder writable or set output: to a writable folder"
+NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this user): make it writable or set "
+                "output: to a writable folder")
+# sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
+DAMAGED_SQLITE = ("file is not a database", "database disk image is malformed")
 DAMAGED_CACHE = ("a response cache database of the run is damaged ({why}): remove the run's cache/<row>_rank0.db "
                  "(its answers are recomputed) and run the same command again")
-
+READ_ONLY_SQLITE = ("readonly database", "unable to open database file")
+CACHE_NOT_WRITABLE = ("cannot write a response cache database of the run ({why}): its file or folder is read-only "
+                      "or not writable by this user: make the run folder writable and run the same command again")
+CACHE_UNUSABLE = ("a response cache database of the run could not be used ({why}): check its disk and that no other "
+                  "program holds it, then run the same command again")
 
 def _causes(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or while handling (at most ten)."""
@@ -35,23 +45,30 @@ def _causes(err: BaseException) -> list[BaseException]:
 
 
 def _fault_of(err: BaseException) -> EnvironmentFault | None:
-    import errno
-    import sqlite3
-
     where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or "database or disk is full" in text:
         return EnvironmentFault(DISK_FULL.format(where=where))
-    if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly database" in text:
-        return EnvironmentFault(NOT_WRITABLE.format(where=where, why=getattr(err, "strerror", None) or text))
-    if isinstance(err, sqlite3.DatabaseError):
-        return EnvironmentFault(DAMAGED_CACHE.format(why=text))
+    if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return EnvironmentFault(NOT_WRITABLE.format(where=where, why=err.strerror or text))
+    if isinstance(err, sqlite3.DatabaseError) and (message := _sqlite_message(err, text)):
+        return EnvironmentFault(message.format(why=text))
     if NETWORK_CLASSES & {cls.__name__ for cls in type(err).__mro__}:
         return EnvironmentFault(f"network unavailable ({text}): check the connection, or use data: offline "
                                 "and local or packaged models")
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return EnvironmentFault("out of memory: lower batch_size, or use fewer, smaller or quantized members")
     return None
+
+
+def _sqlite_message(err: sqlite3.DatabaseError, text: str) -> str | None:
+    """Damaged only when sqlite itself found the file unsound; read-only is never called damaged; a
+    misuse of the sqlite API (not an OperationalError) is a bug."""
+    if any(verdict in text for verdict in DAMAGED_SQLITE):
+        return DAMAGED_CACHE
+    if any(sign in text for sign in READ_ONLY_SQLITE):
+        return CACHE_NOT_WRITABLE
+    return CACHE_UNUSABLE if isinstance(err, sqlite3.OperationalError) else None
 
 
 def environment_fault(err: BaseException) -> EnvironmentFault | None:

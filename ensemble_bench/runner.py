@@ -2,6 +2,7 @@
 
 Layout of one run::
 
+    results/.<recipe>.lock   held by the run in progress (run_lock): one writer per recipe
     results/<recipe>/<run id>/
       recipe.yaml            the recipe as run (with its fingerprint)
       params.json            every row's method parameters, defaults included
@@ -13,13 +14,15 @@ Layout of one run::
 
 A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
 recipe whose last run did not finish resumes it: finished rows are kept and the response cache
-answers every request already computed.
+answers every request already computed. ``output:`` is read through ``output_root`` only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sqlite3
@@ -34,15 +37,32 @@ import yaml
 
 from ensemble_bench.build import MemberPool, build_method, row_params
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
+from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
 
 PARAMS = "params.json"
 HUB = ("huggingface.co", 443)
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")  # $NAME or ${NAME}, as os.path.expandvars reads them
+
+
+def output_root(recipe: Recipe) -> Path:
+    """The recipe's ``output:`` folder with ``~`` and ``$VAR`` expanded: the one reading of it, used by
+    the preflight and the run alike. An unset variable or an unknown user's ``~name`` is refused in
+    one line instead of becoming a folder named after it."""
+    unset = [name for match in VARIABLE.finditer(recipe.output)
+             if (name := match.group(1) if match.group(1) is not None else match.group(2)) not in os.environ]
+    if unset:
+        raise UserError(f"output: '{recipe.output}' uses ${unset[0]}, which is not set: set it or write the folder out")
+    expanded = os.path.expanduser(os.path.expandvars(recipe.output))
+    if expanded.startswith("~"):
+        raise UserError(f"output: '{recipe.output}': no home folder for '{expanded.split('/')[0]}': write the folder out")
+    return Path(expanded)
+
 
 # --- checks before anything is loaded (run and --dry-run) -------------------------------------------
 def _network_problem(recipe: Recipe) -> str | None:
@@ -76,7 +96,7 @@ def _device_problems(recipe: Recipe) -> list[str]:
 
 
 def _output_problem(recipe: Recipe) -> str | None:
-    target = Path(recipe.output).expanduser() / recipe.name
+    target = output_root(recipe) / recipe.name
     existing = None
     try:
         existing = next(p for p in (target, *target.parents) if p.exists())
@@ -112,7 +132,7 @@ def _runs_of(recipe: Recipe) -> list[Path]:
     runs stay findable when the fingerprint's own definition changes. A run whose rows were
     computed with other method parameters than this code gives the recipe (a default changed
     since) is not this recipe's run: it is neither resumed nor reused."""
-    base = Path(recipe.output) / recipe.name
+    base = output_root(recipe) / recipe.name
     fingerprint = recipe.fingerprint()
     found = []
     for folder in sorted(base.iterdir()) if base.is_dir() else []:
@@ -145,12 +165,23 @@ def _same_params(folder: Path, recipe: Recipe) -> bool:
 
 
 def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
-    """The unfinished run of this exact recipe to resume, or a new run directory."""
+    """The unfinished run of this exact recipe to resume, or a new run directory's name; whether resumed."""
     unfinished = [p for p in _runs_of(recipe) if not (p / DONE).exists()]
     if unfinished and not fresh:
         return unfinished[-1], True
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(recipe.output) / recipe.name / f"{stamp}-{recipe.fingerprint()}", False
+    return _new_run_dir(recipe), False
+
+
+def _new_run_dir(recipe: Recipe) -> Path:
+    """A name for a new run folder: the time (to the second) and the fingerprint, with -02, -03, ...
+    when a run of the same second has it. Chosen under the recipe's run lock, so no other run of
+    this name and fingerprint can take it before it is created; the names still sort oldest first."""
+    base = output_root(recipe) / recipe.name
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{recipe.fingerprint()}"
+    number = 1
+    while (base / (name := stem if number == 1 else f"{stem}-{number:02d}")).exists():
+        number += 1
+    return base / name
 
 
 def finished_run(recipe: Recipe) -> Path | None:
@@ -203,26 +234,76 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
         atomic_write_text(partial / "span_trace.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces))
+    missing = _damage(partial, [group for _, group in groups])
+    if missing:  # lm-eval logs a failed write of its files as a warning and goes on
+        raise EnvironmentFault(f"{partial}: the files of row {row.label} were not all written ({missing}): check "
+                               "that folder's disk and permissions, then run the same command again")
     final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
-def _damage(row_dir: Path) -> str | None:
-    """Why a finished row's files cannot be used (missing or not parsing), or None."""
-    results = sorted(row_dir.glob("results_*.json"))
-    samples = sorted(row_dir.glob("samples_*.jsonl"))
-    if not results or not samples:
-        return "its results_*.json or samples_*.jsonl are missing"
-    for path in [row_dir / "timing.json", *results, *samples]:
-        try:
-            text = path.read_text(encoding="utf-8")
-            for line in text.splitlines() if path.suffix == ".jsonl" else [text]:
-                json.loads(line)
-        except (OSError, ValueError) as err:
-            return f"{path.name} does not parse ({type(err).__name__})"
+def _parse_json(path: Path) -> list:
+    """The JSON values of a .json file (one) or a .jsonl file (one per line)."""
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why one file of a row cannot be used (missing, not parsing), or None."""
+    try:
+        values = _parse_json(path)
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError) as err:
+        return f"{path.name} does not parse ({type(err).__name__})"
+    if path.suffix == ".json" and not isinstance(values[0], dict):
+        return f"{path.name} does not parse (not a JSON object)"
     return None
+
+
+def _samples_hash(path: Path) -> str | None:
+    """lm-eval's hash of a task's samples (as it records it in results_*.json: task_hashes), taken
+    from the samples file; None when a line lacks the fields it is made of."""
+    try:
+        parts = [s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in _parse_json(path)]
+    except (TypeError, KeyError):
+        return None
+    return hashlib.sha256("".join(parts).encode("utf-8")).hexdigest()
+
+
+def _samples_problem(row_dir: Path, results_path: Path, results: dict) -> str | None:
+    """Every task with samples in one results file (its task_hashes) must have its file beside it,
+    samples_<task>_<the same date>.jsonl, holding the very examples that hash records."""
+    date = results_path.name.removeprefix("results_").removesuffix(".json")
+    hashes = results.get("task_hashes")
+    for task, recorded in (hashes if isinstance(hashes, dict) else {}).items():
+        path = row_dir / f"samples_{task}_{date}.jsonl"
+        if problem := _file_problem(path):
+            return problem
+        if _samples_hash(path) != recorded:
+            return f"{path.name} does not hold the examples {results_path.name} records"
+    return None
+
+
+def _damage(row_dir: Path, groups: list[str]) -> str | None:
+    """Why a finished row cannot be kept, or None. Every file it must have is checked: timing.json,
+    a results_*.json naming each of the run's task groups (one per distinct limit), and for every
+    task with samples in each results file, its samples file holding the examples recorded there."""
+    if problem := _file_problem(row_dir / "timing.json"):
+        return problem
+    found: dict[Path, dict] = {}
+    for path in sorted(row_dir.glob("results_*.json")):
+        if problem := _file_problem(path):
+            return problem
+        found[path] = _parse_json(path)[0]
+    evaluated = {group for results in found.values()
+                 if isinstance(subtasks := results.get("group_subtasks"), dict) for group in subtasks}
+    if missing := [group for group in groups if group not in evaluated]:
+        return f"no results_*.json for its task group {missing[0]}"
+    return next((problem for path, results in found.items() if (problem := _samples_problem(row_dir, path, results))),
+                None)
 
 
 def cache_db(run_dir: Path, label: str) -> Path:
@@ -230,8 +311,18 @@ def cache_db(run_dir: Path, label: str) -> Path:
     return inside(run_dir / "cache", f"{label}_rank0.db")
 
 
+def _not_writable(path: Path) -> EnvironmentFault:
+    return EnvironmentFault(f"cannot write {path}: it is read-only (or not writable by this user): make it "
+                            "writable and run the same command again")
+
+
 def check_cache(db: Path) -> None:
-    """One line naming the file when a response cache does not open as a database."""
+    """Before any model loads, one line naming a row's response cache that the run could not use: its
+    folder or file read-only, the file unreadable, or (the only case called damaged, with the advice
+    to remove it) a readable file that sqlite finds unsound."""
+    for path in (db.parent, db):
+        if path.exists() and not os.access(path, os.W_OK):
+            raise _not_writable(path)
     if not db.exists():
         return
     try:
@@ -241,20 +332,23 @@ def check_cache(db: Path) -> None:
         finally:
             connection.close()
     except sqlite3.DatabaseError as err:
+        if not any(sign in str(err) for sign in DAMAGED_SQLITE):
+            raise EnvironmentFault(f"{db}: the response cache cannot be read ({err}): check that this user may read "
+                                   "and write it, then run the same command again") from None
         verdict = str(err)
     if verdict != "ok":
         raise EnvironmentFault(f"{db}: the response cache is damaged ({verdict}): remove this file (its answers "
                                "are recomputed) and run the same command again")
 
 
-def _rows_to_compute(run_dir: Path, rows: list[Row], on_row) -> list[Row]:
+def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row) -> list[Row]:
     """Validate the finished rows of a resumed run before computing anything: a damaged one is moved
     aside (to .<row>.damaged) and recomputed from its response cache; every cache to be read must open."""
     todo = []
     for row in rows:
         row_dir = inside(run_dir, row.label)
         if (row_dir / "timing.json").exists() or row_dir.exists():
-            why = _damage(row_dir)
+            why = _damage(row_dir, groups)
             if why is None:
                 on_row and on_row(row, "kept from the interrupted run")
                 continue
@@ -265,6 +359,14 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], on_row) -> list[Row]:
         check_cache(cache_db(run_dir, row.label))
         todo.append(row)
     return todo
+
+
+def _check_complete(run_dir: Path, rows: list[Row], groups: list[str]) -> None:
+    """The summary marks a run finished: written only when every row has every file it must have."""
+    for row in rows:
+        if why := _damage(inside(run_dir, row.label), groups):
+            raise EnvironmentFault(f"{run_dir}: row {row.label} is not complete ({why}): run the same command "
+                                   "again to recompute it from the response cache")
 
 
 def _quiet_git_hash() -> str | None:
@@ -292,7 +394,14 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | N
 
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
-    """Run every row of the recipe; return the run directory (with summary.md when done)."""
+    """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's
+    run lock is held throughout, from choosing the run folder to the summary: a second run of the same
+    recipe meanwhile is refused in one line and changes nothing."""
+    with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
+        return _run_locked(recipe, fresh, progress, on_row)
+
+
+def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     import lm_eval.evaluator  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     from lm_eval.tasks import TaskManager
 
@@ -302,23 +411,29 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
         os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
-    run_dir, resumed = _run_dir(recipe, fresh)
+    run_dir, _ = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(run_dir, os.W_OK):
+        raise _not_writable(run_dir)
     _write_recipe(run_dir, recipe)
     if not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     include_path, groups = _task_groups(recipe, run_dir)
     task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults_needed(recipe.data))
+    group_names = [group for _, group in groups]
+    inside(run_dir, "cache").mkdir(exist_ok=True)
 
     if recipe.allow_code_execution:
         os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
-    for row in _rows_to_compute(run_dir, plan_rows(recipe), on_row):
+    rows = plan_rows(recipe)
+    for row in _rows_to_compute(run_dir, rows, group_names, on_row):
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
         lm = LM_CLASSES[row.method](method, row.label,
                                     progress=(lambda n, label=row.label: progress(label, n, None)) if progress else None)
         on_row and on_row(row, "evaluating")
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager)
+    _check_complete(run_dir, rows, group_names)
     write_summary(run_dir, recipe)
     return run_dir
