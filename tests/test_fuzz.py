@@ -60,8 +60,8 @@ def test_every_command_on_hostile_arguments_is_a_result_or_one_line(command, dat
 
 # --- the smoke pass: runtime-only fields through real tiny runs (limit 1) ------------------------------------------
 SMOKE = {  # recipe fields -> whether the run must be refused (exit 2) rather than finish (exit 0)
-    "seed 0, 1 shot, window 0, a tiny weight": ({"seed": 0, "shots": 1, "window": 0, "weights": "[1.0e-300, 1.0]"}, False),
-    "largest seed, window 64, a zero weight": ({"seed": 2**32 - 1, "shots": 0, "window": 64, "weights": "[0.0, 1.0]"}, False),
+    "largest seed, 1 shot, window 0, uneven weights": (
+        {"seed": 2**32 - 1, "shots": 1, "window": 0, "weights": "[0.3, 0.7]"}, False),
     "seed -1": ({"seed": -1}, True),
     "seed 99999999999": ({"seed": 99999999999}, True),
     "shots above the data": ({"shots": 100000}, True),
@@ -94,7 +94,8 @@ def test_runtime_fields_through_a_real_tiny_run_are_a_result_or_one_line(case, t
     with sandbox() as box:
         recipe = box.root / "recipe.yaml"
         recipe.write_text(smoke_recipe(tiny_dirs, fields))
-        outcome = call_cli(box, ["run", str(recipe)], [box.cwd / "out"], limit_s=300)
+        # a real run also fills the libraries' caches under $HOME/.cache (the Hugging Face datasets cache)
+        outcome = call_cli(box, ["run", str(recipe)], [box.cwd / "out", box.home / ".cache"], limit_s=300)
         written = [p.read_text() for p in (box.cwd / "out").rglob("*.json")]
     assert not outcome.problems(), (outcome.problems(), outcome.err[-3000:])
     assert outcome.code == (2 if refused else 0), outcome.err[-3000:]
