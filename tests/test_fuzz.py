@@ -3,8 +3,9 @@
 traceback, more than one error line or a file written outside the output; a smoke pass runs the
 runtime-only fields through real tiny runs; every failure the fuzzer found is a named test below.
 
-Bound: ENSBENCH_FUZZ_EXAMPLES examples per property (default 40; `make fuzz` runs 400) with the
-fixed seed ENSBENCH_FUZZ_SEED (default 30); no example database is kept.
+Bound: ENSBENCH_FUZZ_EXAMPLES examples per command (default 40; `make fuzz` runs 400) and three
+times as many recipes (a dry run is cheap), with the fixed seed ENSBENCH_FUZZ_SEED (default 30);
+no example database is kept.
 """
 
 import os
@@ -38,7 +39,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=
 
 # --- the fuzzer ----------------------------------------------------------------------------------------------------
 @seed(SEED)
-@FUZZ
+@settings(FUZZ, max_examples=3 * EXAMPLES)
 @given(case=mutated_recipes())
 def test_a_mutated_shipped_recipe_is_a_plan_or_one_line(case):
     with sandbox() as box:
@@ -182,6 +183,7 @@ def test_a_run_path_too_long_for_the_file_system_is_one_line(command, tmp_path, 
     """A 300-character path component: OSError ENAMETOOLONG in resolve_run (exit 70)."""
     extra = {"plot": ["--out", str(tmp_path / "plot")], "table": ["--layout", "gac_table3"],
              "regress": ["--baseline", str(fake_run(tmp_path / "base", ROWS, BASE_RECIPE))]}
+    monkeypatch.chdir(tmp_path)
     code, out = run_cli(monkeypatch, capsys, command, "x" * 300, *extra.get(command, []))
     assert code in (1, 2) and one_line(out)
 
@@ -199,8 +201,9 @@ def test_an_out_name_too_long_for_the_file_system_is_one_line(command, tmp_path,
 def test_plot_with_an_empty_out_is_one_line(tmp_path, monkeypatch, capsys):
     """`plot --out=`: ValueError "PosixPath('.') has an empty name" (exit 70)."""
     run = fake_run(tmp_path / "run", ROWS, BASE_RECIPE)
+    monkeypatch.chdir(tmp_path)  # where an empty --out would point
     code, out = run_cli(monkeypatch, capsys, "plot", str(run), "--out=")
-    assert code == 2 and "--out" in one_line(out)
+    assert code == 2 and "--out" in one_line(out) and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_a_layout_with_a_newline_is_echoed_on_one_line(tmp_path, monkeypatch, capsys):
