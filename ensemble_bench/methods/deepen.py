@@ -12,6 +12,10 @@ of KL(r || p R^_main) on the main model's probabilities of its ``support`` token
 
 Scoring a continuation token adds it to the main model's search set; its probability is its
 share of the updated (clamped at 0) probabilities.
+
+Greedy steps are first decided by bounds (vocab/relative.py ``bounded_choice``): only the
+``HEAD`` most probable tokens' rows of R^ are read, every other row is bounded from its
+embedding; rows the bounds cannot decide, and scoring, run the exact transform.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
-from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform
+from ensemble_bench.vocab.relative import (MemberSlice, RelativeSpace, Scratch, anchor_ids, bounded_choice,
+                                           inverse_transform)
+
+HEAD = 4  # support tokens per member whose rows of R^ the bounds read exactly
 
 
 class DeepenParams(EmitterParams):
@@ -75,6 +82,10 @@ class Deepen(EmitterMethod):
         self.valid = [self._valid_ids(m) for m in members]
         self.support_rows = 0
         self.support_total = 0
+        self.scratch = Scratch()
+        self.head_buffers: list[torch.Tensor | None] = [None] * len(members)
+        self.bound_rows = 0
+        self.bound_decided = 0
 
     @classmethod
     def check_members(cls, params: DeepenParams, labels: Sequence[str]) -> None:
@@ -89,30 +100,70 @@ class Deepen(EmitterMethod):
         mask[sorted(ids)] = True
         return mask
 
-    def _support(self, index: int, probs: torch.Tensor) -> torch.Tensor:
-        """The member's most probable valid ids (all valid ids when ``support`` is null)."""
+    def _supports(self, index: int, probs: torch.Tensor) -> torch.Tensor:
+        """Per row, the member's ``support`` most probable valid ids (every valid id when
+        ``support`` is null), most probable first: [B, n]."""
         valid = self.valid[index]
         if valid.device != probs.device:  # the member's log-probs stay on its device
             valid = self.valid[index] = valid.to(probs.device)
-        if self.params.support is None or self.params.support >= int(valid.sum()):
-            return valid.nonzero().flatten()
-        masked = probs.masked_fill(~valid, -1.0)
-        return masked.topk(self.params.support).indices
+        count = int(valid.sum())
+        size = count if self.params.support is None else min(self.params.support, count)
+        return probs.masked_fill(~valid, -1.0).topk(size, dim=-1).indices
+
+    def _slice(self, index: int, probs: torch.Tensor, ids: torch.Tensor) -> MemberSlice:
+        """The member's support split for ``bounded_choice``: head rows exact, tail bounded."""
+        space = self.spaces[index]
+        device = space.anchors.device
+        head, tail = ids[:, :HEAD].to(device), ids[:, HEAD:].to(device)
+        shape = (head.numel(), space.size)
+        buffer = self.head_buffers[index]
+        if buffer is None or buffer.shape != shape:
+            buffer = self.head_buffers[index] = torch.empty(shape, dtype=torch.float32, device=device)
+        rows = space.rows(head.flatten(), out=buffer).view(*head.shape, space.size)
+        probs = probs.float().to(device)
+        return MemberSlice(head, probs.gather(1, head), rows, probs.gather(1, tail),
+                           space.entry_low[tail], space.entry_high[tail])
+
+    def _bounded(self, probs: list[torch.Tensor], supports: list[torch.Tensor]) -> list[int | None]:
+        """The rows the bounds decide: the emitted id, else None."""
+        slices = [self._slice(i, p, ids) for i, (p, ids) in enumerate(zip(probs, supports))]
+        winner, decided = bounded_choice(slices, self.weights, self.emitter, self.params.eta, self.params.steps,
+                                         self.scratch)
+        chosen = slices[self.emitter].head_ids.gather(1, winner[:, None])[:, 0]
+        self.bound_rows += len(chosen)
+        self.bound_decided += int(decided.sum())
+        return [c if d else None for c, d in zip(chosen.tolist(), decided.tolist())]
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
         probs = [lp.exp() for lp in logprobs]
-        choices, scored = [], []
-        rows = probs[0].shape[0]
-        supports_by_row = [[self._support(i, p[row]) for i, p in enumerate(probs)] for row in range(rows)]
+        supports = [self._supports(i, p) for i, p in enumerate(probs)]
+        choices = self._bounded(probs, supports) if targets is None else [None] * probs[0].shape[0]
+        rows = [row for row, choice in enumerate(choices) if choice is None]
+        if len(rows) < len(choices):  # only the undecided rows (a copy of those rows, on their device)
+            probs, supports = [p[rows] for p in probs], [s[rows] for s in supports]
+        scored = []
+        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets)):
+            choices[row] = choice
+            scored.append(share)
+        if targets is None:
+            self.support_rows += len(choices)
+            self.support_total += len(choices) * sum(s.shape[1] for s in supports)
+        return Step(choices, scored if targets is not None else None)
+
+    def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None):
+        """The dense transform on each row's support: (choice, log share of the target or None)."""
+        if not len(supports[0]):
+            return
         for index, space in enumerate(self.spaces):  # one matmul for the rows missing from the cache
-            space.warm(torch.cat([supports[index] for supports in supports_by_row]).unique())
+            space.warm(supports[index].flatten().unique())
         main_space = self.spaces[self.emitter]
-        for row, supports in enumerate(supports_by_row):
-            held = [space.rows(ids) if space.fits(len(ids) + 1) else None for space, ids in zip(self.spaces, supports)]
+        for row in range(len(supports[0])):
+            ids_by_member = [s[row] for s in supports]
+            held = [space.rows(ids) if space.fits(len(ids) + 1) else None for space, ids in zip(self.spaces, ids_by_member)]
             relative = [space.represent(p[row][ids], ids, rows)  # r_i = p_i R^_i (Sec. 3.3)
-                        for space, p, ids, rows in zip(self.spaces, probs, supports, held)]
+                        for space, p, ids, rows in zip(self.spaces, probs, ids_by_member, held)]
             target = sum(w * r for w, r in zip(self.weights, relative))  # Eq. 5
-            search, search_rows = supports[self.emitter], held[self.emitter]
+            search, search_rows = ids_by_member[self.emitter], held[self.emitter]
             if targets is not None and not bool((search == targets[row]).any()):
                 extra = torch.tensor([targets[row]], device=search.device)
                 search = torch.cat([search, extra])
@@ -120,17 +171,16 @@ class Deepen(EmitterMethod):
             updated = inverse_transform(probs[self.emitter][row][search], search, main_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
             updated = updated.to(search.device)
-            choices.append(int(search[int(updated.argmax())]))
+            choice = int(search[int(updated.argmax())])
             if targets is None:
-                self.support_rows += 1
-                self.support_total += sum(len(s) for s in supports)
+                yield choice, None
             else:
                 kept = updated.clamp(min=0)
                 share = float(kept[search == targets[row]].sum() / kept.sum()) if kept.sum() > 0 else 0.0
-                scored.append(log_or_floor(share))
-        return Step(choices, scored if targets is not None else None)
+                yield choice, log_or_floor(share)
 
     def info(self) -> dict:
         return {**super().info(), "weights_resolved": self.weights, "anchors": self.spaces[0].size,
                 "tokens_manipulated_per_step": self.spaces[0].size,
-                "support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None}
+                "support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None,
+                "bound_decided_fraction": self.bound_decided / self.bound_rows if self.bound_rows else None}

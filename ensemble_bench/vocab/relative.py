@@ -11,18 +11,27 @@ r_i) only needs the rows of its support, so a member's top-``support`` tokens ar
 dropped mass bounds the error: every row of R^ sums to 1, so ||r_exact - r||_1 equals the
 probability mass left out). ``support=None`` uses every token (exact, slow, memory still
 bounded by the chunk size).
+
+Greedy steps first try ``bounded_choice``: the T inverse steps run on intervals, with the rows of
+a few head tokens exact and every other row bounded entrywise from its embedding alone
+(``RelativeSpace.entry_bounds``); when the interval of one token's final probability lies above
+every other's, that token is the dense transform's argmax and no full row is touched. Otherwise
+(and when scoring) the exact transform runs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
 from ensemble_bench.vocab.bytes_view import VocabView
 
 CHUNK_ELEMENTS = 1 << 26  # rows x anchors computed at once (256 MiB of float32)
+DECISION_MARGIN = 1e-4  # a bound must clear the runner-up by this much (x (1 + magnitude)): float rounding
 
 
 def anchor_ids(views: Sequence[VocabView]) -> list[list[int]]:
@@ -51,6 +60,7 @@ class RelativeSpace:
         self.embeddings = embeddings  # [V, d] the member's input embeddings (any dtype and device)
         self.anchors = (embeddings.index_select(0, index).float() / norms[index, None]).to(embeddings.dtype)
         self.inverse_norms = (1.0 / norms).float()  # [V]
+        self.entry_low, self.entry_high = self._entry_bounds(norms)
         capacity = max(1, cache_bytes // (4 * self.size))
         self._store = torch.empty((0, self.size), dtype=torch.float32, device=embeddings.device)
         self._capacity = capacity
@@ -60,6 +70,25 @@ class RelativeSpace:
     def size(self) -> int:
         return self.anchors.shape[0]
 
+    def _entry_bounds(self, norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token v, bounds on every entry of its row R^[v] = softmax_a(c_va) (Eq. 2, 4), from
+        its embedding alone ([V] each, float32).
+
+        Cosines lie in [-L, L], L = 1 + rounding slack. Z_v = sum_a exp(c_va) is at least
+        A exp(mean_a c_va) (Jensen), at most A (cosh L + mean_a c_va sinh L / L) (exp below its
+        chord on [-L, L]); and mean_a c_va = e_v . m / |e_v| with m the mean normalised anchor. So
+        R^[v, a] lies in [exp(-L) / Z_high, exp(L) / Z_low].
+        """
+        slack = 1e-5 if self.anchors.dtype in (torch.float32, torch.float64) else 2.0 ** -6
+        limit = 1.0 + slack
+        mean_anchor = self.anchors.float().mean(dim=0)
+        mean_cosine = torch.cat([block.float() @ mean_anchor for block in self.embeddings.split(8192)])
+        mean_cosine = mean_cosine / norms
+        count = float(self.anchors.shape[0])
+        z_low = count * torch.exp(mean_cosine - slack)
+        z_high = count * (math.cosh(limit) + (mean_cosine + slack).clamp(max=limit) * math.sinh(limit) / limit)
+        return math.exp(-limit) / z_high * (1 - 1e-5), math.exp(limit) / z_low * (1 + 1e-5)
+
     def compute_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """R^[ids]: [len(ids), A] float32 (Eq. 2 then Eq. 4), computed now."""
         ids = ids.to(self.embeddings.device)
@@ -67,11 +96,12 @@ class RelativeSpace:
         cosine *= self.inverse_norms[ids, None]
         return cosine.softmax(dim=-1)
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """R^[ids], through the cache when they fit in it."""
+    def rows(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """R^[ids], through the cache when they fit in it (into ``out`` when given)."""
         wanted = list(dict.fromkeys(ids.tolist()))
         if len(wanted) > self._capacity:
-            return self.compute_rows(ids)
+            computed = self.compute_rows(ids)
+            return computed if out is None else out.copy_(computed)
         missing = [i for i in wanted if i not in self._slots]
         for i in wanted:
             if i in self._slots:
@@ -79,7 +109,7 @@ class RelativeSpace:
         if missing:
             self._insert(missing, self.compute_rows(torch.tensor(missing, dtype=torch.long)))
         slots = torch.tensor([self._slots[i] for i in ids.tolist()], dtype=torch.long, device=self._store.device)
-        return self._store.index_select(0, slots)
+        return self._store.index_select(0, slots) if out is None else torch.index_select(self._store, 0, slots, out=out)
 
     def warm(self, ids: torch.Tensor) -> None:
         """Compute the missing rows of ``ids`` in one call, if they fit in the cache."""
@@ -134,6 +164,129 @@ def inverse_transform(probs: torch.Tensor, ids: torch.Tensor, space: RelativeSpa
         ratio = target / current.clamp(min=1e-30)
         p = p + eta * (space.pull_back(ratio, ids) if rows is None else rows @ ratio)
     return p
+
+
+@dataclass(frozen=True)
+class MemberSlice:
+    """One member's distribution over its support, for ``bounded_choice``: the ``head`` tokens'
+    rows exact, the rest (the tail) bounded entrywise. All batched over rows."""
+
+    head_ids: torch.Tensor     # [B, h] the most probable support tokens, most probable first
+    head_probs: torch.Tensor   # [B, h]
+    head_rows: torch.Tensor    # [B, h, A] R^[head_ids], float32
+    tail_probs: torch.Tensor   # [B, n - h] the rest of the support
+    tail_low: torch.Tensor     # [B, n - h] entry bounds of the tail tokens' rows
+    tail_high: torch.Tensor    # [B, n - h]
+
+
+class Scratch:
+    """Reused [B, A] buffers: a fresh multi-megabyte tensor per step costs its page faults."""
+
+    def __init__(self):
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, like: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        shape = tuple(like.shape) if shape is None else shape
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != shape or buffer.device != like.device:
+            buffer = self._buffers[name] = torch.empty(shape, dtype=torch.float32, device=like.device)
+        return buffer
+
+
+def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], main: int, eta: float,
+                   steps: int, scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argmax of Eq. 6-7's p^(T) over the main model's support, where bounds decide it:
+    (head index of the winner [B], decided [B] bool).
+
+    Every quantity of the exact transform is replaced by an interval that holds it entrywise.
+    - The target r = sum_i alpha_i p_i R^_i (Eq. 5) and the start q = p R^_main take their head
+      rows exactly and the tail as [sum p_v low_v, sum p_v high_v] (R^ >= 0).
+    - A step reads ratio = r / q in [r_low / q_high, r_high / q_low]. The gradient g_v = R^[v] .
+      ratio (Eq. 7) lies in [R^[v] . ratio_low, R^[v] . ratio_high] for a head row at the first
+      step, and in [min ratio_low, max ratio_high] otherwise (a row of R^ is a distribution).
+    - q then grows by eta sum_v g_v R^[v] >= 0: by the head rows at the first step, by
+      g's bounds times the column sums D (head rows exact, tail rows' entry bounds summed) after.
+      So after the first step q = q_1 + K D with a scalar K in [eta sum floor, eta sum ceiling],
+      and r / q lies in [1 / (max q_1hi / r_low + K_hi max D_hi / r_low),
+                         1 / (min q_1lo / r_high + K_lo min D_lo / r_high)]:
+      four reductions over the anchors once, then scalars per step.
+    After T steps p_v^(T) lies in [p_v + eta sum g_low, p_v + eta sum g_high]. A head token whose
+    lower end clears every other upper end (the tail's through its largest p) by DECISION_MARGIN
+    is the exact transform's argmax too, whatever its float rounding.
+    """
+    scratch = scratch or Scratch()
+    own = members[main]
+    rows = own.head_rows
+    target_low, target_high = scratch.take("target_low", rows[:, 0]), scratch.take("target_high", rows[:, 0])
+    _weighted_rows(members[0], weights[0], target_low, first=True)
+    for weight, member in zip(weights[1:], members[1:]):
+        _weighted_rows(member, weight, target_low, first=False)
+    tail_low = sum(w * (m.tail_probs * m.tail_low).sum(-1, keepdim=True) for w, m in zip(weights, members))
+    tail_high = sum(w * (m.tail_probs * m.tail_high).sum(-1, keepdim=True) for w, m in zip(weights, members))
+    torch.add(target_low, tail_high, out=target_high)
+    target_low += tail_low
+    q_low, q_high = scratch.take("q_low", rows[:, 0]), scratch.take("q_high", rows[:, 0])
+    _weighted_rows(own, 1.0, q_low, first=True)
+    torch.add(q_low, (own.tail_probs * own.tail_high).sum(-1, keepdim=True), out=q_high)
+    q_low += (own.tail_probs * own.tail_low).sum(-1, keepdim=True)
+    tail_rows_low, tail_rows_high = own.tail_low.sum(-1, keepdim=True), own.tail_high.sum(-1, keepdim=True)
+    gained_low = torch.zeros_like(own.head_probs)  # sum over steps of g's bounds, head tokens: [B, h]
+    gained_high = torch.zeros_like(own.head_probs)
+    tail_gained_high = torch.zeros_like(tail_rows_high)  # the same for any tail token: [B, 1]
+    ratio = scratch.take("ratio", rows[:, 0])
+    if steps:  # the first step: the head rows' own gradients, then q grows by eta sum_v g_v R^[v]
+        floor = _first_gradient(target_low, q_high, rows, ratio, gained_low, lowest=True)
+        ceiling = _first_gradient(target_high, q_low, rows, ratio, gained_high, lowest=False)
+        tail_gained_high += ceiling
+        for q, gained, extreme, tail_rows in ((q_low, gained_low, floor, tail_rows_low),
+                                              (q_high, gained_high, ceiling, tail_rows_high)):
+            q.add_(extreme * tail_rows, alpha=eta)
+            for k in range(rows.shape[1]):
+                q.addcmul_(rows[:, k], gained[:, k:k + 1], value=eta)
+    if steps > 1:  # q = q_1 + K D afterwards, D the column sums of the support's rows
+        target_low.reciprocal_()
+        target_high.reciprocal_()
+        start_low = torch.mul(q_high, target_low, out=ratio).amax(-1, keepdim=True)   # 1 / floor at K = 0
+        start_high = torch.mul(q_low, target_high, out=ratio).amin(-1, keepdim=True)  # 1 / ceiling at K = 0
+        columns = torch.sum(rows, dim=1, out=q_low)
+        slope_low = torch.add(columns, tail_rows_high, out=ratio).mul_(target_low).amax(-1, keepdim=True)
+        slope_high = torch.add(columns, tail_rows_low, out=ratio).mul_(target_high).amin(-1, keepdim=True)
+        grown_low = grown_high = 0.0  # K's bounds
+        for _ in range(1, steps):
+            floor, ceiling = 1.0 / (start_low + grown_high * slope_low), 1.0 / (start_high + grown_low * slope_high)
+            gained_low += floor
+            gained_high += ceiling
+            tail_gained_high += ceiling
+            grown_low, grown_high = grown_low + eta * floor, grown_high + eta * ceiling
+    return _decide(own, own.head_probs + eta * gained_low, own.head_probs + eta * gained_high,
+                   eta * tail_gained_high[:, 0])
+
+
+def _first_gradient(target: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, ratio: torch.Tensor,
+                    gained: torch.Tensor, lowest: bool) -> torch.Tensor:
+    """gained += R^[head] . (target / q) (Eq. 7's gradient on the head rows); returns the ratio's
+    min (``lowest``) or max over the anchors, the tail rows' bound: [B, 1]."""
+    torch.div(target, q, out=ratio)
+    gained += torch.bmm(ratio[:, None, :], rows.transpose(1, 2))[:, 0]
+    return ratio.amin(-1, keepdim=True) if lowest else ratio.amax(-1, keepdim=True)
+
+
+def _weighted_rows(member: MemberSlice, weight: float, out: torch.Tensor, first: bool) -> None:
+    """out (+)= weight * sum_k head_probs[:, k] head_rows[:, k] (h fused passes, no new [B, A])."""
+    probs = member.head_probs * weight
+    for k in range(probs.shape[1]):
+        if first and k == 0:
+            torch.mul(member.head_rows[:, 0], probs[:, :1], out=out)
+        else:
+            out.addcmul_(member.head_rows[:, k], probs[:, k:k + 1])
+
+
+def _decide(own: MemberSlice, low: torch.Tensor, high: torch.Tensor, tail_gain: torch.Tensor):
+    best_low, winner = low.max(dim=-1)
+    rivals = high.scatter(1, winner[:, None], float("-inf")).amax(-1)
+    if own.tail_probs.shape[1]:
+        rivals = torch.maximum(rivals, own.tail_probs.amax(-1) + tail_gain)
+    return winner, best_low - rivals > DECISION_MARGIN * (1 + best_low.abs())
 
 
 def kl_divergence(target: torch.Tensor, current: torch.Tensor) -> float:
