@@ -183,7 +183,7 @@ def weights_problem(weights: Sequence[float]) -> str | None:
     float32), or None."""
     total = math.fsum(weights)
     if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < total <= FLOAT32_MAX:
-        return f"weights must be finite and >= 0, with a positive sum of at most {FLOAT32_MAX:.3g}"
+        return f"weights must be >= 0 and finite, with a positive sum of at most {FLOAT32_MAX:.3g}"
     return None
 
 
