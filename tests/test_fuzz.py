@@ -178,13 +178,15 @@ def test_a_non_finite_weight_is_refused_by_the_dry_run(weights, tmp_path, monkey
     assert code == 2 and "weights" in one_line(out)
 
 
-@pytest.mark.parametrize("command", ["compare", "plot", "table", "regress"])
+@pytest.mark.parametrize("command", ["compare", "plot", "table", "regress", "regress --baseline"])
 def test_a_run_path_too_long_for_the_file_system_is_one_line(command, tmp_path, monkeypatch, capsys):
-    """A 300-character path component: OSError ENAMETOOLONG in resolve_run (exit 70)."""
-    extra = {"plot": ["--out", str(tmp_path / "plot")], "table": ["--layout", "gac_table3"],
-             "regress": ["--baseline", str(fake_run(tmp_path / "base", ROWS, BASE_RECIPE))]}
+    """A 300-character path component: OSError ENAMETOOLONG in resolve_run or finished_recipe (exit 70)."""
+    run = str(fake_run(tmp_path / "run", ROWS, BASE_RECIPE))
+    args = {"compare": ["compare", "x" * 300], "plot": ["plot", "x" * 300, "--out", str(tmp_path / "plot")],
+            "table": ["table", "x" * 300, "--layout", "gac_table3"], "regress": ["regress", "x" * 300, "--baseline", run],
+            "regress --baseline": ["regress", run, "--baseline", "x" * 300]}[command]
     monkeypatch.chdir(tmp_path)
-    code, out = run_cli(monkeypatch, capsys, command, "x" * 300, *extra.get(command, []))
+    code, out = run_cli(monkeypatch, capsys, *args)
     assert code in (1, 2) and one_line(out)
 
 
@@ -206,11 +208,15 @@ def test_plot_with_an_empty_out_is_one_line(tmp_path, monkeypatch, capsys):
     assert code == 2 and "--out" in one_line(out) and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def test_a_layout_with_a_newline_is_echoed_on_one_line(tmp_path, monkeypatch, capsys):
-    """An unknown --layout holding line breaks was echoed as given: the error spread over several lines."""
+@pytest.mark.parametrize("option", ["--layout", "--method"])
+def test_an_unknown_name_with_line_breaks_is_echoed_on_one_line(option, tmp_path, monkeypatch, capsys):
+    """An unknown `table --layout` or `select --method` holding line breaks (\\n, U+0085) was echoed
+    as given: the error spread over several lines."""
     run = fake_run(tmp_path / "run", ROWS, BASE_RECIPE)
-    code, out = run_cli(monkeypatch, capsys, "table", str(run), "--layout", "nope\n\nsecond\nthird")
-    assert code == 2 and "nope" in one_line(out)
+    command = {"--layout": "table", "--method": "select"}[option]
+    monkeypatch.chdir(tmp_path)
+    code, out = run_cli(monkeypatch, capsys, command, str(run), option, "nope\n\nsecond\x85third")
+    assert code == 2 and "nope" in one_line(out) and len(out.err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("command", [["--help"], ["list"]])
