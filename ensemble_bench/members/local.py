@@ -126,8 +126,15 @@ class LocalMember(TokenizerSide, Member):
             self._last = logprobs[:, -1]
         else:
             self._last = self._last.index_copy(0, torch.tensor(active, dtype=torch.long, device=self.device), logprobs[:, -1])
-        self._mask = kv.left_align_padding(self._cache, self._mask)
+        self._realign(evenly=len({len(row) for row in tokens}) == 1)
         return self._last
+
+    def _realign(self, evenly: bool) -> None:
+        """Restore the cache's invariant (kv.py: every row ``[padding][real tokens]``, no padding
+        shared by all rows). Every public call ends with it holding, so when every row just grew
+        by the same number of real tokens (a plain decode step) there is nothing to move."""
+        if not evenly:
+            self._mask = kv.left_align_padding(self._cache, self._mask)
 
     def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,
@@ -147,10 +154,10 @@ class LocalMember(TokenizerSide, Member):
         mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        logprobs = out.logits[:, -keep:, :].float().log_softmax(dim=-1)
+            logprobs = log_probs_of(out.logits[:, -keep:, :])
         self._tick(phase, time.perf_counter() - start)
         return logprobs, mask
 
@@ -216,7 +223,7 @@ class LocalMember(TokenizerSide, Member):
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                              position_ids=positions.to(self.device), use_cache=False, logits_to_keep=keep)
-        logprobs = out.logits.float().log_softmax(dim=-1)
+            logprobs = log_probs_of(out.logits)
         scores = []
         for r, (_, cont) in enumerate(pairs):
             rows = logprobs[r, logprobs.shape[1] - len(cont):]
@@ -226,9 +233,24 @@ class LocalMember(TokenizerSide, Member):
         return scores
 
 
+def log_probs_of(logits: torch.Tensor) -> torch.Tensor:
+    """float32 log-softmax over the last dimension of a forward pass's fresh ``logits`` (nothing
+    else holds them), written over them (float32 logits) or over their float32 copy (bf16 / fp16):
+    the values of ``logits.float().log_softmax(-1)`` bit for bit, without a second vocabulary-sized
+    buffer. Inference tensors (``torch.inference_mode``) must not leave the member: methods may
+    write into the distributions a step returned."""
+    upcast = logits.float()
+    if not upcast.is_contiguous():  # a model that ignores logits_to_keep: a slice of its logits
+        return upcast.log_softmax(dim=-1)
+    return torch.log_softmax(upcast, dim=-1, out=upcast)
+
+
 def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids right-aligned in a [rows, width] tensor, and the mask of real tokens."""
     width = max(len(r) for r in rows)
+    if all(len(r) == width for r in rows):  # a decode step: no padding (one tensor, no per-row copy)
+        ids = torch.tensor([list(r) for r in rows], dtype=torch.long)
+        return ids, torch.ones_like(ids)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for r, row in enumerate(rows):

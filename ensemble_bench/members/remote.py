@@ -67,8 +67,9 @@ class MemberServer:
 
     @staticmethod
     def _changed(logprobs: torch.Tensor, tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        """The rows that got tokens (all of them: the tensor itself, no copy before Ray's own)."""
         active = [r for r, row in enumerate(tokens) if row]
-        return logprobs[active].numpy()
+        return (logprobs if len(active) == len(tokens) else logprobs[active]).numpy()
 
     def prefill(self, rows):
         return self._changed(self.member.prefill(rows), rows), self._clock()
@@ -260,12 +261,17 @@ class RemoteMember(TokenizerSide, Member):
         active = [r for r, row in enumerate(tokens) if row]
         for r in active:
             self._ids[r].extend(int(t) for t in tokens[r])
-        if active:
-            self._last[active] = torch.from_numpy(np.array(changed, dtype=np.float32, copy=True))
+        # one copy out of Ray's read-only buffer; ``_last`` is replaced, never written in place, so
+        # the tensor returned here is never changed by a later call (as LocalMember's)
+        rows = torch.from_numpy(np.array(changed, dtype=np.float32, copy=True))
+        if len(active) == len(tokens):
+            self._last = rows
+        elif active:
+            self._last = self._last.index_copy(0, torch.tensor(active, dtype=torch.long), rows)
         self.traffic["step_calls"] += 1
         self.traffic["step_bytes"] += changed.nbytes
         self.traffic["rows_returned"] += len(active)
-        return self._last.clone()
+        return self._last
 
     @staticmethod
     def _plain(rows: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -287,7 +293,7 @@ class RemoteMember(TokenizerSide, Member):
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         self._check_rows(tokens)
         if not any(tokens):
-            return self._last.clone()
+            return self._last
         tokens = self._plain(tokens)
         changed, clock = self._wait(self.actor.extend.remote(tokens))
         self._tick(clock)
@@ -296,7 +302,7 @@ class RemoteMember(TokenizerSide, Member):
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
         self._check_rows(tokens)
         if not any(tokens):
-            return self._last.clone(), [[] for _ in tokens]
+            return self._last, [[] for _ in tokens]
         tokens = self._plain(tokens)
         changed, scored, clock = self._wait(self.actor.extend_scored.remote(tokens))
         self._tick(clock)
@@ -307,10 +313,11 @@ class RemoteMember(TokenizerSide, Member):
         for r, length in enumerate(lengths):
             if not 0 <= length <= len(self._ids[r]):
                 raise ValueError(f"row {r}: cannot crop {len(self._ids[r])} tokens to {length}")
-        for r, length in enumerate(lengths):
-            if length < len(self._ids[r]):
-                del self._ids[r][length:]
-                self._last[r] = float("nan")
+        cropped = [r for r, length in enumerate(lengths) if length < len(self._ids[r])]
+        for r in cropped:
+            del self._ids[r][lengths[r]:]
+        if cropped:
+            self._last = self._last.index_fill(0, torch.tensor(cropped, dtype=torch.long), float("nan"))
         self._pending.append(self.actor.crop.remote(lengths))
 
     def keep(self, rows: Sequence[int]) -> None:

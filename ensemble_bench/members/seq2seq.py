@@ -38,7 +38,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import (ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last,
                                          no_room)
-from ensemble_bench.members.local import max_length_of, stop_ids_of
+from ensemble_bench.members.local import log_probs_of, max_length_of, stop_ids_of
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
 
@@ -284,11 +284,25 @@ class Seq2SeqMember(TokenizerSide, Member):
                 steps = logprobs[r, :len(rows[r]) - 1]
                 targets = torch.tensor(rows[r][1:], dtype=torch.long, device=steps.device)
                 scored[r] = steps.gather(1, targets[:, None]).squeeze(1).tolist()
+        self._last = self._next_logprobs(logprobs, rows, active)
+        self._realign(evenly=len({len(row) for row in rows}) == 1)
+        return self._last
+
+    def _realign(self, evenly: bool) -> None:
+        """Restore the self-attention cache's invariant (kv.py), unless every row just grew by the
+        same number of real tokens: then it holds already (LocalMember._realign)."""
+        if not evenly:
+            self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+
+    def _next_logprobs(self, logprobs: torch.Tensor, rows: list[list[int]], active: list[int]) -> torch.Tensor:
+        """Every row's next-token log-probs after its new tokens (``logprobs`` [rows, new, V] of
+        right-padded blocks): a view of the last position when every row got as many tokens,
+        else the old ones with the active rows' replaced (a new tensor, the old one unchanged)."""
+        if len({len(row) for row in rows}) == 1:
+            return logprobs[:, -1].to(self.device)
         index = torch.tensor(active, dtype=torch.long, device=self.device)
         ends = torch.tensor([len(rows[r]) - 1 for r in active], dtype=torch.long, device=logprobs.device)
-        self._last = self._last.index_copy(0, index, logprobs[index.to(logprobs.device), ends].to(self.device))
-        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
-        return self._last
+        return self._last.index_copy(0, index, logprobs[index.to(logprobs.device), ends].to(self.device))
 
     def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, phase: str) -> torch.Tensor:
         """One decoder forward over ``ids`` after the cache; log-probs [rows, new, V] (float32)."""
@@ -298,14 +312,14 @@ class Seq2SeqMember(TokenizerSide, Member):
             self._positions.positions = positions
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
+            with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
                 out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
                                  decoder_input_ids=ids.to(self.device), decoder_attention_mask=self._mask,
                                  past_key_values=self._cache, use_cache=True)
+                logprobs = log_probs_of(out.logits)
         finally:
             if self._positions is not None:
                 self._positions.positions = None
-        logprobs = out.logits.float().log_softmax(dim=-1)
         self._tick(phase, time.perf_counter() - start)
         return logprobs
 
@@ -370,7 +384,7 @@ class Seq2SeqMember(TokenizerSide, Member):
             logits = self.model(encoder_outputs=(encoded,), attention_mask=encoder_mask,
                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask.to(self.device),
                                 use_cache=False).logits
-        logprobs = logits.float().log_softmax(dim=-1)
+            logprobs = log_probs_of(logits)
         scores = []
         for r, ((_, prefix), (_, cont)) in enumerate(zip(split, pairs)):
             rows = logprobs[r, len(prefix) - 1:len(prefix) - 1 + len(cont)]
