@@ -377,10 +377,15 @@ def compare(run: Path = typer.Argument(..., help="finished run, or results/<reci
         console.print("wrote " + ", ".join(map(str, targets)), soft_wrap=True)
 
 
+# what str.splitlines breaks at: shown escaped, so that a value echoed from the user keeps the error on one line
+LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
 def _say(line: str, prefix: str = "error:") -> None:
     """One line on stderr, never read as markup; a broken stderr is no reason for a second fault."""
     try:
-        PipeConsole(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble((prefix, "bold red"), " ", line))
+        shown = line.strip().translate(LINE_BREAKS)
+        PipeConsole(stderr=True, highlight=False, soft_wrap=True).print(Text.assemble((prefix, "bold red"), " ", shown))
     except Exception:  # noqa: BLE001 - nothing left to tell the user with
         pass
 

@@ -47,6 +47,10 @@ def _causes(err: BaseException) -> list[BaseException]:
 def _fault_of(err: BaseException) -> EnvironmentFault | None:
     where = f" ({err.filename})" if isinstance(err, OSError) and err.filename else ""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
+        name = str(err.filename or "")
+        shown = f" ({name[:60]}...)" if len(name) > 60 else f" ({name})" if name else ""
+        return EnvironmentFault(f"a file name is too long for the file system{shown}: use a shorter name or path")
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or "database or disk is full" in text:
         return EnvironmentFault(DISK_FULL.format(where=where))
     if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

@@ -356,10 +356,13 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     for i, member in enumerate(recipe.members):
         try:
             check_spec(member.model)
+            folder = Path(member.model).expanduser()
+            saved = not folder.is_dir() or (folder / "config.json").is_file()
         except UserError as err:
             raise UserError(f"{source}: members[{i}].model: {err}") from None
-        folder = Path(member.model).expanduser()
-        if folder.is_dir() and not (folder / "config.json").is_file():
+        except OSError as err:  # e.g. a name too long for the file system
+            raise UserError(f"{source}: members[{i}].model: not a usable path ({err.strerror or err})") from None
+        if not saved:
             raise UserError(f"{source}: members[{i}].model: folder '{member.model}' holds no saved model "
                             "(no config.json): name a folder written by save_pretrained, or a hub id")
     try:
