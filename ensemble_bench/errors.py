@@ -24,8 +24,8 @@ class EnvironmentFault(Exception):
 NETWORK_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "gaierror", "OfflineModeIsEnabled",
                    "LocalEntryNotFoundError"}
 DISK_FULL = "disk full{where}: free space on that disk (or set output: to another disk) and run the same command again"
-NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this user): make it writable or set "
-                "output: to a writable folder")
+NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this user): make it writable, or set "
+                "output: (results) or ENSBENCH_CACHE (models and data) to a writable folder")
 # sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
 DAMAGED_SQLITE = ("file is not a database", "database disk image is malformed")
 DAMAGED_CACHE = ("a response cache database of the run is damaged ({why}): remove the run's cache/<row>_rank0.db "

@@ -100,12 +100,25 @@ def _output_problem(recipe: Recipe) -> str | None:
     return None
 
 
+def _cache_problem() -> str | None:
+    """The cache of models and data ($ENSBENCH_CACHE) cannot be written (a read-only disk)."""
+    root = settings.cache_root()
+    try:
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as err:
+        return (f"{settings.CACHE}: cannot write in '{root}' ({err.strerror or err}): make it writable or set "
+                f"{settings.CACHE} to a writable folder")
+    return None
+
+
 def preflight(recipe: Recipe) -> list[str]:
     """What would stop the run on this machine, found before any model is loaded: the output folder,
-    the members' devices, the network for ``data: hub``. One line each; empty when all is well. A bad
-    environment variable is a UserError first (``settings.check_environment``)."""
+    the cache folder, the members' devices, the network for ``data: hub``. One line each; empty when
+    all is well. A bad environment variable is a UserError first (``settings.check_environment``)."""
     settings.check_environment()
-    return [p for p in (_output_problem(recipe), *_device_problems(recipe), _network_problem(recipe)) if p]
+    problems = (_output_problem(recipe), _cache_problem(), *_device_problems(recipe), _network_problem(recipe))
+    return [p for p in problems if p]
 
 
 # --- run directories ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -296,3 +297,26 @@ def test_a_broken_pipe_is_not_taken_for_the_network():
 
     assert environment_fault(BrokenPipeError(32, "Broken pipe")) is None
     assert "network unavailable" in str(environment_fault(ConnectionResetError(104, "reset")))
+
+
+def test_a_cache_folder_that_cannot_be_written_is_found_by_the_dry_run(tmp_path, monkeypatch, capsys):
+    """A read-only $ENSBENCH_CACHE failed only once the first model or dataset was fetched."""
+    import errno
+    import tempfile
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("ENSBENCH_CACHE", str(cache))
+    real = tempfile.TemporaryFile
+
+    def read_only_cache(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == cache:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only_cache)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(tiny_recipe(["smollm2-135m", "qwen2.5-0.5b"], str(tmp_path / "out")))
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--dry-run")
+    line = one_line(out)
+    assert code == 1 and "ENSBENCH_CACHE: cannot write in" in line and "Read-only file system" in line
