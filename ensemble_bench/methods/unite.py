@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -23,7 +24,7 @@ from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk
-from ensemble_bench.vocab.topk import Aligned, TopKAligner, average_aligned, member_topk, union_keys
+from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
 
 
 class UniteParams(EmitterParams):
@@ -42,6 +43,8 @@ class Unite(EmitterMethod):
         self.weights = [1.0 / count] * count if params.weights == "average" else normalised_weights(params.weights, count)
         self.aligners = [TopKAligner(m.vocab, m.stop_ids, appender.encode_bytes)
                          for m, appender in zip(members, self.appenders)]
+        self.tables = AlignmentTables(self.aligners)
+        self._stops: dict[tuple[int, str], torch.Tensor] = {}
         self.union_sizes = 0  # summed |V^u| over generation steps and rows (UniTE Table 5)
         self.union_rows = 0
 
@@ -52,64 +55,52 @@ class Unite(EmitterMethod):
             normalised_weights(params.weights, len(labels))
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        """Algorithm 1 for every row: top-k and stop ids in batched tensor ops on each member's
-        device; keys and rules per row on the host; then one gather per member of the aligned ids'
-        probabilities."""
+        """Algorithm 1 for every row at once: each member's top-k and best stop id on its device;
+        V^u and rules 1-3 as table lookups on the emitter's (vocab/topk.py, AlignmentTables); one
+        gather per member of its aligned ids' probabilities; then the average and the choice on
+        the host over the [rows, |V^u|] probabilities only (Alg. 1 lines 13-14)."""
+        device = logprobs[self.emitter].device
         tops = [block_topk(lp, min(self.params.k, lp.shape[-1])) for lp in logprobs]
-        top_ids = [ids.tolist() for _, ids in tops]
-        top_probs = [values.exp().tolist() for values, _ in tops]
-        best_stops = [best_stop_ids(lp, aligner.stop_ids) for lp, aligner in zip(logprobs, self.aligners)]
-        plans = []  # per row: the union keys V^u and, per member, (id, rule) of each key
-        for row in range(len(top_ids[0])):
-            topks = [member_topk(a, ids[row], dict(zip(ids[row], probs[row])))
-                     for a, ids, probs in zip(self.aligners, top_ids, top_probs)]
-            keys = union_keys(topks)
-            if targets is None:
-                self.union_sizes += len(keys)
-                self.union_rows += 1
-            else:
-                target_key = self.aligners[self.emitter].key(targets[row])
-                if target_key is not None and target_key not in keys:
-                    keys.append(target_key)
-            plans.append((keys, [[a.aligned_token(key, topk, stops[row]) for key in keys]  # rules 1-3
-                                 for a, topk, stops in zip(self.aligners, topks, best_stops)]))
-        probs = [token_probs(lp, [tokens[index] for _, tokens in plans]) for index, lp in enumerate(logprobs)]
-        choices, scored = [], []
-        for row, (keys, tokens) in enumerate(plans):
-            aligned = [[Aligned(token, prob, rule) for (token, rule), prob in zip(member_tokens, member_probs[row])]
-                       for member_tokens, member_probs in zip(tokens, probs)]
-            averaged = average_aligned(aligned, self.weights)  # Alg. 1 line 13
-            emitted = aligned[self.emitter]
-            choices.append(self._best(emitted, averaged))  # Alg. 1 line 14
-            if targets is not None:
-                mass = sum(v for a, v in zip(emitted, averaged) if a.token == targets[row])
-                scored.append(log_or_floor(mass))
-        return Step(choices, scored if targets is not None else None)
+        top_ids = [ids.to(device) for _, ids in tops]
+        top_probs = [values.exp().float().to(device) for values, _ in tops]
+        stops = [best_stop_ids(lp, self._stop_ids(i, lp.device)).to(device) for i, lp in enumerate(logprobs)]
+        scored = None if targets is None else torch.tensor(targets, dtype=torch.long, device=device)
+        plan = self.tables.plan(top_ids, top_probs, stops, scored, self.emitter)  # Alg. 1 lines 4-12
+        probs = torch.stack([aligned_probs(lp, ids).cpu().double() for lp, ids in zip(logprobs, plan.ids)])
+        averaged = average_rows(probs.numpy(), self.weights)  # Alg. 1 line 13
+        emitted = plan.ids[self.emitter].cpu().numpy()
+        if not (emitted >= 0).any(axis=1).all():
+            raise ValueError("the primary member has no token for any key of V^u (its top-k has no text)")
+        best = np.where(emitted >= 0, averaged, -np.inf).argmax(axis=1)  # Alg. 1 line 14: first key wins ties
+        choices = emitted[np.arange(len(best)), best].tolist()
+        if targets is None:
+            self.union_sizes += int(plan.first[:, :plan.top_width].sum())
+            self.union_rows += len(choices)
+            return Step(choices, None)
+        chosen_mass = np.where(emitted == np.asarray(targets)[:, None], averaged, 0.0)
+        return Step(choices, [log_or_floor(mass) for mass in np.add.accumulate(chosen_mass, axis=1)[:, -1].tolist()])
 
-    @staticmethod
-    def _best(emitted: list[Aligned], averaged: list[float]) -> int:
-        """The primary's token for the most probable key it can emit (first key wins ties)."""
-        best = max((j for j, a in enumerate(emitted) if a.token >= 0), key=lambda j: averaged[j])
-        return emitted[best].token
+    def _stop_ids(self, member: int, device: torch.device) -> torch.Tensor:
+        """A member's stop ids, ascending, on ``device`` (made once)."""
+        key = (member, str(device))
+        if key not in self._stops:
+            self._stops[key] = torch.tensor(sorted(self.aligners[member].stop_ids), dtype=torch.long, device=device)
+        return self._stops[key]
 
     def info(self) -> dict:
         return {**super().info(), "weights_resolved": self.weights,
                 "tokens_manipulated_per_step": self.union_sizes / self.union_rows if self.union_rows else None}
 
 
-def best_stop_ids(logprobs: torch.Tensor, stop_ids: frozenset[int]) -> list[int | None]:
-    """Each row's most probable stop id (the lowest on ties), or None without stop ids."""
-    if not stop_ids:
-        return [None] * logprobs.shape[0]
-    ordered = sorted(stop_ids)
-    best = logprobs[:, torch.tensor(ordered, device=logprobs.device)].argmax(dim=-1).tolist()
-    return [ordered[k] for k in best]
+def best_stop_ids(logprobs: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:
+    """Each row's most probable stop id (the lowest on ties), -1 without stop ids; ``stop_ids``
+    ascending, on the member's device."""
+    if not len(stop_ids):
+        return torch.full((logprobs.shape[0],), -1, dtype=torch.long, device=logprobs.device)
+    return stop_ids[logprobs[:, stop_ids].argmax(dim=-1)]
 
 
-def token_probs(logprobs: torch.Tensor, tokens: list[list[tuple[int, int]]]) -> list[list[float]]:
-    """Per row, the probability of each (id, rule) in ``tokens[row]`` (0 for id -1): one gather."""
-    rows = [row for row, row_tokens in enumerate(tokens) for token, _ in row_tokens if token >= 0]
-    ids = [token for row_tokens in tokens for token, _ in row_tokens if token >= 0]
-    index = torch.tensor([rows, ids], dtype=torch.long, device=logprobs.device)
-    flat = iter(logprobs[index[0], index[1]].exp().tolist())
-    return [[next(flat) if token >= 0 else 0.0 for token, _ in row_tokens] for row_tokens in tokens]
+def aligned_probs(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[rows, columns] the member's probability of each aligned id (0 for -1), on its device."""
+    ids = ids.to(logprobs.device)
+    return torch.where(ids >= 0, logprobs.gather(1, ids.clamp(min=0)).exp(), 0.0)

@@ -9,6 +9,9 @@ paper's three rules:
 1. w is in the member's top-k            -> that token and its probability;
 2. w is in its vocabulary, not its top-k -> its token with exactly those bytes;
 3. w is not in its vocabulary            -> the first token of its own tokenisation of w.
+
+``TopKAligner`` and the functions below it state the rules one key at a time (the reference the
+tests check against); ``AlignmentTables`` applies them to every row of a step at once, as tensors.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import torch
+
 from ensemble_bench.vocab.bytes_view import VocabView
 
 STOP = b"\x00stop"
 SPECIAL = b"\x00special:"
 RULE_TOPK, RULE_VOCAB, RULE_FIRST_SUBTOKEN, RULE_NONE = 1, 2, 3, 0
+BEST_STOP, UNRESOLVED = -2, -3  # table entries: the member's most probable stop id (per row); rule 3 not looked up yet
 
 
 @dataclass(frozen=True)
@@ -39,13 +46,14 @@ class TopKAligner:
     view: VocabView
     stop_ids: frozenset[int]
     encode_bytes: Callable[[bytes], list[int]]  # the member's tokenisation of new text (no BOS)
+    keys: list[bytes | None] = field(init=False, repr=False)  # the key of every id
     _by_key: dict[bytes, int] = field(init=False, repr=False)
     _first_subtoken: dict[bytes, int] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.keys = [self.key(token_id) for token_id in range(self.view.size)]
         by_key: dict[bytes, int] = {}
-        for token_id, piece in enumerate(self.view.pieces):
-            key = self.key(token_id)
+        for token_id, key in enumerate(self.keys):
             if key is not None and key != STOP:
                 by_key.setdefault(key, token_id)  # the lowest id among ids with the same bytes
         self._by_key = by_key
@@ -118,4 +126,145 @@ def average_aligned(aligned: Sequence[Sequence[Aligned]], weights: Sequence[floa
             continue
         for j, a in enumerate(member_aligned):
             averaged[j] += weight * a.prob / mass / total_weight
+    return averaged
+
+
+# ------------------------------------------------------------------ the same rules as tensors
+@dataclass(frozen=True)
+class UnionPlan:
+    """One step's V^u for every row, as columns: the members' top-k ids in their sorted order,
+    member after member (then the scored target, if any). A column whose key was seen in an
+    earlier column of its row, or that has no key, is not in V^u."""
+
+    ids: list[torch.Tensor]  # per member [rows, columns]: its aligned id for each key of V^u, -1 elsewhere
+    first: torch.Tensor      # [rows, columns] the columns in V^u (each key's first column)
+    top_width: int           # the columns that hold top-k ids (the rest: the target)
+
+
+@dataclass(frozen=True)
+class _Placed:
+    key_of: torch.Tensor   # [sum of vocabulary sizes] the key number of every member's id (-1: none)
+    aligned: torch.Tensor  # [members, keys] each member's rule-2/3 id for every key number
+
+
+class AlignmentTables:
+    """Rules 1-3 for every row of a step at once (the rules of ``TopKAligner.aligned_token``).
+
+    The members' ids share one index space (member i's id t is ``offsets[i] + t``) and every key
+    of any member has a number. Built once: the key number of every id, and for each member its
+    rule-2 id for every key number (``BEST_STOP`` for the stop key, -1 for a control token it
+    lacks). Rule 3 entries start ``UNRESOLVED`` and are tokenised on first use, as the per-key
+    reference does (tokenising every missing key up front would take seconds). Tables are copied
+    to each device once.
+    """
+
+    def __init__(self, aligners: Sequence[TopKAligner]):
+        self.aligners = list(aligners)
+        numbers: dict[bytes, int] = {}
+        key_of = [-1 if key is None else numbers.setdefault(key, len(numbers))
+                  for aligner in self.aligners for key in aligner.keys]
+        self.keys = list(numbers)
+        self._control_numbers = [n for n, key in enumerate(self.keys) if key[:1] == b"\x00" and
+                                 (key == STOP or key.startswith(SPECIAL))]
+        sizes = [aligner.view.size for aligner in self.aligners]
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.no_key = len(key_of)  # an index whose key number is -1 (pads short top-k lists)
+        self._cpu = _Placed(torch.tensor(key_of + [-1], dtype=torch.long),
+                            torch.tensor([self._rule2(a) for a in self.aligners], dtype=torch.long))
+        self._placed: dict[str, _Placed] = {"cpu": self._cpu}
+        self._lower: dict[tuple[int, str], torch.Tensor] = {}
+
+    def _rule2(self, aligner: TopKAligner) -> list[int]:
+        """A member's id for every key number without its top-k: rule 2, BEST_STOP for the stop
+        key, -1 for a control token it lacks, UNRESOLVED for rule 3 (``aligned_token``'s order)."""
+        entries = [aligner._by_key.get(key, UNRESOLVED) for key in self.keys]
+        for number in self._control_numbers:
+            if entries[number] == UNRESOLVED:
+                entries[number] = BEST_STOP if self.keys[number] == STOP else -1
+        return entries
+
+    def _on(self, device: torch.device) -> _Placed:
+        if str(device) not in self._placed:
+            self._placed[str(device)] = _Placed(self._cpu.key_of.to(device), self._cpu.aligned.to(device))
+        return self._placed[str(device)]
+
+    def _earlier(self, width: int, device: torch.device) -> torch.Tensor:
+        """[width, width]: True where column c' comes before column c (at [c, c'])."""
+        key = (width, str(device))
+        if key not in self._lower:
+            self._lower[key] = torch.ones((width, width), dtype=torch.bool, device=device).tril(-1)
+        return self._lower[key]
+
+    def plan(self, top_ids: Sequence[torch.Tensor], top_probs: Sequence[torch.Tensor],
+             best_stops: Sequence[torch.Tensor], targets: torch.Tensor | None = None,
+             target_member: int = 0) -> UnionPlan:
+        """V^u and every member's aligned id for each of its keys, for all rows (Alg. 1 lines 4-12).
+
+        ``top_ids`` / ``top_probs``: each member's top-k [rows, k_i], sorted as ``block_topk``
+        gives them; ``best_stops``: each member's most probable stop id per row (-1: none);
+        ``targets``: ids of ``target_member`` to add to V^u (scoring). All on one device."""
+        device = top_ids[0].device
+        placed = self._on(device)
+        width = max(top.shape[1] for top in top_ids)  # a vocabulary smaller than k: padded, keyless
+        columns = [padded(ids + offset, width, self.no_key) for ids, offset in zip(top_ids, self.offsets)]
+        if targets is not None:
+            columns.append(targets[:, None] + self.offsets[target_member])
+        keys = placed.key_of[torch.cat(columns, dim=1)]  # [rows, columns]
+        same = keys[:, :, None] == keys[:, None, :]
+        first = (keys >= 0) & ~(same & self._earlier(keys.shape[1], device)).any(dim=-1)
+        members = len(top_ids)
+        match = same[:, :, :members * width].unflatten(2, (members, width))  # column's key == member's j-th top key
+        tops = torch.cat([padded(top, width, 0) for top in top_ids], dim=1)
+        probs = torch.cat([padded(p, width, 0.0) for p in top_probs], dim=1).unflatten(1, (members, width))
+        rule1 = topk_choice(match, tops.unflatten(1, (members, width)), probs).permute(2, 0, 1)  # [members, rows, cols]
+        rule23 = placed.aligned[:, keys.clamp(min=0)]
+        rule23 = torch.where(rule23 == BEST_STOP, torch.stack(best_stops)[:, :, None], rule23)
+        ids = torch.where(first, torch.where(rule1 >= 0, rule1, rule23), -1)
+        return UnionPlan(list(self._resolve_rule3(ids, keys).unbind(0)), first, members * width)
+
+    def _resolve_rule3(self, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Rule 3 for the keys met for the first time: tokenise them, fill the tables and ``ids``
+        [members, rows, columns]."""
+        pending = ids == UNRESOLVED
+        if not bool(pending.any()):
+            return ids
+        for member, member_pending in enumerate(pending):
+            numbers = keys[member_pending].unique().tolist()
+            if not numbers:
+                continue
+            tokens = [self.aligners[member].first_subtoken(self.keys[n]) for n in numbers]
+            for placed in self._placed.values():
+                placed.aligned[member, torch.tensor(numbers, device=placed.aligned.device)] = \
+                    torch.tensor(tokens, dtype=torch.long, device=placed.aligned.device)
+        return torch.where(pending, self._on(keys.device).aligned[:, keys.clamp(min=0)], ids)
+
+
+def padded(columns: torch.Tensor, width: int, value: int | float) -> torch.Tensor:
+    """[rows, width]: ``columns`` with ``value`` appended on the right."""
+    if columns.shape[1] == width:
+        return columns
+    return torch.nn.functional.pad(columns, (0, width - columns.shape[1]), value=value)
+
+
+def topk_choice(match: torch.Tensor, top: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Rule 1 [rows, columns, members]: each member's top-k id for each column's key, -1 if
+    none. Ids sharing a key keep the most probable, the first in top-k order on ties
+    (``member_topk``'s strict ">"): argmax returns the first of equal maxima. ``match`` [rows,
+    columns, members, k]: the column's key is the key of the member's j-th top id; ``top`` /
+    ``probs`` [rows, members, k] (probabilities >= 0)."""
+    position = torch.where(match, probs[:, None], -1.0).argmax(dim=-1, keepdim=True)
+    chosen = top[:, None].expand(-1, match.shape[1], -1, -1).gather(3, position).squeeze(3)
+    return torch.where(match.any(dim=-1), chosen, -1)
+
+
+def average_rows(probs: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+    """``average_aligned`` for every row at once: ``probs`` [members, rows, columns] (float64, 0
+    outside V^u) -> [rows, columns]. The same float operations in the same order as the
+    reference (sequential sums, left to right), so the argmax and its ties are the same."""
+    total_weight = sum(weights)
+    averaged = np.zeros(probs.shape[1:])
+    for member_probs, weight in zip(probs, weights):
+        mass = np.add.accumulate(member_probs, axis=1)[:, -1:]  # sequential, as Python's sum
+        has_mass = mass > 0
+        averaged += np.where(has_mass, weight * member_probs / np.where(has_mass, mass, 1.0) / total_weight, 0.0)
     return averaged
