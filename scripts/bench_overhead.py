@@ -2,9 +2,11 @@
 
 Members are real tokenizers of big models (Llama-2 32k, Llama-3 128k, Qwen2 152k; Gemma-3 256k
 when its packaged model is in the cache) in front of near-free random models (one layer, hidden
-size 16), so that a step is almost all vocabulary-sized work. The output heads are scaled so that
-next-token distributions are peaked like a trained model's (top-1 probability 0.1-0.9) rather
-than flat; the share of GaC rows that the top-k bound decides is printed beside the timings.
+size 16), so that a step is almost all vocabulary-sized work. In the ``peaked`` mode the output
+heads are scaled so that next-token distributions are peaked like a trained model's (top-1
+probability 0.1-0.9); in the ``flat`` mode (``--flat``) they are left unscaled, so the top-k bound
+decides no GaC row and every row takes the full union projection. The share of GaC rows that the
+bound decided is printed beside the timings.
 
 For each member pair and batch size, in one process: the raw model forward alone (cached greedy
 loop, no Member), each member alone (method ``single``), and every method; per configuration the
@@ -14,10 +16,10 @@ combine/choose, feeding/re-tokenisation, KV-cache edits, the rest = the loop's b
 
     python scripts/bench_overhead.py [--pairs llama3+qwen2] [--batch-sizes 1 8 32 64] [--tokens 16]
            [--methods gac gac-gated unite deepen] [--threads 1] [--repeats 3] [--device cpu] [--shape tiny]
-           [--json out.json] [--plot STEM] [--check gac:8:1.5]
+           [--modes peaked flat | --flat] [--json out.json] [--plot STEM] [--check gac:8:1.5[:flat] ...]
 
-``--check METHOD:BATCH:LIMIT`` exits 1 when that ensemble's ms/step over its members' sum
-exceeds LIMIT (the CI guard uses it).
+``--check METHOD:BATCH:LIMIT[:MODE]`` (repeatable; MODE peaked by default) exits 1 when that
+ensemble's ms/step over its members' sum exceeds LIMIT (the CI guard uses it).
 """
 
 from __future__ import annotations
@@ -97,15 +99,16 @@ SEVEN_B = {
 }
 
 
-def tiny_member(vocab: str, device: str, shape: str = "tiny"):
-    """A random model behind a real tokenizer: one layer of hidden size 16 (``tiny``), or the
-    real 7B/8B shape in bf16 (``7b``; Qwen2's attention biases left out)."""
+def tiny_member(vocab: str, device: str, shape: str = "tiny", flat: bool = False, tokenizer=None):
+    """A random model behind a real tokenizer: one layer of hidden size 16 (``tiny``; its head
+    scaled to peaked distributions unless ``flat``), or the real 7B/8B shape in bf16 (``7b``;
+    Qwen2's attention biases left out)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ensemble_bench.members import LocalMember
 
-    tokenizer = load_tokenizer(vocab)
+    tokenizer = tokenizer or load_tokenizer(vocab)
     head = max(len(tokenizer), 1 + max(tokenizer.get_vocab().values()))
     if vocab == "qwen2":
         head = 151936  # Qwen2's head is padded beyond its tokenizer
@@ -122,8 +125,9 @@ def tiny_member(vocab: str, device: str, shape: str = "tiny"):
                              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
                              tie_word_embeddings=False)
         model = LlamaForCausalLM(config).eval()
-        with torch.no_grad():
-            model.lm_head.weight.mul_(HEAD_SCALE)
+        if not flat:
+            with torch.no_grad():
+                model.lm_head.weight.mul_(HEAD_SCALE)
     return LocalMember(model.to(device), tokenizer, vocab, chat_template=False)
 
 
@@ -179,6 +183,7 @@ def make_methods(members, names: list[str]):
     factories = {
         "gac": lambda b: Gac(members, GacParams(), batch_size=b),
         "gac-gated": lambda b: Gac(members, GacParams(threshold=0.5, gate=0), batch_size=b),
+        "gac-sample": lambda b: Gac(members, GacParams(temperature=1.0), batch_size=b),  # draws from q^(1/T)
         "unite": lambda b: Unite(members, UniteParams(primary=0), batch_size=b),
         "deepen": lambda b: Deepen(members, DeepenParams(main=0), batch_size=b),
         # the other retokenize policy of each (issue 22): gac defaults to local, unite / deepen to canonical
@@ -236,17 +241,23 @@ def measure(makers: dict, requests, repeats: int, clock: PhaseClock) -> dict:
 
 
 def bench_pair(pair: str, args, clock: PhaseClock) -> list[dict]:
+    tokenizers = [load_tokenizer(v) for v in pair.split("+")]
+    return [row for mode in args.modes for row in bench_mode(pair, tokenizers, mode, args, clock)]
+
+
+def bench_mode(pair: str, tokenizers: list, mode: str, args, clock: PhaseClock) -> list[dict]:
+    """Every batch size of one pair with peaked or flat (unscaled heads) distributions."""
     from ensemble_bench.members import Prompt
     from ensemble_bench.methods import GenerationRequest
     from ensemble_bench.methods.single import Single
 
-    members = [tiny_member(v, args.device, args.shape) for v in pair.split("+")]
+    members = [tiny_member(v, args.device, args.shape, mode == "flat", t) for v, t in zip(pair.split("+"), tokenizers)]
     methods = make_methods(members, args.methods)
     rows = []
     for batch in args.batch_sizes:
         prompts = (PROMPTS * (batch // len(PROMPTS) + 1))[:batch]
         requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
-        result = {"pair": pair, "batch": batch,
+        result = {"pair": pair, "mode": mode, "batch": batch,
                   "raw": {m.name: statistics.median(raw_forward_ms(m, prompts, args.tokens) for _ in range(args.repeats))
                           for m in members}}
         makers = {f"member:{m.name}": lambda m=m: Single([m], Single.Params(), batch_size=batch) for m in members}
@@ -260,9 +271,9 @@ def bench_pair(pair: str, args, clock: PhaseClock) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| pair | batch | raw fwd sum | members' sum | member / raw | method | ms/step | x members | "
-          "overhead ms (per row) | combine+choose | feeding | cache edits | other |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| pair | mode | batch | raw fwd sum | members' sum | member / raw | method | ms/step | x members | "
+          "overhead ms (per row) | combine+choose | feeding | cache edits | other | bound decided |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         raw = sum(r["raw"].values())
         members = sum(m["ms_per_step"] for m in r["members"].values())
@@ -270,15 +281,16 @@ def print_table(rows: list[dict]) -> None:
             overhead = m["ms_per_step"] - members
             p = m["phases"]
             other = m["ms_per_step"] - sum(p.values())
-            print(f"| {r['pair']} | {r['batch']} | {raw:.2f} | {members:.2f} | {members / raw:.2f} | {name} | "
+            decided = "" if m["bound"] is None else f"{100 * m['bound']:.1f}%"
+            print(f"| {r['pair']} | {r['mode']} | {r['batch']} | {raw:.2f} | {members:.2f} | {members / raw:.2f} | {name} | "
                   f"{m['ms_per_step']:.2f} | {m['ms_per_step'] / members:.2f} | {overhead:+.2f} "
                   f"({overhead / r['batch']:+.3f}) | {p.get('combine+choose', 0):.2f} | {p.get('feeding', 0):.2f} | "
-                  f"{p.get('cache edits', 0):.2f} | {other:.2f} |")
-    bounds = [(r["pair"], r["batch"], m["bound"]) for r in rows for n, m in r["methods"].items()
+                  f"{p.get('cache edits', 0):.2f} | {other:.2f} | {decided} |")
+    bounds = [(r["pair"], r["mode"], r["batch"], m["bound"]) for r in rows for n, m in r["methods"].items()
               if n == "gac" and m["bound"] is not None]
     if bounds:
-        print("\nGaC rows decided by the top-k bound (no full union projection): " +
-              ", ".join(f"{p} b{b}: {100 * v:.1f}%" for p, b, v in bounds))
+        print("\nGaC rows decided by the top-k bound (the rest take the full union projection): " +
+              ", ".join(f"{p} {mode} b{b}: {100 * v:.1f}%" for p, mode, b, v in bounds))
     print_retokenize(rows)
 
 
@@ -306,7 +318,7 @@ def plot(rows: list[dict], stem: str) -> None:
     for r in rows:
         members = sum(m["ms_per_step"] for m in r["members"].values())
         for name, m in r["methods"].items():
-            series[f"{name} ({r['pair']})"].append((r["batch"], m["ms_per_step"] / members))
+            series[f"{name} ({r['pair']}, {r['mode']})"].append((r["batch"], m["ms_per_step"] / members))
     for label, points in series.items():
         axes.plot(*zip(*points), marker="o", label=label)
     axes.axhline(1.0, color="grey", linewidth=0.8)
@@ -322,13 +334,15 @@ def plot(rows: list[dict], stem: str) -> None:
 
 
 def check(rows: list[dict], spec: str) -> bool:
-    method, batch, limit = spec.split(":")
+    """``METHOD:BATCH:LIMIT[:MODE]``: the first pair's ratio at that batch size and mode."""
+    method, batch, limit, *rest = spec.split(":")
+    mode = rest[0] if rest else "peaked"
     for r in rows:
-        if r["batch"] == int(batch) and method in r["methods"]:
+        if r["batch"] == int(batch) and r["mode"] == mode and method in r["methods"]:
             members = sum(m["ms_per_step"] for m in r["members"].values())
             ratio = r["methods"][method]["ms_per_step"] / members
             verdict = ratio <= float(limit)
-            print(f"check {r['pair']} {method} batch {batch}: {ratio:.3f} x members' sum (limit {limit}): "
+            print(f"check {r['pair']} {mode} {method} batch {batch}: {ratio:.3f} x members' sum (limit {limit}): "
                   f"{'ok' if verdict else 'TOO SLOW'}")
             return verdict
     print(f"check {spec}: no such configuration was measured")
@@ -346,9 +360,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shape", choices=["tiny", "7b"], default="tiny", help="7b: real Llama-3-8B / Qwen2-7B shapes, bf16")
     parser.add_argument("--json", default=None, help="also write the raw figures here")
-    parser.add_argument("--check", default=None, help="METHOD:BATCH:LIMIT (exit 1 above the limit)")
+    parser.add_argument("--modes", nargs="+", choices=["peaked", "flat"], default=["peaked"],
+                        help="peaked: heads scaled like a trained model's; flat: unscaled (every GaC row falls back)")
+    parser.add_argument("--flat", action="store_true", help="the same as --modes flat")
+    parser.add_argument("--check", action="append", default=[],
+                        help="METHOD:BATCH:LIMIT[:MODE] (exit 1 above the limit; repeatable)")
     parser.add_argument("--plot", default=None, help="path stem: writes STEM.png and STEM.svg")
     args = parser.parse_args()
+    if args.flat:
+        args.modes = ["flat"]
 
     import torch
 
@@ -362,7 +382,8 @@ def main() -> None:
             json.dump(rows, out, indent=1)
     if args.plot:
         plot(rows, args.plot)
-    if args.check and not check(rows, args.check):
+    verdicts = [check(rows, spec) for spec in args.check]
+    if not all(verdicts):
         sys.exit(1)
 
 

@@ -35,7 +35,7 @@ from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
 from ensemble_bench.union_cache import cached_union
-from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
 
 
@@ -199,11 +199,6 @@ class Gac(DecodingMethod):
         key = zlib.crc32(repr((request.prompt, request.until)).encode())
         return torch.Generator().manual_seed(self.params.seed * 1_000_003 + key)
 
-    def _pick(self, logprobs: torch.Tensor, generator: torch.Generator) -> int:
-        """A draw from p^(1/T) with the row's own generator."""
-        tempered = (logprobs.float() / self.params.temperature).softmax(dim=-1)
-        return int(torch.multinomial(tempered.cpu(), 1, generator=generator))
-
     def _choose(self, logprobs, confident, generators) -> list[tuple[int, bytes | None]]:
         """(union index or gate id, bytes or None for stop) per live row."""
         picks: list[tuple[int, bytes | None]] = [(-1, None)] * confident.shape[0]
@@ -219,20 +214,20 @@ class Gac(DecodingMethod):
         return picks
 
     def _pick_rows(self, logprobs: torch.Tensor, rows: list[int], generators) -> list[int]:
-        """The gate's own token for these rows: greedy in one batched argmax, or drawn per row."""
+        """The gate's own token for these rows: greedy in one batched argmax, or drawn from p^(1/T)
+        on the gate's device, each row with its own generator."""
         chosen = _rows(logprobs, rows)
-        if all(generators[k] is None for k in rows):
+        if self.params.temperature == 0:
             return chosen.argmax(dim=-1).tolist()
-        return [self._pick(chosen[j], generators[k]) for j, k in enumerate(rows)]
+        return draw(tempered(chosen, self.params.temperature), [generators[k] for k in rows]).tolist()
 
     def _mix_and_pick(self, logprobs, rows: list[int], generators) -> list[int]:
         """Union entries for these rows: the exact greedy argmax of Eq. 3 (vocab/mixture.py), or a
-        draw from the full mixture per row when sampling."""
+        draw from q^(1/T) on the device, each row with its own generator (Eq. 3, Sec. 4.3)."""
         chosen = [_rows(lp, rows) for lp in logprobs]
-        if all(generators[k] is None for k in rows):
+        if self.params.temperature == 0:
             return self.mixture.greedy(chosen)
-        mixed = self.mixture.full(chosen)  # Eq. 3 (Sec. 4.3)
-        return [self._pick(mixed[j].log(), generators[k]) for j, k in enumerate(rows)]
+        return self.mixture.sample(chosen, self.params.temperature, [generators[k] for k in rows])
 
     def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:
         """What the row takes: the chosen bytes, and the reference member's id for them if it has one."""
@@ -285,7 +280,8 @@ class Gac(DecodingMethod):
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
-        log_w = [math.log(w) for w in self.weights.tolist()]
+        # a zero weight (a member kept for the gate only; GaC Table 5) is log 0 = -inf: no share
+        log_w = [math.log(w) if w > 0 else -math.inf for w in self.weights.tolist()]
         log_total = math.log(sum(self.weights.tolist()))
         return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
                 for values in zip(*per_member)]

@@ -14,6 +14,14 @@ on every other entry, where p_i^(k) is member i's k-th largest probability and d
 of member i that share one entry. A row whose best candidate exceeds B is decided; the other
 rows fall back to ``full``. The candidates' q is computed with the same float operations in the
 same order as ``full``, so both paths choose the same entry (ties: the lowest union index).
+
+``full`` and the paths built on it (the greedy fallback, ``sample``) are one exponential and one
+gather per member straight into the union's layout: each entry takes its lowest id's probability
+(a zero column stands in for the entries the member lacks), and the few entries holding several
+ids of a member (duplicate byte strings) add the others slot by slot in ascending id order. On a
+CPU the rows go in blocks whose working set stays in cache; on a GPU in one block. ``sample``
+draws each row from q^(1/T) on q's device by inverse transform sampling, with one uniform number
+from the row's own generator.
 """
 
 from __future__ import annotations
@@ -27,20 +35,33 @@ from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.union import MemberMap, UnionVocab
 
 BOUND_MARGIN = 1e-4  # relative: a decided row's best candidate beats the bound by more than rounding
+CPU_BLOCK_BYTES = 16 << 20  # the full projection's working set per block of rows on a CPU (cache-sized)
+# Where only the argmax of q or a draw from it is needed, log-probabilities below this count as it:
+# exp() of lower values (float32 underflow, subnormals) is 10-40x slower on a CPU. The argmax and
+# its value stay the same bits: the largest weighted sum is at least w_i / V_i for every member
+# (times the mass it maps), so it exceeds 2^-24 w_i, and raising one of its addends by at most
+# w_i e^-80 (< 2^-115 w_i) rounds back to it; only entries far below the largest can change. A
+# draw's distribution moves by less than U x e^-80 in all.
+LOG_FLOOR = -80.0
 
 
 @dataclass(frozen=True)
 class MemberTables:
     """One member's M^i as lookup tables on one device."""
 
-    src_ids: torch.Tensor    # [n] ids that map somewhere (for the full scatter-add)
-    union_ids: torch.Tensor  # [n] their union entries
     to_union: torch.Tensor   # [V_i] union entry of each id, -1 for none
     entry_ids: torch.Tensor  # [U, d_i] the member's ids of each entry, ascending, -1 padded
+    first_ids: torch.Tensor  # [U] each entry's lowest id; V_i (a zero column) where it has none
+    # per slot s >= 1: (the entries holding more than s ids, their (s+1)-th lowest id)
+    extra: tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
     @property
     def width(self) -> int:
         return self.entry_ids.shape[1]
+
+    def to(self, device: torch.device) -> MemberTables:
+        return MemberTables(self.to_union.to(device), self.entry_ids.to(device), self.first_ids.to(device),
+                            tuple((e.to(device), i.to(device)) for e, i in self.extra))
 
 
 def member_tables(mapping: MemberMap, vocab_size: int, union_size: int) -> MemberTables:
@@ -54,7 +75,50 @@ def member_tables(mapping: MemberMap, vocab_size: int, union_size: int) -> Membe
     slot = torch.arange(len(entries)) - starts[entries]  # rank of each id inside its entry
     entry_ids = torch.full((union_size, width), -1, dtype=torch.long)
     entry_ids[entries, slot] = ids
-    return MemberTables(mapping.src_ids, mapping.union_ids, to_union, entry_ids)
+    first_ids = torch.where(entry_ids[:, 0] >= 0, entry_ids[:, 0], vocab_size)
+    extra = tuple(((entry_ids[:, s] >= 0).nonzero().flatten(), entry_ids[entry_ids[:, s] >= 0, s])
+                  for s in range(1, width))
+    return MemberTables(to_union, entry_ids, first_ids, extra)
+
+
+def project(logprobs: torch.Tensor, tables: MemberTables, out: torch.Tensor | None = None,
+            floor: float | None = None) -> torch.Tensor:
+    """P_i = p^i M^i [rows, U] on the member's device (into ``out`` if given): the probabilities
+    with a zero column appended, gathered into the union's layout; entries holding several ids
+    then add the others in ascending id order, as ``_entry_mass`` and a scatter-add do. With a
+    ``floor``, log-probabilities below it count as it (see LOG_FLOOR)."""
+    rows, size = logprobs.shape
+    probs = torch.empty((rows, size + 1), dtype=torch.float32, device=logprobs.device)
+    probs[:, size] = 0.0
+    if floor is None:
+        torch.exp(logprobs, out=probs[:, :size])
+    else:
+        torch.clamp(logprobs, min=floor, out=probs[:, :size]).exp_()
+    projected = torch.gather(probs, 1, tables.first_ids.expand(rows, -1), out=out)
+    for entries, ids in tables.extra:
+        projected[:, entries] += probs[:, ids]
+    return projected
+
+
+def tempered(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """exp((log p - max log p) / T) per row, floored at LOG_FLOOR: p^(1/T) up to its row's scale,
+    the weights ``draw`` takes (a softmax without the division, and without exp's slow underflow)."""
+    scaled = logprobs.float() / temperature
+    scaled -= scaled.max(dim=-1, keepdim=True).values
+    return scaled.clamp_(min=LOG_FLOOR).exp_()
+
+
+def draw(weights: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One index per row of ``weights`` [rows, n] (>= 0, any scale) with probability proportional
+    to its weight: the first index whose cumulative weight exceeds u x the row's total, u ~ U[0, 1)
+    from the row's own generator (one number per row, drawn on the host). Entries of weight 0
+    are never drawn."""
+    uniform = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
+    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
+    total = cumulative[:, -1:].contiguous()
+    drawn = torch.searchsorted(cumulative, uniform.to(weights.device)[:, None] * total, right=True)
+    last = torch.searchsorted(cumulative, total)  # the last entry of positive weight (u x total rounded up)
+    return torch.minimum(drawn, last).flatten()
 
 
 class UnionMixture:
@@ -74,22 +138,57 @@ class UnionMixture:
     def _tables(self, index: int, device: torch.device) -> MemberTables:
         key = (index, str(device))
         if key not in self._placed:
-            cpu = self._cpu[index]
-            self._placed[key] = MemberTables(*(t.to(device) for t in (cpu.src_ids, cpu.union_ids, cpu.to_union,
-                                                                       cpu.entry_ids)))
+            self._placed[key] = self._cpu[index].to(device)
         return self._placed[key]
 
     def full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
         """q over every union entry [rows, U], on the first member's device (Eq. 3)."""
-        device = logprobs[0].device
-        mixed = torch.zeros((logprobs[0].shape[0], self.union.size), dtype=torch.float32, device=device)
-        for index, (lp, weight) in enumerate(zip(logprobs, self.weights)):
-            tables = self._tables(index, lp.device)
-            projected = torch.zeros((lp.shape[0], self.union.size), dtype=torch.float32, device=lp.device)
-            projected.index_add_(1, tables.union_ids, lp.exp()[:, tables.src_ids])  # p^i M^i
-            mixed += weight * projected.to(device)
-        mixed /= self.weights.sum()
+        mixed = torch.empty((logprobs[0].shape[0], self.union.size), dtype=torch.float32, device=logprobs[0].device)
+        for rows in self._blocks(logprobs):
+            self._mix([lp[rows] for lp in logprobs], mixed[rows])
         return mixed
+
+    def sample(self, logprobs: Sequence[torch.Tensor], temperature: float,
+               generators: Sequence[torch.Generator]) -> list[int]:
+        """One union entry per row drawn from q^(1/T) (GaC Eq. 3 with a temperature), each row with
+        its own generator: a row's draw does not depend on the other rows of the batch."""
+        drawn = []
+        for rows in self._blocks(logprobs):
+            mixed = self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR)
+            if temperature != 1.0:
+                mixed = tempered(mixed.log_(), temperature)
+            drawn.append(draw(mixed, generators[rows]))
+        return torch.cat(drawn).tolist()
+
+    def _argmax_full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """argmax_u q(u) per row through the full projection (ties: the lowest union index)."""
+        return torch.cat([self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR).argmax(dim=-1)
+                          for rows in self._blocks(logprobs)])
+
+    def _mix(self, logprobs: Sequence[torch.Tensor], out: torch.Tensor | None = None,
+             floor: float | None = None) -> torch.Tensor:
+        """(w_1 P_1 + w_2 P_2 + ...) / sum_i w_i, each product rounded before it is added (Eq. 3)."""
+        device = logprobs[0].device
+        for index, (lp, weight) in enumerate(zip(logprobs, self.weights)):
+            projected = project(lp, self._tables(index, lp.device), out if index == 0 else None, floor)
+            if weight != 1.0:  # 1 x P is P exactly
+                projected.mul_(weight)
+            if index == 0:
+                out = projected
+            else:
+                out.add_(projected.to(device))
+        return out.div_(self.weights.sum())
+
+    def _blocks(self, logprobs: Sequence[torch.Tensor]) -> list[slice]:
+        """Row blocks for the full projection: all rows at once on a GPU; on a CPU as many as keep
+        one block's tensors (log-probs, probabilities, projections) within CPU_BLOCK_BYTES."""
+        rows = logprobs[0].shape[0]
+        if any(lp.device.type != "cpu" for lp in logprobs):
+            step = max(rows, 1)
+        else:
+            row_bytes = 4 * sum(2 * lp.shape[1] + 2 * self.union.size for lp in logprobs)
+            step = max(1, CPU_BLOCK_BYTES // row_bytes)
+        return [slice(start, start + step) for start in range(0, rows, step)]
 
     def greedy(self, logprobs: Sequence[torch.Tensor]) -> list[int]:
         """argmax_u q(u) per row, exactly (see the module docstring)."""
@@ -112,7 +211,7 @@ class UnionMixture:
         decided = best > bound * (1 + BOUND_MARGIN)
         undecided = (~decided).nonzero().flatten()
         if len(undecided):
-            rest = self.full([lp.index_select(0, undecided.to(lp.device)) for lp in logprobs]).argmax(dim=-1)
+            rest = self._argmax_full([lp.index_select(0, undecided.to(lp.device)) for lp in logprobs])
             chosen = chosen.index_copy(0, undecided, rest)
         self.rows_total += len(chosen)
         self.rows_decided += len(chosen) - len(undecided)
@@ -123,7 +222,7 @@ class UnionMixture:
         """P_i(u) for each row's candidate entries [rows, C]: the member's ids of each entry,
         added in ascending id order from zero, as the full scatter-add adds them."""
         ids = tables.entry_ids[entries]  # [rows, C, d_i]
-        probs = logprobs.gather(1, ids.clamp(min=0).flatten(1)).view(ids.shape).exp()
+        probs = logprobs.gather(1, ids.clamp(min=0).flatten(1)).view(ids.shape).float().exp()
         mass = torch.zeros(entries.shape, dtype=torch.float32, device=logprobs.device)
         for slot in range(tables.width):
             mass = mass + torch.where(ids[..., slot] >= 0, probs[..., slot], 0.0)
