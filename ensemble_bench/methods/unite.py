@@ -97,7 +97,7 @@ def best_stop_ids(logprobs: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tenso
     ascending, on the member's device."""
     if not len(stop_ids):
         return torch.full((logprobs.shape[0],), -1, dtype=torch.long, device=logprobs.device)
-    return stop_ids[logprobs[:, stop_ids].argmax(dim=-1)]
+    return stop_ids.take(logprobs.index_select(1, stop_ids).argmax(dim=-1))
 
 
 def aligned_probs(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -209,7 +209,7 @@ class AlignmentTables:
         columns = [padded(ids + offset, width, self.no_key) for ids, offset in zip(top_ids, self.offsets)]
         if targets is not None:
             columns.append(targets[:, None] + self.offsets[target_member])
-        keys = placed.key_of[torch.cat(columns, dim=1)]  # [rows, columns]
+        keys = placed.key_of.take(torch.cat(columns, dim=1))  # [rows, columns]
         same = keys[:, :, None] == keys[:, None, :]
         first = (keys >= 0) & ~(same & self._earlier(keys.shape[1], device)).any(dim=-1)
         members = len(top_ids)
@@ -217,7 +217,7 @@ class AlignmentTables:
         tops = torch.cat([padded(top, width, 0) for top in top_ids], dim=1)
         probs = torch.cat([padded(p, width, 0.0) for p in top_probs], dim=1).unflatten(1, (members, width))
         rule1 = topk_choice(match, tops.unflatten(1, (members, width)), probs).permute(2, 0, 1)  # [members, rows, cols]
-        rule23 = placed.aligned[:, keys.clamp(min=0)]
+        rule23 = placed.aligned.index_select(1, keys.clamp(min=0).flatten()).unflatten(1, keys.shape)
         rule23 = torch.where(rule23 == BEST_STOP, torch.stack(best_stops)[:, :, None], rule23)
         ids = torch.where(first, torch.where(rule1 >= 0, rule1, rule23), -1)
         return UnionPlan(list(self._resolve_rule3(ids, keys).unbind(0)), first, members * width)
@@ -260,11 +260,13 @@ def topk_choice(match: torch.Tensor, top: torch.Tensor, probs: torch.Tensor) -> 
 def average_rows(probs: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     """``average_aligned`` for every row at once: ``probs`` [members, rows, columns] (float64, 0
     outside V^u) -> [rows, columns]. The same float operations in the same order as the
-    reference (sequential sums, left to right), so the argmax and its ties are the same."""
-    total_weight = sum(weights)
-    averaged = np.zeros(probs.shape[1:])
-    for member_probs, weight in zip(probs, weights):
-        mass = np.add.accumulate(member_probs, axis=1)[:, -1:]  # sequential, as Python's sum
-        has_mass = mass > 0
-        averaged += np.where(has_mass, weight * member_probs / np.where(has_mass, mass, 1.0) / total_weight, 0.0)
+    reference (sequential sums, left to right; a member without mass adds nothing), so the
+    argmax and its ties are the same."""
+    mass = np.add.accumulate(probs, axis=2)[:, :, -1:]  # sequential, as Python's sum
+    has_mass = mass > 0
+    weight = np.asarray(weights, dtype=np.float64)[:, None, None]
+    shares = np.where(has_mass, weight * probs / np.where(has_mass, mass, 1.0) / sum(weights), 0.0)
+    averaged = shares[0]
+    for share in shares[1:]:
+        averaged = averaged + share
     return averaged
