@@ -403,8 +403,11 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
         raise UserError(f"{source}: {field}.name: {err}") from None
     members = [recipe.members[i] for i in recipe.ensemble_members(spec)]
     given = {**spec.params, **(overrides or {})}
-    if "weights" in method.Params.model_fields and "weights" not in given and any(
-            m.weight is not None for m in members):
+    weighted = [m.label for m in members if m.weight is not None]
+    if weighted and "weights" not in method.Params.model_fields:
+        raise UserError(f"{source}: members: '{weighted[0]}' sets weight, but method '{method.name}' takes no "
+                        "member weights: remove weight (or give it only to members of a weighted method)")
+    if weighted and "weights" not in given:
         given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in members]}
     try:
         params = method.Params.model_validate(given)

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import METHODS
-from ensemble_bench.recipe import MAX_RECIPE_BYTES, MAX_YAML_DEPTH, LIMIT_MAX, SEED_MAX, load_recipe, parse_recipe
+from ensemble_bench.recipe import (LIMIT_MAX, MAX_RECIPE_BYTES, MAX_YAML_DEPTH, SEED_MAX, load_recipe, parse_recipe,
+                                   validate_method)
 from ensemble_bench.tasks import get_benchmark, list_benchmarks
 from tests.test_faults import dry_run, one_line
 
@@ -120,6 +121,18 @@ def test_all_zero_weights_never_reach_a_division(tmp_path, monkeypatch, capsys, 
 def test_weights_beyond_float32_are_refused_before_they_become_inf(tmp_path, monkeypatch, capsys, method):
     line = refused(monkeypatch, capsys, tmp_path, method=f"{method}, weights: [1.0e+39, 1]")
     assert "method.weights: " in line and "sum of at most 3.4e+38" in line
+
+
+@pytest.mark.parametrize("method", ["packllm", "voting", "coolfusion", "single"])
+def test_a_member_weight_on_a_method_without_weights_is_refused(tmp_path, monkeypatch, capsys, method):
+    """A member's weight used to be dropped without a word by a method that takes none."""
+    line = refused(monkeypatch, capsys, tmp_path, method=method, member=", weight: 3.0")
+    assert f"method '{method}' takes no member weights" in line
+
+
+def test_a_member_weight_still_becomes_a_weighted_methods_weights(tmp_path):
+    recipe = parsed(tmp_path, method="gac", member=", weight: 3.0")
+    assert validate_method(recipe, recipe.ensembles[0], "recipe.yaml")[1].weights == [3.0, 1.0]
 
 
 # ---------------------------------------------------------------- seeds
