@@ -193,7 +193,7 @@ def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
         raise UserError(f"method.weights: expected {count} values (one per member), got {len(weights)}")
     if (problem := weights_problem(weights)) is not None:
         raise UserError(f"method.weights: {problem}, got {list(weights)}")
-    return [w / math.fsum(weights) for w in weights]
+    return [w / sum(weights) for w in weights]
 
 
 class Method(ABC):
