@@ -402,6 +402,9 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's
     run lock is held throughout, from choosing the run folder to the summary: a second run of the same
     recipe meanwhile is refused in one line and changes nothing."""
+    if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
+        check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
+        os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
     with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
         return _run_locked(recipe, fresh, progress, on_row)
 
@@ -413,9 +416,6 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
     lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
-    if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
-        check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
-        os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
     run_dir, _ = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
