@@ -22,8 +22,10 @@ from ensemble_bench.methods.voting import Voting
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan,
                                                           PackLLM, CharED, Safe, ByteLevel)}
 
-__all__ = ["METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
-           "get_method"]
+ALONE = Single.name  # the method that evaluates one member by itself
+
+__all__ = ["ALONE", "METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
+           "get_method", "is_alone"]
 
 
 def get_method(name: str) -> type[Method]:
@@ -31,3 +33,8 @@ def get_method(name: str) -> type[Method]:
         return METHODS[name]
     except KeyError:
         raise UserError(f"unknown method '{name}' (known: {', '.join(sorted(METHODS))})") from None
+
+
+def is_alone(name: str) -> bool:
+    """Whether a method name (e.g. a stored row's) evaluates a member alone."""
+    return name in METHODS and METHODS[name].alone

@@ -203,6 +203,13 @@ class Method(ABC):
     Params: ClassVar[type[MethodParams]] = MethodParams
     min_members: ClassVar[int] = 1
     max_members: ClassVar[int | None] = None
+    alone: ClassVar[bool] = False  # a member alone (one row per member), not an ensemble
+    samples: ClassVar[bool] = False  # draws at random (seeded) rather than decoding greedily
+
+    @classmethod
+    def takes_weights(cls) -> bool:
+        """Whether the method combines members with per-member weights (``weights`` parameter)."""
+        return "weights" in cls.Params.model_fields
 
     @classmethod
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ from ensemble_bench.methods.decode import DecodingMethod, RequestState, Round, o
 
 class Single(DecodingMethod):
     name = "single"
+    alone = True
     max_members = 1
     writer = 0
 
