@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,8 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ensemble_bench.errors import UserError
-from ensemble_bench.members.sources import check_spec
+from ensemble_bench.errors import UserError, lines_of, several
 from ensemble_bench.methods import get_method
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
@@ -42,11 +42,12 @@ class MemberSpec(BaseModel):
     name: str | None = Field(default=None, pattern=LABEL, max_length=200)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
-    chat_template: bool = True
+    chat_template: bool = False  # as lm-eval: off unless asked for (--apply_chat_template)
     kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
     # run the Python code shipped in the model's repository (InternLM3, DeciLM, ...); off: only transformers' own
     trust_remote_code: bool = False
     weight: float | None = Field(default=None, gt=0)
+    paper_row: str | None = None  # the row of a paper's table this member alone fills (`ensbench table --layout`)
     # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
     device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
     max_memory: dict[str, int | str] | None = None  # e.g. {0: 20GiB, cpu: 64GiB}; needs device_map
@@ -116,28 +117,17 @@ class PlacementSpec(BaseModel):
         return DEFAULT_SCHEDULE_TIMEOUT_S if self.schedule_timeout_s is None else self.schedule_timeout_s
 
 
-def _installed(package: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(package) is not None
-
-
-def check_placement(recipe: Recipe, source: str) -> None:
-    """Checks across placement and members (one UserError line each)."""
-    ray = recipe.placement.kind == "ray"
-    if ray and not _installed("ray"):
-        raise UserError(f"{source}: placement.kind: ray needs the ray package (pip install 'ensemble-bench[ray]')")
+def check_placement(recipe: Recipe, source: str) -> list[str]:
+    """A line per member whose device does not fit the placement (packages: ``runner.preflight``)."""
+    lines = []
     for i, member in enumerate(recipe.members):
         device = member.device
-        if ray and device.startswith("cuda") and member.device_map is None:
+        if recipe.placement.kind == "ray" and device.startswith("cuda") and member.device_map is None:
             index = int(device.partition(":")[2] or 0)
             if index >= member.num_gpus:
-                raise UserError(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
-                                f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
-        if member.quantization and not ray and not _installed("bitsandbytes"):
-            raise UserError(f"{source}: members[{i}].quantization: '{member.quantization}' needs the bitsandbytes "
-                            "package (pip install bitsandbytes)")
-
+                lines.append(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
+                             f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
+    return lines
 
 
 class MethodSpec(BaseModel):
@@ -148,6 +138,7 @@ class MethodSpec(BaseModel):
     name: str = Field(min_length=1)
     label: str | None = Field(default=None, pattern=LABEL)
     members: list[str] | None = Field(default=None, min_length=1)
+    paper_row: str | None = None  # the row of a paper's table this entry fills (`ensbench table --layout`)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -324,51 +315,70 @@ def _shortened(text: str, most: int = 80) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def _pydantic_line(source: str, err: ValidationError, prefix: str = "") -> str:
-    first = _telling_error(err.errors())
-    loc = [p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
+def _error_line(source: str, error: dict, prefix: str = "") -> str:
+    """One pydantic error as ``<file>: <field path>: <message> (got <value>)``."""
+    loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
         message = "unknown field"
-    if first["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
+    if error["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
         message = f"not a safe folder name: use {SAFE_NAME}, no path separators"
-    given = first.get("input")
-    shown = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else \
+    given = error.get("input")
+    shown = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else \
         f" (got {_shortened(repr(given))})"
     return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"
 
 
+def _field_of(error: dict) -> tuple:
+    """The field an error is about: its location up to the union branch it names, if any."""
+    loc = error["loc"]
+    return loc[:next((k for k, part in enumerate(loc) if isinstance(part, str) and "[" in part), len(loc))]
+
+
+def _pydantic_lines(source: str, err: ValidationError, prefix: str = "") -> list[str]:
+    """Every mistake pydantic found, one line per field (of a union's branches, the telling one)."""
+    by_field: dict[tuple, list[dict]] = {}
+    for error in err.errors():
+        by_field.setdefault(_field_of(error), []).append(error)
+    lines = [_error_line(source, _telling_error(errors), prefix) for errors in by_field.values()]
+    return list(dict.fromkeys(lines))
+
+
+def _problems(check: Callable[[], Any], prefix: str = "") -> list[str]:
+    """The lines of the UserError ``check`` raises, each after ``prefix`` (none when it passes)."""
+    try:
+        check()
+    except UserError as err:
+        return [prefix + line for line in lines_of(err)]
+    return []
+
+
+def _method_problems(recipe: Recipe, source: str) -> list[str]:
+    """A line per method entry (and sweep point) whose parameters or members do not fit the method."""
+    lines = []
+    for i, spec in enumerate(recipe.ensembles):
+        field = f"methods[{i}]" if recipe.methods is not None else "method"
+        lines += _problems(lambda: validate_method(recipe, spec, source, field))
+        for point in recipe.sweep_points() if recipe.sweep else []:
+            lines += _problems(lambda: validate_method(recipe, spec, f"{source}: sweep {point}", field, point))
+    return lines
+
+
 def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
-    """Validate a recipe mapping, including method parameters, benchmarks and model strings."""
+    """Validate a recipe mapping: its schema, method parameters, benchmarks and plan. Nothing of the
+    machine is read (model files, packages, devices, the network: ``runner.preflight`` checks those),
+    so a stored run parses on any machine. Every mistake is reported at once: one UserError of one
+    line each (``errors.several``)."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        raise UserError(_pydantic_line(source, err)) from None
-    for i, spec in enumerate(recipe.ensembles):
-        field = f"methods[{i}]" if recipe.methods is not None else "method"
-        validate_method(recipe, spec, source, field)
-        for point in recipe.sweep_points() if recipe.sweep else []:
-            validate_method(recipe, spec, f"{source}: sweep {point}", field, point)
-    check_tasks(recipe, source)
-    check_placement(recipe, source)
-    for i, member in enumerate(recipe.members):
-        try:
-            check_spec(member.model)
-            folder = Path(member.model).expanduser()
-            saved = not folder.is_dir() or (folder / "config.json").is_file()
-        except UserError as err:
-            raise UserError(f"{source}: members[{i}].model: {err}") from None
-        except OSError as err:  # e.g. a name too long for the file system
-            raise UserError(f"{source}: members[{i}].model: not a usable path ({err.strerror or err})") from None
-        if not saved:
-            raise UserError(f"{source}: members[{i}].model: folder '{member.model}' holds no saved model "
-                            "(no config.json): name a folder written by save_pretrained, or a hub id")
-    try:
-        plan_rows(recipe)
-    except UserError as err:
-        raise UserError(f"{source}: {err}") from None
+        raise several(UserError, _pydantic_lines(source, err)) from None
+    lines = [*_method_problems(recipe, source), *_problems(lambda: check_tasks(recipe, source)),
+             *check_placement(recipe, source), *_problems(lambda: plan_rows(recipe), f"{source}: ")]
+    if lines:
+        raise several(UserError, list(dict.fromkeys(lines)))
     return recipe
 
 
@@ -412,7 +422,7 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
     try:
         params = method.Params.model_validate(given)
     except ValidationError as err:
-        raise UserError(_pydantic_line(source, err, prefix=field)) from None
+        raise several(UserError, _pydantic_lines(source, err, prefix=field)) from None
     try:
         method.check_members(params, [m.label for m in members])
     except UserError as err:

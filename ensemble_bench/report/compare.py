@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods import is_alone
 from ensemble_bench.report.paired import (EnsembleComparison, Interval, aligned, compare_with_members,
                                           examples_score, interval_of, member_rows, p_text)
 from ensemble_bench.report.samples import Example, require_examples
-from ensemble_bench.report.summary import RunRow, finished_recipe, run_rows
+from ensemble_bench.report.run_files import RunRow
+from ensemble_bench.report.summary import finished_recipe, run_rows
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
 
@@ -66,7 +68,7 @@ def _pairings(chosen: list[RunRow], explicit: bool) -> list[tuple[str, list[str]
     if not explicit:
         alone = member_rows(chosen)
         pairs = [(row.plan.label, [alone[i] for i in row.plan.members if i in alone]) for row in chosen
-                 if row.plan.method != "single"]
+                 if not is_alone(row.plan.method)]
         pairs = [(row, members) for row, members in pairs if members]
         if pairs:
             return pairs

@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ensemble_bench.methods import is_alone
 from ensemble_bench.report import stats
+from ensemble_bench.report.run_files import RunRow
 from ensemble_bench.report.samples import Example, corpus_statistic, metric_parts, row_examples
 from ensemble_bench.tasks import Benchmark
-
-if TYPE_CHECKING:  # summary.py builds on this module
-    from ensemble_bench.report.summary import RunRow
 
 BINARY_METRICS = ("acc", "acc_norm", "exact_match", "pass_at_1", "pass@1", "pass_at_k", "em")
 
@@ -132,7 +130,7 @@ def compare_with_members(row: str, members: list[str], by_row: dict[str, list[Ex
 
 def member_rows(rows: list[RunRow]) -> dict[int, str]:
     """recipe member index -> the label of its row alone."""
-    return {row.plan.members[0]: row.plan.label for row in rows if row.plan.method == "single"}
+    return {row.plan.members[0]: row.plan.label for row in rows if is_alone(row.plan.method)}
 
 
 def ensemble_comparisons(run_dir: Path, rows: list[RunRow], benches: list[Benchmark]) -> list[EnsembleComparison]:
@@ -141,7 +139,7 @@ def ensemble_comparisons(run_dir: Path, rows: list[RunRow], benches: list[Benchm
     found = []
     for row in rows:
         members = [alone[i] for i in row.plan.members if i in alone]
-        if row.plan.method == "single" or not members:
+        if is_alone(row.plan.method) or not members:
             continue
         for bench in benches:
             by_row = {label: row_examples(run_dir / label, bench) for label in [row.plan.label, *members]}

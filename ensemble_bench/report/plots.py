@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods import is_alone
 from ensemble_bench.report.out_files import checked_files, write_with
 from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.summary import finished_recipe, run_rows
@@ -30,7 +31,7 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
             fraction = row.timing.get("ensembled_fraction")
             records.append({
                 "label": row.plan.label, "method": row.plan.method,
-                "value": row.timing.get("params", {}).get(param) if param and row.plan.method != "single" else None,
+                "value": row.timing.get("params", {}).get(param) if param and not is_alone(row.plan.method) else None,
                 "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
                 "intervals": {name: (100 * i.low, 100 * i.high) for (label, name), i in intervals.items()
                               if label == row.plan.label},
@@ -77,7 +78,7 @@ def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str)
     swept = sorted((r for r in records if r["value"] is not None), key=lambda r: r["value"])
     if not swept:
         raise UserError(f"no row of the runs sets '{param}' (sweep it in a recipe: sweep: {{{param}: [...]}})")
-    members = [r for r in records if r["method"] == "single"]
+    members = [r for r in records if is_alone(r["method"])]
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.6))
     for bench in sorted({b for r in swept for b in r["scores"]}):
@@ -124,7 +125,7 @@ def plot_accuracy_latency(records: list[dict], path_stem: Path, title: str) -> l
         score = sum(record["scores"][b] for b in shared) / len(shared)
         below, above = mean_error_bar(record, benchmarks)
         axis.errorbar(record["ms_per_token"], score, yerr=[[below], [above]], capsize=3,
-                      marker="o" if record["method"] == "single" else "^")
+                      marker="o" if is_alone(record["method"]) else "^")
         axis.annotate(record["label"], (record["ms_per_token"], score), fontsize=7, xytext=(3, 3),
                       textcoords="offset points")
     axis.set_xlabel("latency (ms/token)")

@@ -18,12 +18,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ensemble_bench.methods import is_alone
 from ensemble_bench.report import stats
 from ensemble_bench.report.summary import run_rows
 
 # recipe fields that do not change the numbers: names, the output folder, where members run
 NEUTRAL_FIELDS = {"name", "description", "output", "placement"}
-NEUTRAL_MEMBER_FIELDS = {"num_gpus", "num_cpus", "resources"}
+NEUTRAL_MEMBER_FIELDS = {"num_gpus", "num_cpus", "resources", "paper_row"}
+NEUTRAL_ENTRY_FIELDS = {"paper_row"}  # of a method entry
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ def _numbers_fields(recipe) -> dict[str, object]:
     """Every field of a recipe that can change a score or a timing, flattened (members[0].dtype: ...)."""
     dumped = recipe.model_dump(mode="json", exclude=NEUTRAL_FIELDS)
     dumped["members"] = [{k: v for k, v in m.items() if k not in NEUTRAL_MEMBER_FIELDS} for m in dumped["members"]]
+    for entry in [dumped.get("method") or {}, *(dumped.get("methods") or [])]:
+        for key in NEUTRAL_ENTRY_FIELDS:
+            entry.pop(key, None)
     dumped["tasks"] = [{**t, "limit": recipe.task_limit(task)} for t, task in zip(dumped.pop("tasks"), recipe.tasks)]
     dumped.pop("limit")
     return _flat(dumped)
@@ -86,11 +91,11 @@ def load_rows(run_dir: Path) -> dict[str, RowFacts]:
 
 def latency_ratios(rows: dict[str, RowFacts]) -> dict[str, float]:
     """Each ensemble row's ms/token over the sum of the single rows' ms/token of the same run."""
-    singles = [r.ms_per_token for r in rows.values() if r.method == "single" and r.ms_per_token]
+    singles = [r.ms_per_token for r in rows.values() if is_alone(r.method) and r.ms_per_token]
     if not singles:
         return {}
     return {label: r.ms_per_token / sum(singles) for label, r in rows.items()
-            if r.method != "single" and r.ms_per_token}
+            if not is_alone(r.method) and r.ms_per_token}
 
 
 def accuracy_floor(baseline: float, n_base: int, n_now: int, confidence: float) -> float:

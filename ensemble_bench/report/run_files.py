@@ -1,15 +1,25 @@
 """Reading the files of a run folder: lm-eval's JSON results and JSON-lines samples (one line
-naming a damaged file), the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100."""
+naming a damaged file), one row of a run (``RunRow``), the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.errors import EnvironmentFault
+from ensemble_bench.recipe import Row
 
 # lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
 PERCENT_METRICS = ("bleu", "chrf", "ter")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One evaluated row of a run: its plan, its timing.json and its scores."""
+    plan: Row
+    timing: dict
+    scores: dict[str, tuple[float, int]]  # benchmark name -> (score 0..1, examples)
 
 
 def leaf_tasks(group_subtasks: dict, name: str) -> list[str]:

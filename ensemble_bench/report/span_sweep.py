@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from ensemble_bench.methods import is_alone
 from ensemble_bench.report.plots import parameter_records
 
 
 def sweep_records(run_dirs: list[Path]) -> list[dict]:
-    """The members alone and the SweetSpan rows of the runs, SweetSpan rows labelled Span-N."""
-    records = [r for r in parameter_records(run_dirs, "span_words") if r["method"] in ("single", "sweetspan")]
+    """The members alone and the rows that set ``span_words`` (SweetSpan's), those labelled Span-N."""
+    records = [r for r in parameter_records(run_dirs, "span_words")
+               if r["value"] is not None or is_alone(r["method"])]
     return [{**r, "label": f"Span-{r['value']}"} if r["value"] is not None else r for r in records]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -10,9 +9,10 @@ import yaml
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.recipe import Row, parse_recipe, plan_rows
+from ensemble_bench.recipe import parse_recipe, plan_rows
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
-from ensemble_bench.report.run_files import PERCENT_METRICS, damaged, leaf_tasks, read_json, read_json_lines
+from ensemble_bench.report.run_files import (PERCENT_METRICS, RunRow, damaged, leaf_tasks, read_json,
+                                             read_json_lines)
 from ensemble_bench.tasks import Benchmark, get_benchmark
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
@@ -68,14 +68,6 @@ def finished_recipe(run_dir: Path):
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise damaged(path, err) from None
     return parse_recipe(data, str(path))
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """One evaluated row of a run: its plan, its timing.json and its scores."""
-    plan: Row
-    timing: dict
-    scores: dict[str, tuple[float, int]]  # benchmark name -> (score 0..1, examples)
 
 
 def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
