@@ -1,0 +1,244 @@
+"""The contract every registered method keeps, run over the registry (``METHODS``) with a table of
+parameter sets per method (``CONTRACT_PARAMS``):
+
+- identity: a member ensembled with itself gives exactly the member's own greedy output, in
+  generation (text and token count) and in log-likelihood (greedy flags, and the values where the
+  method's equations make them equal, ``SCORING_IDENTITY``);
+- batch invariance: batch size 1 and 3 give the same outputs;
+- Ray placement gives the results of local members (skipped without ray);
+- ``info()`` holds the run statistics the reports read;
+- a lead member named by a label no member has is a one-line error.
+
+A new method gets all of this by one entry in ``CONTRACT_PARAMS`` (and ``SCORING_IDENTITY``); a
+guard test fails while it has none. Per-method test files keep only what is specific to a paper.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import ALONE, METHODS, LoglikelihoodRequest, Method, MethodParams, get_method
+from ensemble_bench.recipe import parse_recipe
+from tests.tiny import CORPUS, REQUESTS, outputs
+
+# Per method, the smallest parameter sets that exercise each of its modes; "lead" stands for the
+# method's lead-member field (``lead_field``). UniTE and DeePEn identity is exact under local feeding
+# only (canonical feeding gives the other copy its own tokenizer's encoding: test_retokenize_feeding).
+CONTRACT_PARAMS: dict[str, list[dict]] = {
+    "single": [{}],
+    "gac": [{}, {"weights": [0.3, 2.0]}, {"threshold": 0.5, "lead": 1}],
+    "unite": [{"retokenize": "local"}, {"retokenize": "local", "k": 1, "weights": [0.2, 0.8]},
+              {"retokenize": "local", "k": 50, "lead": 1}],
+    "deepen": [{"retokenize": "local"}, {"retokenize": "local", "support": None, "eta": 0.3, "steps": 8},
+               {"retokenize": "local", "support": 4, "lead": 1}],
+    "voting": [{}, {"answer": "text", "lead": 1}],
+    "mbr": [{}],
+    "rerank": [{}],
+    "coolfusion": [{}, {"align": False}, {"rerank": True, "lead": 1}],
+    "sweetspan": [{"span_words": 1}, {"span_words": 4}, {"span_words": 32}],
+    "packllm": [{}, {"variant": "opt", "ppl_unit": "byte"}, {"alignment": "union", "variant": "opt"}],
+    "chared": [{}, {"weights": [1.0, 3.0]}],
+    "safe": [{}, {"draft_tokens": 1, "sharpen": 0.0, "gate_threshold": 0.5},
+             {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
+    "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+}
+
+# What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
+# equal the member's, greedy flags too), "flags" (greedy flags only: UniTE renormalises over the
+# aligned top-k, DeePEn scores after its relative-space steps), "choice" (sample-level methods vote:
+# the winning continuation of each question is the member's most likely one).
+SCORING_IDENTITY: dict[str, str] = {
+    "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
+    "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
+    "safe": "values", "byte_level": "values",
+}
+
+OLD_LEAD_NAMES = ("writer", "emitter", "reference", "primary", "main", "drafter", "gate")
+
+
+def lead_field(cls: type[Method]) -> str | None:
+    """The Params field that names the lead member (None: the method has none)."""
+    if getattr(cls, "lead_param", None):
+        return cls.lead_param
+    return next((name for name in OLD_LEAD_NAMES if name in cls.Params.model_fields), None)
+
+
+def params_of(cls: type[Method], fields: dict) -> MethodParams:
+    """Params from a table entry, its "lead" key given the method's own name for it."""
+    named = {(lead_field(cls) if key == "lead" else key): value for key, value in fields.items()}
+    return cls.Params.model_validate(named)
+
+
+def check_run_stats(info: dict) -> None:
+    """``info()`` as the reports read it (report/summary.py, tables.py, plots.py: ms/token, time to
+    first token, tokens, ensembled fraction, tokens manipulated per step, the parameters) and as
+    the runner writes it (timing.json)."""
+    assert json.loads(json.dumps(info)) is not None
+    for key in ("decode_ms_per_token", "time_to_first_token_ms", "ensembled_fraction", "tokens_manipulated_per_step"):
+        value = info.get(key)
+        assert value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0), (key, value)
+    assert info.get("ensembled_fraction") is None or info["ensembled_fraction"] <= 1
+    assert isinstance(info["tokens_generated"], int) and info["tokens_generated"] >= 0
+    assert isinstance(info["params"], dict)
+
+
+def cases(keep=lambda cls: True) -> list:
+    """(method name, parameter set index) of every table entry whose method ``keep`` accepts."""
+    return [pytest.param(name, i, id=f"{name}-{i}") for name, sets in CONTRACT_PARAMS.items()
+            if name in METHODS and keep(METHODS[name]) for i in range(len(sets))]
+
+
+def ensembles(cls: type[Method]) -> bool:
+    return not cls.alone
+
+
+def build(name: str, index: int, members: Sequence, batch_size: int) -> Method:
+    cls = get_method(name)
+    return cls(members[:cls.max_members] if cls.max_members else members, params_of(cls, CONTRACT_PARAMS[name][index]),
+               batch_size=batch_size)
+
+
+def alone(cls: type[Method], member, batch_size: int) -> Method:
+    """The member by itself: under the method when it takes one member (CharED and byte-level decode
+    character- and byte-wise), else the member alone."""
+    if cls.min_members == 1 and not cls.alone:
+        return cls([member], cls.Params(), batch_size=batch_size)
+    return get_method(ALONE)([member], MethodParams(), batch_size=batch_size)
+
+
+# Four questions, three continuations each (lengths 1, 6 and 15 characters).
+SCORED = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n]) for i in range(4) for n in (1, 6, 15)]
+
+
+# ------------------------------------------------------------------ shared members
+@pytest.fixture(scope="module", params=["bpe", "sp"])
+def twins(request):
+    """One tiny model (byte-level BPE, then SentencePiece): the member alone and two copies of it."""
+    tokenizer = request.getfixturevalue(f"{request.param}_tokenizer")
+    model = request.getfixturevalue(f"{request.param}_model")
+    return LocalMember(model, tokenizer, "solo"), [LocalMember(model, tokenizer, name) for name in ("a", "b")]
+
+
+@pytest.fixture(scope="module")
+def mixed(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    """Two members with different tokenizers."""
+    return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """PackLLM's MinED maps go to a folder of this module's own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ENSBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+# ------------------------------------------------------------------ the table covers the registry
+def test_every_registered_method_has_a_contract_entry():
+    assert set(CONTRACT_PARAMS) == set(METHODS), "add the method's parameter sets to CONTRACT_PARAMS"
+    assert set(SCORING_IDENTITY) == set(METHODS), "say what scoring with itself keeps in SCORING_IDENTITY"
+    for name, sets in CONTRACT_PARAMS.items():
+        assert sets, name
+        for fields in sets:
+            params_of(METHODS[name], fields)  # every entry is a valid parameter set
+
+
+# ------------------------------------------------------------------ identity
+@pytest.mark.parametrize("name,index", cases(ensembles))
+def test_member_with_itself_is_the_member_alone(twins, name, index):
+    solo, pair = twins
+    assert outputs(build(name, index, pair, batch_size=3)) == outputs(alone(METHODS[name], solo, batch_size=3))
+
+
+@pytest.mark.parametrize("name,index", cases(ensembles))
+def test_scoring_with_itself_keeps_the_members_scores(twins, name, index):
+    solo, pair = twins
+    expected = alone(METHODS[name], solo, batch_size=4).loglikelihood(SCORED)
+    got = build(name, index, pair, batch_size=4).loglikelihood(SCORED)
+    kind = SCORING_IDENTITY[name]
+    if kind == "choice":
+        best = [max(range(q, q + 3), key=lambda i: expected[i].logprob) for q in range(0, len(SCORED), 3)]
+        assert [s.is_greedy for s in got] == [i in best for i in range(len(SCORED))]
+        return
+    assert [s.is_greedy for s in got] == [s.is_greedy for s in expected]
+    assert all(s.logprob <= 1e-6 for s in got)
+    if kind == "values":
+        assert [s.logprob for s in got] == pytest.approx([s.logprob for s in expected], abs=1e-5)
+
+
+# ------------------------------------------------------------------ batch invariance
+@pytest.mark.parametrize("name,index", cases())
+def test_batch_size_does_not_change_outputs(mixed, name, index):
+    one, three = build(name, index, mixed, batch_size=1), build(name, index, mixed, batch_size=3)
+    assert outputs(one) == outputs(three)
+    scored_one, scored_three = one.loglikelihood(SCORED), three.loglikelihood(SCORED)
+    assert [s.is_greedy for s in scored_one] == [s.is_greedy for s in scored_three]
+    assert [s.logprob for s in scored_one] == pytest.approx([s.logprob for s in scored_three], abs=1e-5)
+
+
+# ------------------------------------------------------------------ run statistics
+@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS])
+def test_info_holds_the_run_statistics_the_reports_read(mixed, name):
+    method = build(name, 0, mixed, batch_size=2)
+    method.loglikelihood(SCORED[:3])
+    check_run_stats(method.info())  # a multiple-choice run: nothing generated
+    generations = method.generate(REQUESTS[:2])
+    info = method.info()
+    check_run_stats(info)
+    assert info["params"] == json.loads(method.params.model_dump_json())
+    assert info["tokens_generated"] > 0 and sum(g.new_tokens for g in generations) > 0
+    assert info["decode_ms_per_token"] is not None and info["time_to_first_token_ms"] is not None
+
+
+# ------------------------------------------------------------------ a bad lead member
+@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS and lead_field(METHODS[name])])
+def test_a_lead_member_no_member_has_is_one_line(tiny_dirs, name):
+    field = lead_field(METHODS[name])
+    members = [{"model": path, "name": label} for path, label in zip(tiny_dirs, ("a", "b"))]
+    recipe = {"name": "r", "members": members, "method": {"name": name, field: "nobody"}, "tasks": ["piqa"],
+              "data": "offline"}
+    with pytest.raises(UserError) as info:
+        parse_recipe(recipe, "r.yaml")
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("r.yaml: ") and f"{field}: 'nobody' is not a member" in line, line
+
+
+# ------------------------------------------------------------------ Ray placement
+@pytest.fixture(scope="module")
+def placed(tiny_dirs):
+    """(local members, the same members in Ray actors) over the two tiny model folders."""
+    ray = pytest.importorskip("ray")
+    from ensemble_bench.members import load_member
+    from ensemble_bench.members.remote import RemoteMember, launch
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        loads = [{"model": path, "name": name} for path, name in zip(tiny_dirs, ("bpe", "sp"))]
+        actors = [launch(load, {"num_cpus": 1}) for load in loads]  # both load side by side
+        remote = [RemoteMember(load, actor=actor) for load, actor in zip(loads, actors)]
+        yield [load_member(**load) for load in loads], remote
+        for member in remote:
+            member.close()
+    finally:
+        ray.shutdown()
+
+
+def counters(info: dict) -> dict:
+    """``info()`` without its clock readings."""
+    return {key: value for key, value in info.items() if "_ms" not in key and "seconds" not in key}
+
+
+@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS])
+def test_ray_placement_equals_local(placed, name):
+    local, remote = placed
+    near, far = build(name, 0, local, batch_size=2), build(name, 0, remote, batch_size=2)
+    assert outputs(far, REQUESTS[:3]) == outputs(near, REQUESTS[:3])
+    assert far.loglikelihood(SCORED[:3]) == near.loglikelihood(SCORED[:3])
+    assert counters(far.info()) == counters(near.info())
