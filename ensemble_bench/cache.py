@@ -13,6 +13,7 @@ again whenever its ``stat`` no longer matches the stamp.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -131,10 +132,8 @@ def _install_folder(staging: Path, target: Path) -> None:
     """Move ``staging`` to ``target``; an existing ``target`` is moved aside first and then removed."""
     if target.exists():
         aside = _temporary_name(target, "old")
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another process moved it meanwhile
             os.replace(target, aside)
-        except FileNotFoundError:  # another process moved it meanwhile
-            pass
         shutil.rmtree(aside, ignore_errors=True)
     try:
         os.replace(staging, target)

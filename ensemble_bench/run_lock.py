@@ -11,6 +11,7 @@ folder, not in it, so that folder holds run folders only.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -127,7 +128,5 @@ def hold_run_lock(path: Path) -> Iterator[None]:
 
 def _clear(fd: int) -> None:
     """Empty the record at the end of a run; if the disk refuses, the record left is merely stale."""
-    try:
+    with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
-    except OSError:
-        pass

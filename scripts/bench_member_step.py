@@ -4,7 +4,8 @@ For each vocabulary and batch size, in one process and in lockstep, step by step
 cached greedy loop (``raw``: forward with ``logits_to_keep=1`` and an argmax of the logits, as
 scripts/bench_overhead.py times it) and the same greedy loop driven through ``LocalMember.extend``
 (``step``: forward, float32 next-token log-probs, KV bookkeeping). Reported: the medians, the
-median of the per-step ratios, and the ratio of the fastest steps (the least disturbed by load). The models are the near-free
+median of the per-step ratios, and the ratio of the fastest steps (the least disturbed by load).
+The models are the near-free
 random ones of bench_overhead.py (one layer, hidden size 16) behind real tokenizers, so the
 vocabulary-sized work dominates: Qwen2 (152k head) and Gemma-3 (262k head, when its packaged model
 is in the cache).
@@ -36,10 +37,10 @@ def paired_steps_ms(member, prompts: list[str], tokens: int) -> list[tuple[float
     import torch
     from transformers import DynamicCache
 
-    from ensemble_bench.members.local import _left_padded
+    from ensemble_bench.batching import left_padded
 
     rows = [member.encode(p) for p in prompts]
-    ids, mask = _left_padded(rows, member.pad_id)
+    ids, mask = left_padded(rows, member.pad_id)
     ids, mask, cache = ids.to(member.device), mask.to(member.device), DynamicCache()
     logprobs = member.prefill(rows)
     pairs = []

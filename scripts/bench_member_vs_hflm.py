@@ -24,7 +24,8 @@ PROMPT = ("Once upon a time, in a small village by the sea, there lived an old f
 
 
 def time_generate(lm, request_cls, tokens: int) -> tuple[float, str]:
-    request = request_cls(request_type="generate_until", doc={}, arguments=(PROMPT, {"until": [], "max_gen_toks": tokens}), idx=0)
+    request = request_cls(request_type="generate_until", doc={},
+                          arguments=(PROMPT, {"until": [], "max_gen_toks": tokens}), idx=0)
     start = time.perf_counter()
     [text] = lm.generate_until([request])
     return time.perf_counter() - start, text

@@ -78,7 +78,8 @@ def main() -> None:
         "gac-gated": (f"gac t={args.threshold} gate {members[args.gate].name}",
                       lambda b: Gac(members, GacParams(threshold=args.threshold, gate=args.gate), batch_size=b)),
         "unite": ("unite k=10", lambda b: Unite(members, UniteParams(primary=args.emitter), batch_size=b)),
-        "deepen-64": ("deepen support 64", lambda b: Deepen(members, DeepenParams(main=args.emitter, support=64), batch_size=b)),
+        "deepen-64": ("deepen support 64",
+                      lambda b: Deepen(members, DeepenParams(main=args.emitter, support=64), batch_size=b)),
         "deepen-256": ("deepen support 256",
                        lambda b: Deepen(members, DeepenParams(main=args.emitter, support=256), batch_size=b)),
     }

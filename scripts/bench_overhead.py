@@ -147,9 +147,9 @@ def raw_forward_ms(member, prompts: list[str], tokens: int) -> float:
     import torch
     from transformers import DynamicCache
 
-    from ensemble_bench.members.local import _left_padded
+    from ensemble_bench.batching import left_padded
 
-    ids, mask = _left_padded([member.encode(p) for p in prompts], member.pad_id)
+    ids, mask = left_padded([member.encode(p) for p in prompts], member.pad_id)
     ids, mask = ids.to(member.device), mask.to(member.device)
     cache = DynamicCache()
     elapsed = 0.0
@@ -258,10 +258,12 @@ def bench_mode(pair: str, tokenizers: list, mode: str, args, clock: PhaseClock) 
         prompts = (PROMPTS * (batch // len(PROMPTS) + 1))[:batch]
         requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
         result = {"pair": pair, "mode": mode, "batch": batch,
-                  "raw": {m.name: statistics.median(raw_forward_ms(m, prompts, args.tokens) for _ in range(args.repeats))
+                  "raw": {m.name: statistics.median(raw_forward_ms(m, prompts, args.tokens)
+                                                    for _ in range(args.repeats))
                           for m in members}}
-        makers = {f"member:{m.name}": lambda m=m: Single([m], Single.Params(), batch_size=batch) for m in members}
-        makers.update({name: lambda f=f: f(batch) for name, f in methods.items()})
+        makers = {f"member:{m.name}": lambda m=m, batch=batch: Single([m], Single.Params(), batch_size=batch)
+                  for m in members}
+        makers.update({name: lambda f=f, batch=batch: f(batch) for name, f in methods.items()})
         measured = measure(makers, requests, args.repeats, clock)
         result["members"] = {m.name: measured[f"member:{m.name}"] for m in members}
         result["methods"] = {name: measured[name] for name in methods}
@@ -282,7 +284,8 @@ def print_table(rows: list[dict]) -> None:
             p = m["phases"]
             other = m["ms_per_step"] - sum(p.values())
             decided = "" if m["bound"] is None else f"{100 * m['bound']:.1f}%"
-            print(f"| {r['pair']} | {r['mode']} | {r['batch']} | {raw:.2f} | {members:.2f} | {members / raw:.2f} | {name} | "
+            print(f"| {r['pair']} | {r['mode']} | {r['batch']} | {raw:.2f} | {members:.2f} | {members / raw:.2f} "
+                  f"| {name} | "
                   f"{m['ms_per_step']:.2f} | {m['ms_per_step'] / members:.2f} | {overhead:+.2f} "
                   f"({overhead / r['batch']:+.3f}) | {p.get('combine+choose', 0):.2f} | {p.get('feeding', 0):.2f} | "
                   f"{p.get('cache edits', 0):.2f} | {other:.2f} | {decided} |")
@@ -299,7 +302,8 @@ def print_retokenize(rows: list[dict]) -> None:
     lines = [(r, name, m["retokenize"]) for r in rows for name, m in r["methods"].items() if m.get("retokenize")]
     if not lines:
         return
-    print("\n| pair | batch | method | retokenize | crops/step | taken back/step | fed/step | waits/step | feeding ms |")
+    print("\n| pair | batch | method | retokenize | crops/step | taken back/step | fed/step | waits/step "
+          "| feeding ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r, name, c in lines:
         print(f"| {r['pair']} | {r['batch']} | {name} | {c['policy']} | {c['crops']:.3f} | {c['dropped']:.3f} | "
@@ -358,7 +362,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--shape", choices=["tiny", "7b"], default="tiny", help="7b: real Llama-3-8B / Qwen2-7B shapes, bf16")
+    parser.add_argument("--shape", choices=["tiny", "7b"], default="tiny",
+                        help="7b: real Llama-3-8B / Qwen2-7B shapes, bf16")
     parser.add_argument("--json", default=None, help="also write the raw figures here")
     parser.add_argument("--modes", nargs="+", choices=["peaked", "flat"], default=["peaked"],
                         help="peaked: heads scaled like a trained model's; flat: unscaled (every GaC row falls back)")

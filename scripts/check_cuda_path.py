@@ -52,7 +52,8 @@ def main() -> None:
     models = [tiny_llama(len(t), seed=k + 1) for k, t in enumerate(tokenizers)]
 
     def members(device):
-        return [LocalMember(copy.deepcopy(m).to(device), t, f"m{k}") for k, (m, t) in enumerate(zip(models, tokenizers))]
+        return [LocalMember(copy.deepcopy(m).to(device), t, f"m{k}")
+                for k, (m, t) in enumerate(zip(models, tokenizers))]
 
     on_device = members(args.device)
     placed = on_device[0].prefill([on_device[0].encode("Question:")]).device

@@ -59,7 +59,7 @@ def main() -> None:
         base = resident_gib()
     spaces = [RelativeSpace(embeddings[n], ids) for n, ids in zip(SHAPES, anchors)]
     timings = []
-    for step in range(args.steps):
+    for _ in range(args.steps):
         logits = [torch.randn(views[n].size, generator=generator) * 4 for n in SHAPES]
         probs = [lg.softmax(-1) for lg in logits]
         start = time.perf_counter()
@@ -78,7 +78,8 @@ def main() -> None:
     print(f"reference dense R (float32, both members): {dense:.1f} GiB")
     print(f"embeddings ({args.dtype}, the models' own): {embedding_gib:.2f} GiB on {args.device}")
     print(f"memory added by the alignment (peak, support {args.support}): {peak - base:.2f} GiB")
-    print(f"seconds per step (after the first): {sorted(timings[1:])[len(timings[1:]) // 2]:.3f}; first {timings[0]:.3f}")
+    later = sorted(timings[1:])
+    print(f"seconds per step (after the first): {later[len(later) // 2]:.3f}; first {timings[0]:.3f}")
 
 
 if __name__ == "__main__":

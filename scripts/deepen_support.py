@@ -75,7 +75,8 @@ def main() -> None:
     for m in supports:
         print(f"| {m} | {100 * agree[m] / steps:.1f}% | {dropped[m][0] / steps:.4f} | {dropped[m][1] / steps:.4f} "
               f"| {seconds[m] / steps:.3f} |")
-    print(f"| {REFERENCE} | (reference) | {dropped[REFERENCE][0] / steps:.5f} | {dropped[REFERENCE][1] / steps:.5f} | |")
+    kept, mass = dropped[REFERENCE]
+    print(f"| {REFERENCE} | (reference) | {kept / steps:.5f} | {mass / steps:.5f} | |")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def main() -> None:
         stops = [stop_ids_of_tokenizer(t, v) for t, v in zip(tokenizers, views)]
         union, anchors = vocab_counts(views, stops)
         sizes = " + ".join(str(len(t)) for t in tokenizers)
-        print(f"| {' + '.join(names)} (tokenizers only) | {sizes} | {union} | {anchors} | <= {2 * args.k} (needs the models) |")
+        print(f"| {' + '.join(names)} (tokenizers only) | {sizes} | {union} | {anchors} "
+              f"| <= {2 * args.k} (needs the models) |")
     prompts = nq_questions(args.prompts)
     requests = [GenerationRequest(Prompt(text=p), ("\n",), args.tokens) for p in prompts]
     for names in MODEL_PAIRS:

@@ -78,7 +78,8 @@ texts = st.one_of(
 raw_yaml = st.one_of(
     st.builds(deep_flow, st.sampled_from([30, 300, 3000, 30000]), st.booleans()),
     # at most 2 million strings written out: enough to pass any sane limit, never enough to fill the memory
-    st.tuples(st.integers(2, 9), st.integers(1, 8)).filter(lambda s: s[0] ** s[1] <= 2_000_000).map(lambda s: alias_bomb(*s)),
+    st.tuples(st.integers(2, 9), st.integers(1, 8)).filter(lambda s: s[0] ** s[1] <= 2_000_000)
+    .map(lambda s: alias_bomb(*s)),
     st.sampled_from(TAGS).map(Raw),
 )
 small_values = st.recursive(st.none() | st.booleans() | numbers | texts,
@@ -92,7 +93,8 @@ FIELD_NAMES = sorted({*Recipe.model_fields, *MemberSpec.model_fields, *TaskSpec.
 # fields read only when a row runs, and values of their type but out of their range: where the runtime
 # failures of issue 30 lived (seed -1, NaN weights, shots above the data)
 RUNTIME_FIELDS = ["seed", "shots", "limit", "batch_size", "weights", "weight", "threshold", "temperature", "window",
-                  "scores", "ece", "k", "steps", "eta", "support", "span_words", "draft_tokens", "tau", "gate_threshold",
+                  "scores", "ece", "k", "steps", "eta", "support", "span_words", "draft_tokens", "tau",
+                  "gate_threshold",
                   "candidate_floor", "filter_ratio", "chance", "num_gpus", "num_cpus", "schedule_timeout_s"]
 number_lists = st.lists(st.sampled_from(SPECIAL_NUMBERS), min_size=1, max_size=4)
 in_type_values = st.one_of(st.sampled_from(SPECIAL_NUMBERS), st.sampled_from(SPECIAL_NUMBERS), number_lists, texts)
@@ -196,8 +198,9 @@ def non_finite(node) -> bool:
 
 
 def task_key(task) -> tuple:
-    return (task, None) if isinstance(task, str) else (task.get("name"), task.get("variant")) if isinstance(task, dict) \
-        else (repr(task), "?")
+    if isinstance(task, str):
+        return task, None
+    return (task.get("name"), task.get("variant")) if isinstance(task, dict) else (repr(task), "?")
 
 
 def must_be_refused(doc) -> str | None:
@@ -224,7 +227,8 @@ class RecipeCase:
 
     def __repr__(self) -> str:  # what hypothesis prints for a falsifying example
         shown = self.text if len(self.text) < 3000 else self.text[:3000] + f"... ({len(self.text)} chars)"
-        return f"RecipeCase(source={self.source!r}, mutations={self.mutations!r}, refuse={self.refuse!r})\n--- recipe text ---\n{shown}"
+        return (f"RecipeCase(source={self.source!r}, mutations={self.mutations!r}, refuse={self.refuse!r})"
+                f"\n--- recipe text ---\n{shown}")
 
 
 @st.composite
@@ -421,7 +425,8 @@ def dry_run(box: Sandbox, case: RecipeCase) -> Outcome:
 # --- argument vectors ----------------------------------------------------------------------------------------------
 COMMANDS = typer.main.get_command(cli.app).commands
 RUN_TARGETS = ["run", "recipe folder", "baseline", "damaged", "empty", "file"]
-OTHER_PATHS = ["missing", "results", "/etc", "/", "~", "../x", "-", "", "x" * 300, "caf\u00e9", "--help", "results/reg/"]
+OTHER_PATHS = ["missing", "results", "/etc", "/", "~", "../x", "-", "", "x" * 300, "caf\u00e9", "--help",
+               "results/reg/"]
 OUT_VALUES = ["report", "taken", "sub/report", "missing_dir/report", "~/report", "../report", ".", "", "results",
               "results/reg/20260101-000000-aaaaaaaaaaaa/summary"]
 PLAUSIBLE_OPTIONS = {

@@ -2,6 +2,7 @@
 fixture (marked as not Flores), the prompt a seq2seq member reads, and `ensbench list`."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,7 +51,8 @@ def test_offline_copy_is_the_fixture_joined_by_id(tmp_path):
     task = yaml.load((tmp_path / "flores101_ro-en.yaml").read_text(), Loader=FunctionTag)
     folder = task["dataset_kwargs"]["path"]
     assert folder.endswith("facebook/flores") and folder.startswith("/")
-    rows = [json.loads(line) for line in open(f"{folder}/ron_Latn/devtest.jsonl", encoding="utf-8")]
+    lines = Path(f"{folder}/ron_Latn/devtest.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines]
     assert len(rows) == len(flores.FIXTURE) - flores.FIXTURE_SHOTS
     assert all(row["domain"] == "ensemble-bench test fixture, NOT Flores" for row in rows)
     data = flores.load_flores(folder, "ron_Latn", "eng_Latn", version=1.0)

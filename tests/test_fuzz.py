@@ -25,8 +25,17 @@ from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.gac import Gac, GacParams
 from tests.fake_runs import fake_run
 from tests.fuzz_strategies import (
-    COMMANDS, ROOT, alias_bomb, argument_vectors, call_cli, call_with_argv, deep_flow, dry_run, is_finite_json,
-    mutated_recipes, sandbox,
+    COMMANDS,
+    ROOT,
+    alias_bomb,
+    argument_vectors,
+    call_cli,
+    call_with_argv,
+    deep_flow,
+    dry_run,
+    is_finite_json,
+    mutated_recipes,
+    sandbox,
 )
 from tests.test_faults import BASE_RECIPE, ROWS, one_line, run_cli
 
@@ -122,7 +131,8 @@ def recipe_file(tmp_path, text: str):
 
 
 def demo_recipe(tmp_path, **fields) -> dict:
-    return {**yaml.safe_load((ROOT / "recipes/offline/demo.yaml").read_text()), "output": str(tmp_path / "out"), **fields}
+    demo = yaml.safe_load((ROOT / "recipes/offline/demo.yaml").read_text())
+    return {**demo, "output": str(tmp_path / "out"), **fields}
 
 
 def test_a_deeply_nested_recipe_value_is_one_line(tmp_path, monkeypatch, capsys):
@@ -183,7 +193,8 @@ def test_a_run_path_too_long_for_the_file_system_is_one_line(command, tmp_path, 
     """A 300-character path component: OSError ENAMETOOLONG in resolve_run or finished_recipe (exit 70)."""
     run = str(fake_run(tmp_path / "run", ROWS, BASE_RECIPE))
     args = {"compare": ["compare", "x" * 300], "plot": ["plot", "x" * 300, "--out", str(tmp_path / "plot")],
-            "table": ["table", "x" * 300, "--layout", "gac_table3"], "regress": ["regress", "x" * 300, "--baseline", run],
+            "table": ["table", "x" * 300, "--layout", "gac_table3"],
+            "regress": ["regress", "x" * 300, "--baseline", run],
             "regress --baseline": ["regress", run, "--baseline", "x" * 300]}[command]
     monkeypatch.chdir(tmp_path)
     code, out = run_cli(monkeypatch, capsys, *args)

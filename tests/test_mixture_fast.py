@@ -29,7 +29,8 @@ def scatter_add_full(union, weights, logprobs):
 def triple_union():
     """Three members; the second spells ' Jam' with three ids, the third lacks most entries."""
     a = VocabView((b"<|im_end|>", b" James", b"a", b"es", b"\xc3", b"\xa9", None), frozenset({0}), "byte-level")
-    b = VocabView((b"</s>", b" Jam", b"es", b" Jam", b"a", b" Jam", b"<unk>", b"es"), frozenset({0, 6}), "sentencepiece")
+    b = VocabView((b"</s>", b" Jam", b"es", b" Jam", b"a", b" Jam", b"<unk>", b"es"), frozenset({0, 6}),
+                  "sentencepiece")
     c = VocabView((b"<eos>", b"zz", b"a"), frozenset({0}), "byte-level")
     return build_union([a, b, c], [[0], [0], [0]]), (7, 8, 3)
 

@@ -3,8 +3,9 @@ non-Python file under ensemble_bench/ and each file name the code opens beside a
 glob names a file that exists. Parses pyproject.toml and globs; no wheel build."""
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ensemble_bench"
@@ -52,7 +53,8 @@ def test_every_data_file_is_in_the_wheel():
 
 
 def test_the_code_reads_the_tables_data():
-    assert {PACKAGE / "report" / "layouts.yaml", PACKAGE / "report" / "paper_numbers.csv"} <= files_named_beside_modules()
+    data_files = {PACKAGE / "report" / "layouts.yaml", PACKAGE / "report" / "paper_numbers.csv"}
+    assert data_files <= files_named_beside_modules()
 
 
 def test_the_task_templates_are_in_the_wheel():

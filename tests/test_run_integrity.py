@@ -56,9 +56,8 @@ def test_a_second_holder_is_refused_in_one_line_and_changes_nothing(tmp_path):
     with hold_run_lock(lock):
         record = lock.read_text()
         assert json.loads(record)["pid"] == os.getpid()
-        with pytest.raises(EnvironmentFault) as refused:
-            with hold_run_lock(lock):
-                pytest.fail("a second holder got the lock")
+        with pytest.raises(EnvironmentFault) as refused, hold_run_lock(lock):
+            pytest.fail("a second holder got the lock")
         message = str(refused.value)
         assert f"pid {os.getpid()} on host {socket.gethostname()} since " in message and "\n" not in message
         assert lock.read_text() == record
@@ -145,8 +144,9 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
 
     monkeypatch.chdir(tmp_path)
     recipe_path = tmp_path / "recipe.yaml"
+    two_tasks = "- {name: piqa, limit: 2}\n  - {name: arc_c, limit: 2}"
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2)
-                           .replace("- {name: piqa, limit: 2}", "- {name: piqa, limit: 2}\n  - {name: arc_c, limit: 2}"))
+                           .replace("- {name: piqa, limit: 2}", two_tasks))
     recipe = load_recipe(recipe_path)
     run_dir = run_recipe(recipe)
     first = {row: row_files(run_dir / row) for row in ROWS}
@@ -160,11 +160,13 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     events = []
     assert run_recipe(recipe, on_row=lambda row, state: events.append((row.label, state))) == run_dir
     assert ("bpe", f"damaged ({lost.name} is missing): recomputed from the response cache") in events
-    assert ("sp", f"damaged ({short.name} does not hold the examples {short.name.replace('samples_piqa', 'results')[:-1]}"
+    results_name = short.name.replace('samples_piqa', 'results')[:-1]
+    assert ("sp", f"damaged ({short.name} does not hold the examples {results_name}"
                   " records): recomputed from the response cache") in events
     assert ("gac", "kept from the interrupted run") in events
     assert {row: row_files(run_dir / row) for row in ROWS} == first and (run_dir / "summary.md").exists()
-    assert [json.loads((run_dir / row / "timing.json").read_text())["requests_computed"] for row in ("bpe", "sp")] == [0, 0]
+    computed = [json.loads((run_dir / row / "timing.json").read_text())["requests_computed"] for row in ("bpe", "sp")]
+    assert computed == [0, 0]
 
 
 # --- paths ------------------------------------------------------------------------------------------------
@@ -245,7 +247,9 @@ def snapshot(run_dir):
 def test_a_read_only_run_folder_or_cache_is_read_only_not_damaged(where, finished_tiny_run, tiny_dirs, tmp_path,
                                                                   monkeypatch, capsys):
     recipe, run_dir = unfinished_copy(finished_tiny_run, tmp_path, tiny_dirs)
-    target = {"run folder": run_dir, "cache folder": run_dir / "cache", "cache file": run_dir / "cache" / "gac_rank0.db"}[where]
+    cache = run_dir / "cache"
+    targets = {"run folder": run_dir, "cache folder": cache, "cache file": cache / "gac_rank0.db"}
+    target = targets[where]
     before = snapshot(run_dir)
     make_read_only(target, monkeypatch)
     try:

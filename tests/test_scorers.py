@@ -9,8 +9,15 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods.rerank import Rerank, RerankParams
-from ensemble_bench.methods.scorers import (Classifier, ClassifierComparator, ClassifierReward, PairwiseScorer,
-                                            RewardScorer, best_by_score, most_wins)
+from ensemble_bench.methods.scorers import (
+    Classifier,
+    ClassifierComparator,
+    ClassifierReward,
+    PairwiseScorer,
+    RewardScorer,
+    best_by_score,
+    most_wins,
+)
 from ensemble_bench.methods.single import Single
 from tests.tiny import REQUESTS
 
@@ -119,7 +126,8 @@ def test_untrained_head_is_refused(tmp_path, bpe_tokenizer):
     ({"scorer": "reward"}, "scorer_model is required"),
     ({"scorer": "perplexity", "scorer_model": "x"}, "not taken by the perplexity"),
     ({"scorer": "pairwise", "scorer_model": "x", "scorer_template": "{prompt} {a}"}, "must contain"),
-    ({"scorer": "reward", "scorer_model": "x", "scorer_backend": "llm-blender", "scorer_template": "{prompt} {response}"},
+    ({"scorer": "reward", "scorer_model": "x", "scorer_backend": "llm-blender",
+      "scorer_template": "{prompt} {response}"},
      "formats inputs itself"),
 ])
 def test_rerank_params_validation(given, message):

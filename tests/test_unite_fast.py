@@ -16,8 +16,15 @@ from ensemble_bench.methods.token_level import log_or_floor
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.fast_topk import block_topk
-from ensemble_bench.vocab.topk import (AlignmentTables, Aligned, TopKAligner, average_aligned, average_rows,
-                                       member_topk, union_keys)
+from ensemble_bench.vocab.topk import (
+    Aligned,
+    AlignmentTables,
+    TopKAligner,
+    average_aligned,
+    average_rows,
+    member_topk,
+    union_keys,
+)
 
 
 # ------------------------------------------------------------------ the replaced implementation
@@ -58,7 +65,7 @@ def reference_step(aligners, weights, emitter, k, logprobs, targets):
                              for a, topk, stops in zip(aligners, topks, best_stops)]))
     probs = [reference_token_probs(lp, [tokens[index] for _, tokens in plans]) for index, lp in enumerate(logprobs)]
     choices, scored = [], []
-    for row, (keys, tokens) in enumerate(plans):
+    for row, (_, tokens) in enumerate(plans):
         aligned = [[Aligned(token, prob, rule) for (token, rule), prob in zip(member_tokens, member_probs[row])]
                    for member_tokens, member_probs in zip(tokens, probs)]
         averaged = average_aligned(aligned, weights)
@@ -74,7 +81,7 @@ def bare_unite(aligners, k, emitter, weights):
     """A Unite with only what ``_step`` reads (no members needed)."""
     method = Unite.__new__(Unite)
     method.params = UniteParams(k=k)
-    method.emitter, method.weights, method.aligners = emitter, list(weights), list(aligners)
+    method.lead, method.weights, method.aligners = emitter, list(weights), list(aligners)
     method.tables = AlignmentTables(method.aligners)
     method.union_sizes = method.union_rows = 0
     method._stops = {}
@@ -83,7 +90,7 @@ def bare_unite(aligners, k, emitter, weights):
 
 def assert_same_as_reference(method, logprobs, targets=None):
     try:
-        expected = reference_step(method.aligners, method.weights, method.emitter, method.params.k, logprobs, targets)
+        expected = reference_step(method.aligners, method.weights, method.lead, method.params.k, logprobs, targets)
     except ValueError:  # no key of V^u that the emitter can emit, in some row
         with pytest.raises(ValueError, match="no token for any key"):
             method._step(logprobs, targets)
@@ -168,7 +175,7 @@ def test_tensor_alignment_equals_reference_on_tiny_vocabularies(seed):
         rows = rng.choice([1, 5, 17])
         logprobs = [random_logprobs(gen, rows, a.view.size) for a in aligners]
         assert_same_as_reference(method, logprobs)
-        emitter_size = aligners[method.emitter].view.size
+        emitter_size = aligners[method.lead].view.size
         targets = [rng.randrange(emitter_size) for _ in range(rows)]
         assert_same_as_reference(method, logprobs, targets)
 

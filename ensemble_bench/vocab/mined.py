@@ -99,7 +99,7 @@ def mined_path(reference: VocabView, reference_stops: Sequence[int], member: Voc
 def fits(saved: object, reference_size: int, member_size: int) -> bool:
     """Whether a loaded cache file is a map from ``reference_size`` ids to member ids (or -1)."""
     return (isinstance(saved, torch.Tensor) and saved.dtype == torch.long and saved.shape == (reference_size,)
-            and (reference_size == 0 or -1 <= int(saved.min()) and int(saved.max()) < member_size))
+            and (reference_size == 0 or int(saved.min()) >= -1 and int(saved.max()) < member_size))
 
 
 def cached_mined_map(reference: VocabView, reference_stops: Sequence[int], member: VocabView,

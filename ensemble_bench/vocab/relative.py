@@ -22,8 +22,8 @@ every other's, that token is the dense transform's argmax and no full row is tou
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
