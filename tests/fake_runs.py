@@ -8,8 +8,9 @@ import yaml
 TASKS = {"arc_c": ("arc_challenge", "acc,none"), "nq": ("nq_open", "exact_match,remove_whitespace")}
 
 
-def fake_run(folder, rows, recipe=None):
-    """rows: label -> (method, {benchmark: (score 0..1, n)}, timing extras) in the recipe's row order."""
+def fake_run(folder, rows, recipe=None, results_extras=None):
+    """rows: label -> (method, {benchmark: (score 0..1, n)}, timing extras) in the recipe's row order;
+    results_extras: more keys of every results file (lm-eval's ``pretty_env_info``, ...)."""
     folder.mkdir(parents=True)
     recipe = recipe or {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"},
                                                    {"model": "qwen2.5-0.5b", "name": "b"}],
@@ -21,6 +22,6 @@ def fake_run(folder, rows, recipe=None):
         row.mkdir()
         (row / "timing.json").write_text(json.dumps({"label": label, "method": method, **timing}))
         results = {"results": {TASKS[b][0]: {TASKS[b][1]: s} for b, (s, _) in scores.items()},
-                   "n-samples": {TASKS[b][0]: {"effective": n} for b, (_, n) in scores.items()}}
+                   "n-samples": {TASKS[b][0]: {"effective": n} for b, (_, n) in scores.items()}, **(results_extras or {})}
         (row / "results_1.json").write_text(json.dumps(results))
     return folder

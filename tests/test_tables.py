@@ -1,18 +1,23 @@
-"""`ensbench table`: our rows land in the paper's rows (by label, by member / entry position),
-missing rows read "not run" (never zero), extra rows are kept, `--paper` adds the published
-number and the difference, and every layout's paper rows exist in the transcribed numbers."""
+"""`ensbench table`: without a layout, every row by every benchmark of the runs; with one, our rows
+land in the paper's rows by declared identity (`paper_row:`) or name, never by position, missing
+rows read "not run" (never zero), extra rows are kept, notes say what the runs lack and what the
+layout leaves out, `--paper` adds the published number and the difference (latency only on the
+paper's hardware), and every layout's paper rows exist in the transcribed numbers."""
 
+import dataclasses
 import sys
 
 import pandas as pd
 import pytest
 
 from ensemble_bench.cli import main
-from ensemble_bench.report.tables import (EXTRA_BLOCK, NOT_RUN, build_table, get_layout, layouts, paper_numbers,
-                                          paper_rows, render)
+from ensemble_bench.report.tables import (EXTRA_BLOCK, NOT_RUN, build_run_table, build_table, get_layout, layouts,
+                                          paper_numbers, paper_rows, render)
 from tests.fake_runs import fake_run
 
-RECIPE = {"name": "t3", "members": [{"model": "smollm2-135m", "name": "small"}, {"model": "qwen2.5-0.5b", "name": "big"}],
+RECIPE = {"name": "t3", "members": [{"model": "smollm2-135m", "name": "small", "paper_row": "openchat_3.5"},
+                                    {"model": "qwen2.5-0.5b", "name": "big",
+                                     "paper_row": "openchat and SOLAR / Nous-Hermes-2-SOLAR-10.7B"}],
           "singles": True, "data": "offline", "tasks": [{"name": "nq", "limit": 50}, {"name": "arc_c", "limit": 50}],
           "methods": [{"name": "rerank", "label": "rerank-ppl"}, {"name": "gac", "label": "gac"},
                       {"name": "gac", "label": "gac-t0.5", "gate": "small", "threshold": 0.5}]}
@@ -58,17 +63,72 @@ def test_paper_numbers_and_differences(run, tmp_path, monkeypatch, capsys):
     assert "GaC t=0.5 (ours)" in (tmp_path / "table3.md").read_text()
 
 
-def test_position_aliases_fill_entry_slots(tmp_path):
-    recipe = {**RECIPE, "methods": [{"name": "gac", "label": "smollm2+qwen2.5"}]}
-    rows = {k: ROWS[k] for k in ("small", "big")} | {"smollm2+qwen2.5": ROWS["gac"]}
-    run = fake_run(tmp_path / "r", rows, recipe)
-    table = build_table(get_layout("gac_table4"), [run]).set_index("paper row")
-    assert table.loc["Yi + Mixtral", "ours"] == "smollm2+qwen2.5"  # entry:0
-    assert table.loc["Yi-34B-Chat", "ours"] == "small" and table.loc["Qwen2-72B-Instruct", "ours"] == NOT_RUN
+def test_declared_identity_fills_a_paper_row_and_position_never_does(tmp_path):
+    """A user's own models do not take the paper's rows by their place in the recipe: only a
+    declared `paper_row:` (on a member or an entry) or a matching name puts them there."""
+    members = [{"model": "smollm2-135m", "name": "smol"}, {"model": "qwen2.5-0.5b", "name": "qwen2-72b-instruct"}]
+    recipe = {**RECIPE, "members": members, "methods": [{"name": "gac", "label": "pair", "paper_row": "Yi + Mixtral"}]}
+    rows = {"smol": ROWS["small"], "qwen2-72b-instruct": ROWS["big"], "pair": ROWS["gac"]}
+    table = build_table(get_layout("gac_table4"), [fake_run(tmp_path / "r", rows, recipe)]).set_index("paper row")
+    assert table.loc["Yi + Mixtral", "ours"] == "pair"  # declared
+    assert table.loc["Qwen2-72B-Instruct", "ours"] == "qwen2-72b-instruct"  # the name the layout lists
+    assert table.loc["Yi-34B-Chat", "ours"] == NOT_RUN  # the first member fills no row by being first
+    assert list(table[table.block == EXTRA_BLOCK].ours) == ["smol"]
+
+
+def test_notes_say_what_the_runs_lack_and_what_the_layout_leaves_out(run):
+    layout = get_layout("gac_table3")
+    frame = build_table(layout, [run], block="openchat and SOLAR")
+    notes = frame.attrs["notes"]
+    assert notes[0] == "benchmarks of this layout the runs lack: mmlu, gsm8k, bbh, triviaqa"
+    assert notes[1] == "rows of this layout the runs lack: LLM Blender (PairRanker), OAssistRM, UltraRM, FuseLLM"
+    assert notes[2] == "benchmarks of the runs this layout leaves out: arc_c"
+    markdown = render(frame, layout, "markdown")
+    assert markdown.endswith("\n\n- " + "\n- ".join(notes) + "\n")
+    assert "arc\\_c" in render(frame, layout, "latex") and "arc_c" not in render(frame, layout, "csv")
+
+
+def test_latency_is_compared_with_the_paper_only_on_its_hardware(tmp_path):
+    env = {"pretty_env_info": "Is CUDA available: False\nGPU models and configuration: Could not collect\n"
+                              "Model name:   Intel(R) Xeon(R) Processor\n"}
+    run = fake_run(tmp_path / "r", ROWS, RECIPE, env)
+    layout = get_layout("gac_table3")
+    gac = build_table(layout, [run], with_paper=True, block="openchat and SOLAR")
+    assert pd.isna(gac.set_index("paper row").loc["GaC (ours)", "latency_ms_per_token Δ"])
+    assert gac.set_index("paper row").loc["GaC (ours)", "latency_ms_per_token (paper)"] == 51.32
+    assert gac.attrs["notes"][-1] == ("latency: no difference to the paper's, which was timed on hardware this layout "
+                                      "does not record; these runs: cpu (Intel(R) Xeon(R) Processor)")
+    same = dataclasses.replace(layout, hardware="Xeon")
+    gac = build_table(same, [run], with_paper=True, block="openchat and SOLAR").set_index("paper row")
+    assert gac.loc["GaC (ours)", "latency_ms_per_token Δ"] == pytest.approx(340.0 - 51.32)
+
+
+def test_a_table_of_any_run_without_a_layout(tmp_path, monkeypatch):
+    """Every row by every benchmark of the run, intervals beside the scores, the average, latency
+    and wall time; CSV keeps the numbers, Markdown and LaTeX one 95% column per benchmark."""
+    rows = {label: (method, {**scores, "arc_c": (0.5, 40)}, dict(timing)) for label, (method, scores, timing) in ROWS.items()}
+    rows["big"][2]["loglikelihood_ms_per_request"] = 12.5
+    run = fake_run(tmp_path / "results" / "t3" / "20260101-000000-abc", rows, RECIPE,
+                   {"total_evaluation_time_seconds": "61.25"})
+    frame, layout = build_run_table([run.parent])
+    assert list(frame.columns) == ["row", "method", "nq", "nq low", "nq high", "arc_c", "arc_c low", "arc_c high",
+                                   "avg", "ms/token", "ms/request", "wall s"]
+    gac = frame.set_index("row").loc["gac"]
+    assert (gac["nq"], gac["nq low"], gac["nq high"], gac["avg"], gac["wall s"]) == (10.0, 4.3, 21.4, 30.0, 61.25)
+    assert frame.set_index("row").loc["big", "ms/request"] == 12.5
+    assert list(frame.row) == list(ROWS)
+    out = tmp_path / "mine"
+    monkeypatch.setattr(sys, "argv", ["ensbench", "table", str(run.parent), "--out", str(out)])
+    main()
+    markdown = (tmp_path / "mine.md").read_text()
+    assert "| gac " in markdown and "nq 95%" in markdown and "[4.3, 21.4]" in markdown
+    assert "nq 95\\%" in (tmp_path / "mine.tex").read_text()
+    assert list(pd.read_csv(tmp_path / "mine.csv").columns) == list(frame.columns)
 
 
 @pytest.mark.parametrize("args,message", [
     (["--layout", "nope"], "unknown layout 'nope'"),
+    (["--paper"], "--paper and --block need a paper layout"),
     (["--layout", "gac_table3", "--block", "nope"], "has no block 'nope'"),
 ])
 def test_bad_table_arguments(run, monkeypatch, capsys, args, message):

@@ -1,9 +1,11 @@
 """Reading the files of a run folder: lm-eval's JSON results and JSON-lines samples (one line
-naming a damaged file), one row of a run (``RunRow``), the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100."""
+naming a damaged file), one row of a run (``RunRow``), the leaf tasks of an lm-eval group, the
+metrics lm-eval reports on 0-100, a row's wall time and the hardware a run ran on."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,3 +49,43 @@ def read_json_lines(path: Path) -> list:
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     except (OSError, ValueError) as err:
         raise damaged(path, err) from None
+
+
+def _results_files(row_dir: Path) -> list[Path]:
+    return sorted(row_dir.rglob("results_*.json"))
+
+
+def row_wall_seconds(row_dir: Path) -> float | None:
+    """A row's evaluation time in seconds: lm-eval's ``total_evaluation_time_seconds`` summed over
+    the row's results files (one per benchmark evaluation); None when none records it."""
+    times = [read_json(path).get("total_evaluation_time_seconds") for path in _results_files(row_dir)]
+    found = [float(t) for t in times if isinstance(t, (int, float, str)) and _is_number(t)]
+    return sum(found) if found else None
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _env_line(env: str, key: str) -> str | None:
+    """The value of ``key: value`` in lm-eval's ``pretty_env_info``, unless not collected."""
+    match = re.search(rf"^{re.escape(key)}:\s*(.+)$", env, re.MULTILINE)
+    value = match.group(1).strip() if match else None
+    return None if value in (None, "", "N/A", "Could not collect") else value
+
+
+def run_hardware(run_dir: Path, recipe) -> str:
+    """What a run's members ran on, as its results files record it: ``cpu (Intel(R) Xeon(R) ...)``,
+    or the GPU models for members on ``cuda``; ``unknown`` where the files do not say."""
+    files = _results_files(run_dir)
+    env = str(read_json(files[0]).get("pretty_env_info", "")) if files else ""
+    devices = sorted({member.device.split(":")[0] for member in recipe.members})
+    if devices == ["cpu"]:
+        model = _env_line(env, "Model name")
+        return f"cpu ({model})" if model else "cpu"
+    gpus = _env_line(env, "GPU models and configuration")
+    return gpus or f"{'+'.join(devices)} (model not recorded)"

@@ -1,12 +1,18 @@
-"""`ensbench table RUN... --layout NAME`: our results in the layout of a paper's table.
+"""`ensbench table RUN...`: the rows of any run by its benchmarks, or (``--layout NAME``) our results
+in the layout of a paper's table.
 
-The paper rows, their order and the published numbers come from ``paper_numbers.csv``; which of
-our result rows fills each paper row comes from ``layouts.yaml``. Runs are merged by row label
-(later runs fill cells the earlier ones lack), so one table can gather several recipes (e.g. one
-recipe per benchmark). Scores are in %, latency in ms/token. Every score has its 95% interval
-(report/paired.py: from the per-example files, else Wilson from the score and its example count):
-columns "<benchmark> low" and "<benchmark> high" in CSV, one "<benchmark> 95%" column in Markdown
-and LaTeX.
+Without a layout: one line per row of the runs, a column per benchmark (scores in %), their
+average, ms/token (generation), ms/request and ms/scored token (multiple choice) and the row's wall
+time. With a layout: the paper rows, their order and the published numbers come from
+``paper_numbers.csv``; which of our result rows fills each paper row is the row's declared identity
+(``paper_row:`` on a member or a method entry of the recipe), else a name ``layouts.yaml`` lists for
+that paper row, else the same name; never a position. Notes under the table say which of the
+layout's benchmarks and rows the runs lack and which of the runs' benchmarks the layout leaves out.
+Runs are merged by row label (later runs fill cells the earlier ones lack), so one table can gather
+several recipes (e.g. one recipe per benchmark). Every score has its 95% interval (report/paired.py:
+from the per-example files, else Wilson from the score and its example count): columns
+"<benchmark> low" and "<benchmark> high" in CSV, one "<benchmark> 95%" column in Markdown and LaTeX
+(escaped: report/latex.py).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.report.latex import latex_table
 from ensemble_bench.report.paired import row_intervals
+from ensemble_bench.report.run_files import row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import DONE_FILE, finished_recipe, run_rows
 from ensemble_bench.tasks import get_benchmark
 
@@ -32,6 +40,14 @@ TIMING_COLUMNS = {  # layout column -> (timing.json key, scale)
     "ensembled_pct": ("ensembled_fraction", 100.0),
     "tokens_per_step": ("tokens_manipulated_per_step", 1.0),
 }
+RUN_TIMING_COLUMNS = {  # column of a table without a layout -> (timing.json key, scale)
+    "ms/token": ("decode_ms_per_token", 1.0),
+    "ms/request": ("loglikelihood_ms_per_request", 1.0),
+    "ms/scored token": ("loglikelihood_ms_per_token", 1.0),
+}
+WALL_COLUMN = "wall s"
+LATENCY_COLUMNS = ("latency_ms_per_token",)  # compared with the paper only on the paper's hardware
+NOT_BENCHMARKS = {*TIMING_COLUMNS, *RUN_TIMING_COLUMNS, WALL_COLUMN, "avg", "threshold", "avg_perplexity"}
 
 
 @dataclass
@@ -40,9 +56,19 @@ class OurRow:
 
     label: str
     method: str
+    paper_row: str | None = None  # the recipe's declared identity of the row (``paper_row:``)
     values: dict[str, float] = field(default_factory=dict)
     examples: dict[str, int] = field(default_factory=dict)
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # column -> (low, high) in %
+
+
+@dataclass
+class OurRuns:
+    """Our rows by label, the benchmark columns of the runs (in recipe order) and the hardware they ran on."""
+
+    rows: dict[str, OurRow] = field(default_factory=dict)
+    benchmarks: list[str] = field(default_factory=list)
+    hardware: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -51,16 +77,18 @@ class Layout:
     title: str
     columns: list[str]
     rows: dict[str, list[str]]
+    hardware: str | None = None  # where the paper timed its latency, when the paper says
 
     @property
     def benchmark_columns(self) -> list[str]:
-        return [c for c in self.columns if c not in TIMING_COLUMNS and c not in ("avg", "threshold", "avg_perplexity")]
+        return [c for c in self.columns if c not in NOT_BENCHMARKS]
 
 
 @cache
 def layouts() -> dict[str, Layout]:
     data = yaml.safe_load((HERE / "layouts.yaml").read_text())
-    return {name: Layout(name, spec["title"], spec["columns"], spec.get("rows") or {}) for name, spec in data.items()}
+    return {name: Layout(name, spec["title"], spec["columns"], spec.get("rows") or {}, spec.get("hardware"))
+            for name, spec in data.items()}
 
 
 def get_layout(name: str) -> Layout:
@@ -107,34 +135,46 @@ def _column_key(benchmark: str) -> str:
     return benchmark.replace("-", "_")
 
 
-def collect_rows(run_dirs: list[Path]) -> tuple[dict[str, OurRow], dict[str, str]]:
-    """Our rows by label (merged over runs), and the position aliases member:I / entry:I."""
-    rows: dict[str, OurRow] = {}
-    aliases: dict[str, str] = {}
+def collect_rows(run_dirs: list[Path]) -> OurRuns:
+    """Our rows by label (merged over runs), the runs' benchmarks and hardware."""
+    ours = OurRuns()
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
+        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
         found = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, found, [get_benchmark(t.name, t.variant) for t in recipe.tasks])
+        intervals = row_intervals(run_dir, found, benches)
+        ours.benchmarks += [key for key in map(_column_key, (b.name for b in benches)) if key not in ours.benchmarks]
+        ours.hardware.add(run_hardware(run_dir, recipe))
         for row in found:
             plan = row.plan
-            ours = rows.setdefault(plan.label, OurRow(plan.label, plan.method))
-            for name, (score, examples) in row.scores.items():
-                ours.values[_column_key(name)] = 100 * score
-                ours.examples[_column_key(name)] = examples
-                interval = intervals.get((plan.label, name))
-                if interval is not None:
-                    ours.intervals[_column_key(name)] = (100 * interval.low, 100 * interval.high)
-            for column, (key, scale) in TIMING_COLUMNS.items():
-                if row.timing.get(key) is not None:
-                    ours.values[column] = scale * row.timing[key]
+            declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
+                recipe.ensembles[plan.spec].paper_row
+            merged = ours.rows.setdefault(plan.label, OurRow(plan.label, plan.method, declared))
+            _add_scores(merged, row, intervals)
+            _add_timing(merged, row.timing, run_dir / plan.label)
             if plan.spec is not None:
                 params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
                 if params.get("threshold") is not None:
-                    ours.values["threshold"] = params["threshold"]
-                aliases.setdefault(f"entry:{plan.spec}", plan.label)
-            else:
-                aliases.setdefault(f"member:{plan.members[0]}", plan.label)
-    return rows, aliases
+                    merged.values["threshold"] = params["threshold"]
+    return ours
+
+
+def _add_scores(merged: OurRow, row, intervals: dict) -> None:
+    for name, (score, examples) in row.scores.items():
+        merged.values[_column_key(name)] = 100 * score
+        merged.examples[_column_key(name)] = examples
+        interval = intervals.get((row.plan.label, name))
+        if interval is not None:
+            merged.intervals[_column_key(name)] = (100 * interval.low, 100 * interval.high)
+
+
+def _add_timing(merged: OurRow, timing: dict, row_dir: Path) -> None:
+    for column, (key, scale) in {**TIMING_COLUMNS, **RUN_TIMING_COLUMNS}.items():
+        if timing.get(key) is not None:
+            merged.values[column] = scale * timing[key]
+    wall = row_wall_seconds(row_dir)
+    if wall is not None:
+        merged.values[WALL_COLUMN] = wall
 
 
 def _with_average(layout: Layout, row: OurRow) -> dict[str, float]:
@@ -149,56 +189,139 @@ def _normalised(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-def _match(layout: Layout, block: str, row: str, rows: dict[str, OurRow], aliases: dict[str, str]) -> str | None:
+def _match(layout: Layout, block: str, row: str, rows: dict[str, OurRow]) -> str | None:
+    """Our row for a paper row: the one declaring it (``paper_row:``, as "ROW" or "BLOCK / ROW"), else
+    the first of the layout's names for it that we have, else one of the same name."""
+    declared = [label for label, ours in rows.items() if ours.paper_row in (row, f"{block} / {row}")]
+    if declared:
+        return declared[0]
     candidates = layout.rows.get(f"{block} / {row}") or layout.rows.get(row) or []
-    for candidate in candidates:
-        label = aliases.get(candidate, candidate)
-        if label in rows:
-            return label
-    same = [label for label in rows if _normalised(label) == _normalised(row)]
+    named = [label for label in candidates if label in rows and rows[label].paper_row is None]
+    if named:
+        return named[0]
+    same = [label for label, ours in rows.items() if _normalised(label) == _normalised(row) and ours.paper_row is None]
     return same[0] if same else None
 
 
 # --- the table ----------------------------------------------------------------------------------
 def build_table(layout: Layout, run_dirs: list[Path], with_paper: bool = False,
                 block: str | None = None) -> pd.DataFrame:
-    """One line per paper row (ours beside it, or "not run"), then our unmatched rows."""
-    rows, aliases = collect_rows(run_dirs)
+    """One line per paper row (ours beside it, or "not run"), then our unmatched rows; the notes
+    (``frame.attrs["notes"]``) say what the runs lack and what the layout leaves out."""
+    ours = collect_rows(run_dirs)
+    rows = ours.rows
     slots = [(b, r) for b, r in paper_rows(layout) if block is None or b == block]
     if block is not None and not slots:
         blocks = sorted({b for b, _ in paper_rows(layout)})
         raise UserError(f"layout '{layout.name}' has no block '{block}' (blocks: {', '.join(blocks)})")
+    same_hardware = _same_hardware(layout, ours.hardware)
     used: set[str] = set()
     records = []
     for slot_block, paper_row in slots:
-        label = _match(layout, slot_block, paper_row, rows, aliases)
+        label = _match(layout, slot_block, paper_row, rows)
         if label in used:
             label = None  # one of our rows fills one paper row
         used.add(label)
         values = _with_average(layout, rows[label]) if label else {}
         intervals = rows[label].intervals if label else {}
-        records.append(_record(layout, slot_block, paper_row, label, values, with_paper, intervals))
+        records.append(_record(layout, slot_block, paper_row, label, values, with_paper, intervals, same_hardware))
     for label, row in rows.items():
         if label not in used:
             records.append(_record(layout, EXTRA_BLOCK, "", label, _with_average(layout, row), False, row.intervals))
-    return pd.DataFrame.from_records(records)
+    frame = pd.DataFrame.from_records(records)
+    frame.attrs["notes"] = _layout_notes(layout, ours, frame, with_paper and not same_hardware)
+    return frame
+
+
+def _same_hardware(layout: Layout, hardware: set[str]) -> bool:
+    """Whether every run timed its rows on the hardware the paper names (unknown: no)."""
+    return layout.hardware is not None and all(layout.hardware.lower() in h.lower() for h in hardware)
+
+
+def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_apart: bool) -> list[str]:
+    """One line each: the layout's benchmarks and rows the runs lack, the runs' benchmarks the
+    layout leaves out, and a latency difference left out."""
+    measured = {key for row in ours.rows.values() for key in row.values}
+    lacking = [c for c in layout.benchmark_columns if c not in measured]
+    not_run = [row for row, label in zip(frame["paper row"], frame["ours"]) if label == NOT_RUN]
+    dropped = [b for b in ours.benchmarks if b not in layout.columns]
+    notes = [f"benchmarks of this layout the runs lack: {', '.join(lacking)}" if lacking else "",
+             f"rows of this layout the runs lack: {', '.join(not_run)}" if not_run else "",
+             f"benchmarks of the runs this layout leaves out: {', '.join(dropped)}" if dropped else ""]
+    if latency_apart and any(c in layout.columns for c in LATENCY_COLUMNS):
+        paper = layout.hardware or "hardware this layout does not record"
+        notes.append(f"latency: no difference to the paper's, which was timed on {paper}; these runs: "
+                     f"{', '.join(sorted(ours.hardware))}")
+    return [note for note in notes if note]
 
 
 def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
-            intervals: dict[str, tuple[float, float]]) -> dict:
+            intervals: dict[str, tuple[float, float]], same_hardware: bool = False) -> dict:
     record = {"block": block, "paper row": paper_row, "ours": label or NOT_RUN}
     for column in layout.columns:
         ours = values.get(column)
         record[column] = round(ours, 2) if ours is not None else (None if label else NOT_RUN)
         if column in layout.benchmark_columns:
-            low, high = intervals.get(column, (None, None))
-            record[f"{column} low"] = round(low, 1) if low is not None else None
-            record[f"{column} high"] = round(high, 1) if high is not None else None
+            record.update(_interval_cells(column, intervals))
         if with_paper:
             published = paper_value(layout, block, paper_row, column) if paper_row else None
+            comparable = ours is not None and published is not None and (same_hardware or column not in LATENCY_COLUMNS)
             record[f"{column} (paper)"] = published
-            record[f"{column} Δ"] = round(ours - published, 2) if ours is not None and published is not None else None
+            record[f"{column} Δ"] = round(ours - published, 2) if comparable else None
     return record
+
+
+def _interval_cells(column: str, intervals: dict[str, tuple[float, float]]) -> dict[str, float | None]:
+    low, high = intervals.get(column, (None, None))
+    return {f"{column} low": round(low, 1) if low is not None else None,
+            f"{column} high": round(high, 1) if high is not None else None}
+
+
+def run_layout(ours: OurRuns, title: str) -> Layout:
+    """The columns of a table without a paper layout: the runs' benchmarks, their average (two or
+    more), and the timing columns some row has."""
+    measured = {key for row in ours.rows.values() for key in row.values}
+    timing = [c for c in (*RUN_TIMING_COLUMNS, WALL_COLUMN) if c in measured]
+    average = ["avg"] if len(ours.benchmarks) > 1 else []
+    return Layout("run", title, [*ours.benchmarks, *average, *timing], {})
+
+
+def build_run_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, Layout]:
+    """Every row of the runs by every benchmark of theirs, with intervals and latency; its layout."""
+    ours = collect_rows(run_dirs)
+    names = [resolve_run(run).parent.name for run in run_dirs]
+    layout = run_layout(ours, "Results of " + ", ".join(dict.fromkeys(names)))
+    records = []
+    for label, row in ours.rows.items():
+        values = _with_average(layout, row)
+        record = {"row": label, "method": row.method}
+        for column in layout.columns:
+            record[column] = round(values[column], 2) if values.get(column) is not None else None
+            if column in layout.benchmark_columns:
+                record.update(_interval_cells(column, row.intervals))
+        records.append(record)
+    frame = pd.DataFrame.from_records(records)
+    frame.attrs["notes"] = _run_notes(layout)
+    return frame, layout
+
+
+def _run_notes(layout: Layout) -> list[str]:
+    notes = {"ms/token": "ms/token: decode time per generated token (per step at the run's batch size)",
+             "ms/request": "ms/request, ms/scored token: time to score one multiple-choice option, and per token "
+                           "of the options (the first member's tokens)",
+             WALL_COLUMN: "wall s: the row's evaluation time, every benchmark together"}
+    return [note for column, note in notes.items() if column in layout.columns]
+
+
+def make_table(run_dirs: list[Path], layout_name: str | None, with_paper: bool = False,
+               block: str | None = None) -> tuple[pd.DataFrame, Layout]:
+    """The table ``ensbench table`` writes, and the layout it is in (a paper's, or the runs' own)."""
+    if layout_name is None:
+        if with_paper or block is not None:
+            raise UserError("--paper and --block need a paper layout (--layout NAME)")
+        return build_run_table(run_dirs)
+    layout = get_layout(layout_name)
+    return build_table(layout, run_dirs, with_paper=with_paper, block=block), layout
 
 
 def _beside_paper(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
@@ -234,12 +357,15 @@ def _interval_columns(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
 
 
 def render(frame: pd.DataFrame, layout: Layout, fmt: str) -> str:
+    """The table as CSV (numbers, no notes), Markdown or LaTeX (notes under the table)."""
+    notes = list(frame.attrs.get("notes", []))
     if fmt == "csv":
         return frame.to_csv(index=False)
     if f"{layout.columns[0]} (paper)" in frame.columns:
         frame = _beside_paper(frame, layout)
     frame = _interval_columns(frame, layout)
-    shown = frame.astype(object).where(frame.notna(), "")
     if fmt == "latex":
-        return shown.to_latex(index=False, caption=layout.title, label=f"tab:{layout.name}")
-    return f"### {layout.title}\n\n" + shown.to_markdown(index=False) + "\n"
+        return latex_table(frame, layout.title, f"tab:{layout.name}", notes)
+    shown = frame.astype(object).where(frame.notna(), "")
+    under = "".join(f"\n- {note}" for note in notes)
+    return f"### {layout.title}\n\n" + shown.to_markdown(index=False) + "\n" + (f"{under}\n" if under else "")
