@@ -68,8 +68,14 @@ class EnsembleLM(LM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> EnsembleLM:
-        row, method = build_from_model_args(dict(arg_dict), cls.method_name, additional_config or {})
-        return LM_CLASSES[row.method](method, row.label)
+        """lm-eval's ``batch_size`` (a number, ``auto``), ``max_batch_size`` and ``device`` come in
+        ``additional_config`` (build.recipe_from_model_args says how they apply)."""
+        extra = additional_config or {}
+        row, method = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        lm = LM_CLASSES[row.method](method, row.label)
+        if str(extra.get("batch_size")).startswith("auto"):
+            lm.batch_sizes = {"auto": method.batch_size}  # lm-eval records the size 'auto' chose
+        return lm
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
     @property
@@ -243,22 +249,3 @@ def register_all() -> None:
             continue  # registered (and resolved) by an earlier call
         model_registry.register(name, target=f"{__name__}:{cls.__name__}")
 
-
-def lm_eval_main() -> None:
-    """``ensbench-lm-eval``: lm-eval's own CLI with our methods registered (every stock flag works),
-    e.g. ``ensbench-lm-eval run --model gac --model_args '{"members": [...]}' --tasks piqa``."""
-    import sys
-
-    register_all()
-    from lm_eval.__main__ import cli_evaluate
-
-    try:
-        cli_evaluate()
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
-    except ValueError as err:  # lm-eval's own parse of --model_args / --gen_kwargs JSON
-        if not str(err).startswith("Invalid JSON"):
-            raise
-        print(f"error: {str(err).splitlines()[0]} (ensbench-lm-eval run --help)", file=sys.stderr)
-        sys.exit(UserError.exit_code)

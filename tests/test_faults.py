@@ -435,7 +435,7 @@ def test_a_full_or_read_only_disk_mid_run_is_one_line(fault, tiny_dirs, tmp_path
 
 
 def test_invalid_model_args_json_in_the_lm_eval_cli_is_one_line(monkeypatch, capsys):
-    from ensemble_bench.lm import lm_eval_main
+    from ensemble_bench.lm_eval_cli import main as lm_eval_main
 
     monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", "run", "--model", "single", "--model_args", '{"members": [',
                                       "--tasks", "piqa"])

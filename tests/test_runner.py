@@ -124,7 +124,7 @@ def test_stock_lm_eval_cli_runs_our_models(tiny_dirs, tmp_path):
     group = write_task_configs([(get_benchmark("piqa"), 0)], tmp_path / "tasks", "offline")
     args = json.dumps({"members": [{"model": str(tiny_dirs[0])}]})
     done = subprocess.run(
-        [sys.executable, "-c", "from ensemble_bench.lm import lm_eval_main; lm_eval_main()", "run",
+        [sys.executable, "-c", "from ensemble_bench.lm_eval_cli import main; main()", "run",
          "--model", "single", "--model_args", args, "--tasks", group, "--include_path", str(tmp_path / "tasks"),
          "--limit", "3", "--output_path", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300)

@@ -1,0 +1,254 @@
+"""``ensbench-lm-eval``: lm-eval's own command line with every ensbench method registered as a model.
+
+lm-eval parses the command line and runs the evaluation, so every stock flag works. For an ensbench
+model (``--model gac``, ...) this module first settles what lm-eval cannot know, and afterwards
+writes the run in ensbench's layout:
+
+* the method run is the one ``--model`` names (a different ``method`` in ``--model_args`` is refused);
+* ``--device``: members without a device of their own are placed on it, and the results record where
+  the members ran (``cpu``), never lm-eval's default ``cuda:0``;
+* ``--batch_size auto``: the batch_size in ``--model_args``, else ``build.AUTO_BATCH_SIZE``;
+* ``--output_path DIR``: the run folder is ``DIR/<method>-<member>+<member>`` (or ``DIR/<name>`` with
+  ``name`` in ``--model_args``): recipe.yaml, the row's folder (lm-eval's results and samples files,
+  timing.json) and summary.md, so ``ensbench table``, ``compare`` and ``plot`` read it;
+* with the hub offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), a task whose data ensbench packages
+  reads the local copy, and every task is loaded before any model, so missing data is one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ensemble_bench import settings
+from ensemble_bench.build import recipe_from_model_args
+from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows
+from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks
+
+DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+HELP = "(ensbench-lm-eval run --help)"
+RESULTS_STEM = "results.json"  # lm-eval writes results_<date>.json and samples_<task>_<date>.jsonl beside it
+MOST_NAME = 120  # characters of a run folder's name before it is shortened with a hash
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one ``ensbench-lm-eval run`` of an ensbench model evaluates and where it writes."""
+
+    recipe: Recipe  # the one-row recipe of --model_args, named like its run folder
+    row: Row
+    run_dir: Path | None  # None without --output_path (or with a .json one: lm-eval's files only)
+    tasks: list[str]  # lm-eval's task names as --tasks resolved them
+    offline: bool  # every task reads ensbench's packaged copy
+
+
+def main() -> None:
+    """The entry point: exit 0 done, 2 a user error, 1 an environment fault (one line each), 70 a bug."""
+    from ensemble_bench.cli import _exit_code  # the one handler of every fault, shared with ensbench
+
+    try:
+        run_cli()
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: BLE001 - every fault ends here: one line, or a bug report
+        sys.exit(_exit_code(err))
+
+
+def run_cli() -> None:
+    """lm-eval's command line (sys.argv), an ensbench model's run prepared before and written after."""
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+    from lm_eval.utils import setup_logging
+
+    from ensemble_bench.lm import LM_CLASSES, register_all
+
+    register_all()
+    setup_logging()
+    parser = HarnessCLI()
+    args = lm_eval_step(parser.parse_args)
+    if getattr(args, "command", None) != "run":
+        return parser.execute(args)
+    config = lm_eval_step(EvaluatorConfig.from_cli, args)
+    if config.model not in LM_CLASSES:
+        return parser.execute(args)
+    with tempfile.TemporaryDirectory(prefix="ensbench-tasks-") as tasks_dir:
+        plan = prepare(args, config, LM_CLASSES[config.model].method_name, Path(tasks_dir))
+        parser.execute(args)
+    if plan.run_dir is not None:
+        write_run(plan)
+
+
+def lm_eval_step(step, *args):
+    """One of lm-eval's own checks of the command line; its ValueError is a user error of one line."""
+    try:
+        return step(*args)
+    except (ValueError, FileNotFoundError) as err:
+        raise UserError(f"{str(err).strip().splitlines()[0]} {HELP}") from None
+
+
+# --- before lm-eval runs ------------------------------------------------------------------------------
+def prepare(args, config, method_name: str, tasks_dir: Path) -> Plan:
+    """Check everything that would stop the run before a model loads, and rewrite ``args`` so that
+    lm-eval runs it: members placed, the device recorded, results in the run folder, offline tasks."""
+    model_args = dict(config.model_args or {})
+    _check_batch_size(args, model_args)
+    extra = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": _device(args)}
+    recipe = recipe_from_model_args(model_args, method_name, extra)
+    row = plan_rows(recipe)[-1]
+    recipe = recipe.model_copy(update={"name": model_args.get("name") or run_name(row, recipe)})
+    output = config.output_path
+    run_dir = Path(output) / recipe.name if output and not output.endswith(".json") else None
+    _check_machine(recipe, run_dir)
+    task_manager = lm_eval_step(config.process_tasks)  # resolves config.tasks; one line for an unknown task
+    names = [task for task in config.tasks if isinstance(task, str)]  # (a task YAML file comes as its config)
+    packaged = offline_tasks(names, tasks_dir, task_manager.task_index) if settings.hub_offline() else {}
+    if settings.hub_offline():
+        check_tasks_load(task_manager, [packaged.get(task, task) if isinstance(task, str) else task
+                                        for task in config.tasks])
+    args.include_path = [str(tasks_dir), *([config.include_path] if config.include_path else [])]
+    args.model_args = {**model_args, "members": [_with_device(given, spec)
+                                                 for given, spec in zip(model_args["members"], recipe.members)]}
+    args.device = ",".join(dict.fromkeys(m.device if m.device_map is None else "device_map" for m in recipe.members))
+    if run_dir is not None:
+        args.output_path = str(_row_dir(run_dir, row) / RESULTS_STEM)
+        (run_dir / "summary.md").unlink(missing_ok=True)  # the run is finished again when it is written anew
+    return Plan(recipe, row, run_dir, names, bool(names) and len(packaged) == len(names))
+
+
+def _check_batch_size(args, model_args: dict) -> None:
+    """A batch size given both as --batch_size and in --model_args must agree."""
+    asked = getattr(args, "batch_size", None)  # lm-eval leaves it out of args when not given
+    given = model_args.get("batch_size")
+    if asked is not None and given is not None and not str(asked).startswith("auto") and str(asked) != str(given):
+        raise UserError(f"--batch_size {asked} but --model_args sets batch_size {given}: give it once")
+
+
+def _device(args) -> str | None:
+    """``--device`` if given (lm-eval's own default, cuda:0, is not used: members default to cpu)."""
+    device = getattr(args, "device", None)
+    if device is not None and not DEVICE.match(device):
+        raise UserError(f"--device: {device!r} is not a device (cpu, cuda, cuda:N or mps) {HELP}")
+    return device
+
+
+def _with_device(given: dict, spec) -> dict:
+    """A --model_args member with the device it is placed on written out (the results record it)."""
+    return given if spec.device_map is not None else {**given, "device": spec.device}
+
+
+def _row_dir(run_dir: Path, row: Row) -> Path:
+    from ensemble_bench.runner import inside
+
+    return inside(run_dir, row.label)
+
+
+def run_name(row: Row, recipe: Recipe) -> str:
+    """The run folder's name: the method and its members' labels (``gac-qwen2.5-0.5b+smollm2-135m``),
+    shortened with a hash of the full name when long."""
+    name = f"{row.method}-{'+'.join(recipe.members[i].label for i in row.members)}"
+    if len(name) <= MOST_NAME:
+        return name
+    return f"{name[:MOST_NAME - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _check_machine(recipe: Recipe, run_dir: Path | None) -> None:
+    """The recipe preflight of ``ensbench run`` (models, packages, devices, output and cache folders).
+    The data is checked by loading the tasks (hub offline) or by lm-eval itself, so the preflight
+    sees the recipe with data: offline and its placeholder task, which needs no network."""
+    from ensemble_bench.runner import preflight
+
+    output = str(run_dir.parent) if run_dir is not None else recipe.output
+    problems = preflight(recipe.model_copy(update={"data": "offline", "output": output}), "--model_args")
+    if problems:
+        raise EnvironmentFault("; ".join(problems))
+
+
+def offline_tasks(names: list[str], dest: Path, stock: dict) -> dict[str, str]:
+    """Task configs in ``dest`` that point each stock task ensbench packages (a single task, not a
+    group) at its local copy, under the stock task's own name, prompts and shots (``stock``: lm-eval's
+    task index); task name -> its config file."""
+    from ensemble_bench.tasks.offline import ensure_offline_data, offline_overrides
+
+    packaged = {bench.task: bench for bench in list_benchmarks()
+                if bench.offline and not (bench.is_group or bench.runs_code or bench.needs)}
+    chosen = [packaged[name] for name in dict.fromkeys(names) if name in packaged]
+    root = ensure_offline_data(chosen) if chosen else None
+    written = {}
+    for bench in chosen:
+        config = {"task": bench.task, "include": str(stock[bench.task].yaml_path), **offline_overrides(bench, root)}
+        written[bench.task] = str(dest / f"{bench.task}.yaml")
+        atomic_write_text(Path(written[bench.task]), yaml.safe_dump(config, sort_keys=False))
+    return written
+
+
+def check_tasks_load(task_manager, tasks: list) -> None:
+    """Load every task before any model, with the hub offline: data that is not on this machine is one
+    line now rather than a traceback after the members have loaded."""
+    try:
+        task_manager.load(tasks)
+    except Exception as err:  # noqa: BLE001 - whatever the datasets library raises for data it cannot find
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        offline = settings.hub_offline()
+        raise EnvironmentFault(f"--tasks: a task's data cannot be loaded with the hub offline ({offline} is set): "
+                               f"{why}") from None
+
+
+# --- after lm-eval ran: the run in ensbench's layout ------------------------------------------------------
+def write_run(plan: Plan) -> None:
+    """timing.json beside lm-eval's files, recipe.yaml, and the summary (summary.md last: the run is
+    finished), so that ``ensbench table``, ``compare`` and ``plot`` read the run folder."""
+    from ensemble_bench.report.run_files import read_json
+    from ensemble_bench.report.summary import write_summary
+
+    row_dir = _row_dir(plan.run_dir, plan.row)
+    newest = max(row_dir.glob("results_*.json"), key=lambda path: path.stat().st_mtime)
+    results = read_json(newest)
+    info = results.get("config", {}).get("ensbench", {})
+    timing = {"label": plan.row.label, "method": plan.row.method,
+              "members": [plan.recipe.members[i].label for i in plan.row.members],
+              **{key: value for key, value in info.items() if key not in ("label", "members")}}
+    atomic_write_text(row_dir / "timing.json", json.dumps(timing, indent=2))
+    try:
+        recipe = stored_recipe(plan, results)
+    except UserError as err:
+        print(f"note: {plan.run_dir} holds lm-eval's files only, not an ensbench run: {err}", file=sys.stderr)
+        return
+    dumped = recipe.model_dump(mode="json", exclude_none=True)
+    atomic_write_text(plan.run_dir / "recipe.yaml", yaml.safe_dump(dumped, sort_keys=False))
+    write_summary(plan.run_dir, recipe)
+    print(f"ensbench run folder: {plan.run_dir} (ensbench table / compare / plot read it)")
+
+
+def stored_recipe(plan: Plan, results: dict) -> Recipe:
+    """The recipe of the run as it ran: its tasks (by benchmark name where ensbench has one), shots,
+    limit and data."""
+    data = plan.recipe.model_dump(mode="json", exclude_none=True)
+    data.update(tasks=[_task_entry(name, results.get("n-shot", {})) for name in plan.tasks],
+                data="offline" if plan.offline else "hub", output=str(plan.run_dir.parent))
+    limit = results.get("config", {}).get("limit")
+    if isinstance(limit, (int, float)) and limit >= 1 and float(limit).is_integer():
+        data["limit"] = int(limit)
+    return parse_recipe(data, str(plan.run_dir / "recipe.yaml"))
+
+
+BENCHMARK_OF_TASK: dict[str, Benchmark] = {bench.task: bench for bench in list_benchmarks()}
+
+
+def _task_entry(task: str, shots: dict) -> dict:
+    """A recipe's task entry for an lm-eval task: its benchmark (and variant) when ensbench has one."""
+    bench = BENCHMARK_OF_TASK.get(task)
+    entry: dict = {"name": bench.name if bench else task}
+    if bench is not None and get_benchmark(bench.name) != bench:
+        entry["variant"] = bench.variant
+    if isinstance(shots.get(task), int):
+        entry["shots"] = shots[task]
+    return entry
