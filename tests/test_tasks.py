@@ -106,6 +106,19 @@ def test_default_variants_and_tasks():
     assert get_benchmark("nq").task == "nq_open"
 
 
+def test_lm_eval_names_of_builtin_tasks_name_the_builtin_benchmarks():
+    """A recipe may name a built-in benchmark by lm-eval's name of its task: its packaged data is kept."""
+    from ensemble_bench.tasks import is_builtin
+
+    assert get_benchmark("arc_challenge") is get_benchmark("arc_c")
+    assert get_benchmark("nq_open") is get_benchmark("nq")
+    assert get_benchmark("flores200_en-de") is get_benchmark("flores_en-de", "flores200")
+    assert get_benchmark("mmlu") is get_benchmark("mmlu", "generative")  # the built-in name comes first
+    assert is_builtin("arc_challenge") and is_builtin("piqa") and not is_builtin("hellaswag")
+    with pytest.raises(UserError, match="unknown benchmark 'arc_challenge'"):
+        get_benchmark("arc_challenge", "other")
+
+
 def test_list_benchmarks_marks_what_is_missing():
     benches = {(b.name, b.variant): b for b in list_benchmarks()}
     assert {name for name, _ in benches} == {

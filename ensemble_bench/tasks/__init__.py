@@ -1,8 +1,10 @@
 """The benchmarks a recipe can name, and the lm-eval task or group that scores each one.
 
-A recipe names a benchmark (``gsm8k``) and optionally a variant (``mmlu`` / ``loglikelihood``);
+A recipe names a built-in benchmark (``gsm8k``) and optionally a variant (``mmlu`` / ``loglikelihood``);
 :func:`get_benchmark` turns that into a :class:`Benchmark`, which keeps lm-eval's own task name,
 shot count and primary metric key (``"<metric>,<filter>"`` as it appears in lm-eval's results).
+lm-eval's own name of a built-in benchmark's task (``arc_challenge``, ``nq_open``) names that
+benchmark too. Any other lm-eval task or group is resolved by :mod:`ensemble_bench.tasks.lm_eval_tasks`.
 Local data and task configs are handled by :mod:`ensemble_bench.tasks.offline`.
 """
 
@@ -55,6 +57,7 @@ class Benchmark:
     runs_code: bool = False  # scored by running generated programs: needs the recipe's opt-in
     offline_shots: int | None = None
     hub_shots: int | None = None
+    builtin: bool = True  # False: any other lm-eval task, run on its own data as lm-eval defines it
 
     def max_shots(self, data: str) -> int | None:
         """The most shots its few-shot pool allows under ``data`` ("offline" / "hub"; None: not known)."""
@@ -106,10 +109,19 @@ def _registry() -> dict[str, dict[str, Benchmark]]:
 
 
 REGISTRY: dict[str, dict[str, Benchmark]] = _registry()
+# lm-eval's name of a built-in benchmark's task or group -> that benchmark (its packaged data included)
+LM_EVAL_NAMES: dict[str, Benchmark] = {bench.task: bench for bench in _BENCHMARKS if bench.task not in REGISTRY}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is a built-in benchmark, by its name or by lm-eval's name of its task."""
+    return name in REGISTRY or name in LM_EVAL_NAMES
 
 
 def get_benchmark(name: str, variant: str | None = None) -> Benchmark:
     """The benchmark ``name`` in ``variant`` (None: its default variant); UserError if unknown."""
+    if name in LM_EVAL_NAMES and variant in (None, LM_EVAL_NAMES[name].variant):
+        return LM_EVAL_NAMES[name]
     variants = REGISTRY.get(name)
     if variants is None:
         raise UserError(f"unknown benchmark {name!r} (known: {', '.join(sorted(REGISTRY))})")
@@ -126,4 +138,5 @@ def list_benchmarks() -> list[Benchmark]:
     return sorted(_BENCHMARKS, key=lambda bench: (bench.name, bench.variant))
 
 
-__all__ = ["DEFAULT_VARIANT", "REGISTRY", "Benchmark", "get_benchmark", "list_benchmarks"]
+__all__ = ["DEFAULT_VARIANT", "LM_EVAL_NAMES", "REGISTRY", "Benchmark", "get_benchmark", "is_builtin",
+           "list_benchmarks"]

@@ -96,16 +96,21 @@ def offline_overrides(bench: Benchmark, root: Path) -> dict[str, Any]:
     return overrides
 
 
-def _member(bench: Benchmark, shots: int, data: str, root: Path | None) -> dict[str, Any]:
-    """One member of the generated group: the stock task/group, its shots, its data overrides."""
-    member: dict[str, Any] = {"group" if bench.is_group else "task": bench.task, "num_fewshot": shots}
-    if data == "offline" and flores.parse_task(bench.task) is None:  # Flores tasks name their data
+def _member(bench: Benchmark, shots: int | None, data: str, root: Path | None,
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One member of the generated group: the stock task/group, its shots (left to the task's own
+    config when None), its data overrides, then ``extra`` (e.g. generation_kwargs)."""
+    member: dict[str, Any] = {"group" if bench.is_group else "task": bench.task}
+    if shots is not None:
+        member["num_fewshot"] = shots
+    if data == "offline" and bench.builtin and flores.parse_task(bench.task) is None:  # Flores tasks name their data
         member.update(offline_overrides(bench, root))
-    return member
+    return {**member, **(extra or {})}
 
 
-def _check_selection(selection: list[tuple[Benchmark, int | None]], data: str) -> list[tuple[Benchmark, int]]:
-    """``selection`` with shot counts resolved; UserError for anything that cannot run."""
+def _check_selection(selection: list[tuple[Benchmark, int | None]], data: str) -> list[tuple[Benchmark, int | None]]:
+    """``selection`` with the shot counts of built-in benchmarks resolved (any other task keeps its own
+    when None); UserError for anything that cannot run."""
     if not selection:
         raise UserError("no benchmarks selected")
     seen: set[str] = set()
@@ -115,7 +120,7 @@ def _check_selection(selection: list[tuple[Benchmark, int | None]], data: str) -
         seen.add(bench.task)
         if bench.needs:
             raise UserError(f"benchmark {bench.name!r} cannot run yet: {bench.needs}")
-    return [(bench, _resolve_shots(bench, shots, data)) for bench, shots in selection]
+    return [(bench, _resolve_shots(bench, shots, data) if bench.builtin else shots) for bench, shots in selection]
 
 
 # ---------------------------------------------------------------- stock groups with a wrong aggregate
@@ -217,7 +222,7 @@ def group_name(data: str) -> str:
 
 
 def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path, data: str,
-                       suffix: str = "") -> str:
+                       suffix: str = "", extra: dict[str, dict[str, Any]] | None = None) -> str:
     """Write the group YAML for ``selection`` into ``dest``; return the group to evaluate.
 
     ``selection`` pairs each benchmark with a shot count (None: its default). ``data`` is
@@ -225,20 +230,22 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     Load with ``TaskManager(include_path=str(dest), include_defaults=include_defaults_needed(data))``
     and pass the returned name to ``simple_evaluate(tasks=[name])``; results keep lm-eval's task names.
     Several selections can share ``dest`` (one TaskManager) when each has its own ``suffix``.
+    ``extra``: lm-eval task name -> keys written on its member (they override the task's own config).
     """
     _check_mode(data)
     resolved = _check_selection(selection, data)
-    root = ensure_offline_data([bench for bench, _ in resolved]) if data == "offline" else None
+    builtin = [bench for bench, _ in resolved if bench.builtin]
+    root = ensure_offline_data(builtin) if data == "offline" and builtin else None
     group = group_name(data) + suffix
     config = {
         "group": group,
-        "task": [_member(bench, shots, data, root) for bench, shots in resolved],
+        "task": [_member(bench, shots, data, root, (extra or {}).get(bench.task)) for bench, shots in resolved],
         "metadata": {"version": 1, "data": data},
     }
     dest = Path(dest)
-    _write_group_fixes([bench for bench, _ in resolved], dest)
-    _write_templates([bench for bench, _ in resolved], dest, data)
-    _write_flores([bench for bench, _ in resolved], dest, data, root)
+    _write_group_fixes(builtin, dest)
+    _write_templates(builtin, dest, data)
+    _write_flores(builtin, dest, data, root)
     atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group
 
