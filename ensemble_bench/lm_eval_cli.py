@@ -176,10 +176,12 @@ def offline_tasks(names: list[str], dest: Path, stock: dict) -> dict[str, str]:
     """Task configs in ``dest`` that point each stock task ensbench packages (a single task, not a
     group) at its local copy, under the stock task's own name, prompts and shots (``stock``: lm-eval's
     task index); task name -> its config file."""
+    from ensemble_bench.tasks import flores
     from ensemble_bench.tasks.offline import ensure_offline_data, offline_overrides
 
-    packaged = {bench.task: bench for bench in list_benchmarks()
-                if bench.offline and not (bench.is_group or bench.runs_code or bench.needs)}
+    packaged = {bench.task: bench for bench in list_benchmarks()  # (Flores tasks are ensbench's own, not stock)
+                if bench.offline and not (bench.is_group or bench.runs_code or bench.needs)
+                and flores.parse_task(bench.task) is None}
     chosen = [packaged[name] for name in dict.fromkeys(names) if name in packaged]
     root = ensure_offline_data(chosen) if chosen else None
     written = {}
