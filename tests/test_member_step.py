@@ -11,7 +11,8 @@ the few-rows path, scored extends); every returned distribution must be bit-iden
 import pytest
 import torch
 
-from ensemble_bench.members import LocalMember, kv
+from ensemble_bench.members import LocalMember
+from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.local import log_probs_of
 from ensemble_bench.members.seq2seq import Seq2SeqMember
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100, tiny_t5
@@ -22,6 +23,13 @@ PROMPTS = ["The quick brown", "Question: What is 12 plus 30?", "Caf", "def add(a
 def plain_logprobs(logits: torch.Tensor) -> torch.Tensor:
     """The reference: upcast, then a new float32 log-softmax tensor."""
     return logits.float().log_softmax(dim=-1)
+
+
+class RealignedRows(CachedRows):
+    """The plain step's batch: the cache re-aligned after every call."""
+
+    def realign(self, evenly):
+        super().realign(evenly=False)
 
 
 class PlainLocal(LocalMember):
@@ -42,36 +50,38 @@ class PlainLocal(LocalMember):
 class FullHeadLocal(PlainLocal):
     full_head = True
 
-    def _realign(self, evenly):
-        self._mask = kv.left_align_padding(self._cache, self._mask)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch = RealignedRows(self.vocab.size, self.device)
 
 
 class PlainSeq2Seq(Seq2SeqMember):
     """Seq2SeqMember with the plain step: out-of-place log-softmax, the next-token rows always
     copied into a new tensor, re-alignment after every call."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch = RealignedRows(self.vocab.size, self.device)
+
     def _forward(self, ids, new_mask, phase):
-        self._mask = torch.cat([self._mask, new_mask.to(self.device)], dim=1)
-        positions = (self._mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        mask = self.batch.mask = torch.cat([self.batch.mask, new_mask.to(self.device)], dim=1)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         if self._positions is not None:
             self._positions.positions = positions
         try:
             with torch.no_grad():
                 out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
-                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=self._mask,
+                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask,
                                  past_key_values=self._cache, use_cache=True)
         finally:
             if self._positions is not None:
                 self._positions.positions = None
         return plain_logprobs(out.logits)
 
-    def _next_logprobs(self, logprobs, rows, active):
+    def _next_logprobs(self, logprobs, rows, active, evenly):
         index = torch.tensor(active, dtype=torch.long)
         ends = torch.tensor([len(rows[r]) - 1 for r in active], dtype=torch.long)
-        return self._last.index_copy(0, index, logprobs[index, ends])
-
-    def _realign(self, evenly):
-        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+        return logprobs[index, ends]
 
 
 def greedy(logprobs: torch.Tensor) -> list[list[int]]:

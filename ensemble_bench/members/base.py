@@ -17,8 +17,10 @@ back, ``keep`` drops finished rows. KV caches are kept across calls, never recom
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +57,22 @@ class ForwardClock:
     decode_seconds: float = 0.0
     prefill_calls: int = 0
     decode_calls: int = 0
+
+    def tick(self, phase: str, seconds: float, calls: int = 1) -> None:
+        """Account ``seconds`` (and ``calls`` forward passes) to ``phase``: "prefill" or "decode"."""
+        if phase == "prefill":
+            self.prefill_seconds += seconds
+            self.prefill_calls += calls
+        else:
+            self.decode_seconds += seconds
+            self.decode_calls += calls
+
+    @contextmanager
+    def timed(self, phase: str, calls: int = 1) -> Iterator[None]:
+        """Time the block and ``tick`` it (a block that raises is not counted)."""
+        start = time.perf_counter()
+        yield
+        self.tick(phase, time.perf_counter() - start, calls)
 
 
 def flatten_messages(messages: Sequence[tuple[str, str]]) -> str:

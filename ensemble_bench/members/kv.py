@@ -1,14 +1,17 @@
 """Row-wise edits of a transformers DynamicCache whose rows are left padded.
 
-Invariant kept by LocalMember: every row is ``[padding][real tokens]`` with no holes, so the
-physical distance between two real tokens equals their logical distance. Keys are stored already
-rotated by their logical position, so moving a row's columns does not change what they mean.
+Invariant kept by ``CachedRows`` (LocalMember's and Seq2SeqMember's batch): every row is
+``[padding][real tokens]`` with no holes, so the physical distance between two real tokens equals
+their logical distance. Keys are stored already rotated by their logical position, so moving a
+row's columns does not change what they mean.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+
+from ensemble_bench.members.rows import RowBatch
 
 
 def _layers(cache: DynamicCache):
@@ -75,3 +78,35 @@ def left_align_padding(cache: DynamicCache, mask: torch.Tensor) -> torch.Tensor:
     shared = int((mask == 0).sum(dim=1).min()) if mask.shape[0] else 0
     drop_leading_columns(cache, shared)
     return mask[:, shared:]
+
+
+class CachedRows(RowBatch):
+    """A RowBatch whose tokens sit in a KV cache: also the cache (the self-attention one of an
+    encoder-decoder) and its attention ``mask`` [rows, columns]; crop and keep edit both and end
+    with the invariant above holding."""
+
+    def start(self, rows: int, cache: DynamicCache | None = None) -> None:
+        super().start(rows)
+        self.cache = cache if cache is not None else DynamicCache()
+        self.mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+
+    def realign(self, evenly: bool) -> None:
+        """Restore the invariant after a step, unless every row just grew by the same number of
+        real tokens (a plain decode step): every public call ends with it holding, so it holds already."""
+        if not evenly:
+            self.mask = left_align_padding(self.cache, self.mask)
+
+    def crop(self, lengths) -> list[int]:
+        dropped = super().crop(lengths)
+        width = self.mask.shape[1]
+        for r, count in enumerate(dropped):
+            if count:
+                self.mask[r, width - count:] = 0
+        self.mask = left_align_padding(self.cache, self.mask)
+        return dropped
+
+    def keep(self, rows) -> torch.Tensor:
+        index = super().keep(rows)
+        select_rows(self.cache, index)
+        self.mask = left_align_padding(self.cache, self.mask.index_select(0, index.to(self.mask.device)))
+        return index

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
 
+from ensemble_bench.batching import in_batches, left_padded, positions_of
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import ForwardClock, Member, Score, flatten_messages
+from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
 
@@ -71,40 +71,28 @@ class LocalMember(TokenizerSide, Member):
         self.prefix_token_id = bos
         self._bos_text = tokenizer.decode([bos]) if bos is not None else None
         self.clock = ForwardClock()
-        self._reset()
+        self.batch = CachedRows(self.vocab.size, self.device)
 
     # --- batched, KV-cached stepping --------------------------------------------------------
-    def _reset(self, rows: int = 0) -> None:
-        """Empty state for a batch of ``rows`` rows (no tokens, no cache, no log-probs yet)."""
-        self._cache = DynamicCache()
-        self._mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
-        self._ids: list[list[int]] = [[] for _ in range(rows)]
-        # next-token log-probs per row, on the model's device; replaced, never written in place,
-        # so the tensor a call returned is never changed by a later call
-        self._last = torch.full((rows, self.vocab.size), float("nan"), device=self.device)
-
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        self._reset(len(rows))
+        self.batch.start(len(rows))
         return self._append(rows, phase="prefill")
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
-        if len(tokens) != len(self._ids):
-            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+        self.batch.check(tokens)
         return self._append(tokens, phase="decode")
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
-        if len(tokens) != len(self._ids):
-            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
+        self.batch.check(tokens)
         scored: list[list[float]] = [[] for _ in tokens]
         return self._append(tokens, phase="decode", scored=scored), scored
 
     def _append(self, tokens: Sequence[Sequence[int]], phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
-        active = [r for r, row in enumerate(tokens) if row]
+        batch = self.batch
+        active = batch.take(tokens)
         if not active:
-            return self._last
-        ids, new_mask = _left_padded([tokens[r] for r in active], self.pad_id)
-        for r in active:
-            self._ids[r].extend(int(t) for t in tokens[r])
+            return batch.last
+        ids, new_mask = left_padded([tokens[r] for r in active], self.pad_id)
         keep = ids.shape[1] if scored is not None else 1
         if phase == "decode" and 2 * len(active) <= len(tokens):
             logprobs = self._forward_rows(active, ids, new_mask, phase, keep)
@@ -112,87 +100,52 @@ class LocalMember(TokenizerSide, Member):
             full_ids = torch.full((len(tokens), ids.shape[1]), self.pad_id, dtype=torch.long)
             full_mask = torch.zeros_like(full_ids)
             full_ids[active], full_mask[active] = ids, new_mask
-            logprobs, self._mask = self._forward(self._cache, self._mask, full_ids, full_mask, phase, keep)
+            logprobs, batch.mask = self._forward(batch.cache, batch.mask, full_ids, full_mask, phase, keep)
             if len(active) < len(tokens):
                 logprobs = logprobs[active]
         if scored is not None:
             for k, r in enumerate(active):  # log p of each appended token after the first
                 row = list(tokens[r])
                 first = logprobs.shape[1] - len(row)
-                positions = torch.arange(first, first + len(row) - 1, device=logprobs.device)
+                steps = torch.arange(first, first + len(row) - 1, device=logprobs.device)
                 targets = torch.tensor(row[1:], dtype=torch.long, device=logprobs.device)
-                scored[r] = logprobs[k, positions, targets].tolist()
-        if len(active) == len(tokens):
-            self._last = logprobs[:, -1]
-        else:
-            self._last = self._last.index_copy(0, torch.tensor(active, dtype=torch.long, device=self.device), logprobs[:, -1])
-        self._realign(evenly=len({len(row) for row in tokens}) == 1)
-        return self._last
-
-    def _realign(self, evenly: bool) -> None:
-        """Restore the cache's invariant (kv.py: every row ``[padding][real tokens]``, no padding
-        shared by all rows). Every public call ends with it holding, so when every row just grew
-        by the same number of real tokens (a plain decode step) there is nothing to move."""
-        if not evenly:
-            self._mask = kv.left_align_padding(self._cache, self._mask)
+                scored[r] = logprobs[k, steps, targets].tolist()
+        batch.set_last(active, logprobs[:, -1])
+        batch.realign(evenly=len({len(row) for row in tokens}) == 1)
+        return batch.last
 
     def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,
         extended, and written back; the other rows get padding columns (re-aligned afterwards)."""
+        batch = self.batch
         index = torch.tensor(active, dtype=torch.long, device=self.device)
-        sub_cache = kv.copy_rows(self._cache, index)
-        logprobs, _ = self._forward(sub_cache, self._mask.index_select(0, index), ids, new_mask, phase, keep)
-        kv.append_columns(self._cache, sub_cache, index, ids.shape[1])
-        grown = torch.zeros((self._mask.shape[0], ids.shape[1]), dtype=self._mask.dtype, device=self.device)
+        sub_cache = kv.copy_rows(batch.cache, index)
+        logprobs, _ = self._forward(sub_cache, batch.mask.index_select(0, index), ids, new_mask, phase, keep)
+        kv.append_columns(batch.cache, sub_cache, index, ids.shape[1])
+        grown = torch.zeros((batch.mask.shape[0], ids.shape[1]), dtype=batch.mask.dtype, device=self.device)
         grown[index] = new_mask.to(self.device)
-        self._mask = torch.cat([self._mask, grown], dim=1)
+        batch.mask = torch.cat([batch.mask, grown], dim=1)
         return logprobs
 
     def _forward(self, cache, mask, ids: torch.Tensor, new_mask: torch.Tensor, phase: str, keep: int = 1):
         """One forward pass over ``ids`` after ``cache``; returns (log-probs of the last ``keep``
         positions [rows, keep, V], mask)."""
         mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
-        start = time.perf_counter()
-        with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+        new_positions = positions_of(mask)[:, -ids.shape[1]:]
+        with self.clock.timed(phase), torch.no_grad():  # not inference_mode: the log-probs stay ordinary tensors
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=new_positions,
                              past_key_values=cache, use_cache=True, logits_to_keep=keep)
             logprobs = log_probs_of(out.logits[:, -keep:, :])
-        self._tick(phase, time.perf_counter() - start)
         return logprobs, mask
 
-    def _tick(self, phase: str, seconds: float) -> None:
-        if phase == "prefill":
-            self.clock.prefill_seconds += seconds
-            self.clock.prefill_calls += 1
-        else:
-            self.clock.decode_seconds += seconds
-            self.clock.decode_calls += 1
-
     def crop(self, lengths: Sequence[int]) -> None:
-        cropped = []
-        for r, length in enumerate(lengths):
-            current = len(self._ids[r])
-            if not 0 <= length <= current:
-                raise ValueError(f"row {r}: cannot crop {current} tokens to {length}")
-            if length < current:
-                self._mask[r, self._mask.shape[1] - (current - length):] = 0
-                del self._ids[r][length:]
-                cropped.append(r)
-        if cropped:
-            self._last = self._last.index_fill(0, torch.tensor(cropped, dtype=torch.long, device=self.device), float("nan"))
-        self._mask = kv.left_align_padding(self._cache, self._mask)
+        self.batch.crop(lengths)
 
     def keep(self, rows: Sequence[int]) -> None:
-        index = torch.tensor(list(rows), dtype=torch.long)
-        kv.select_rows(self._cache, index)
-        self._mask = self._mask.index_select(0, index.to(self.device))
-        self._ids = [self._ids[r] for r in rows]
-        self._last = self._last.index_select(0, index.to(self.device))
-        self._mask = kv.left_align_padding(self._cache, self._mask)
+        self.batch.keep(rows)
 
     def row_ids(self) -> list[list[int]]:
-        return [list(r) for r in self._ids]
+        return self.batch.row_ids()
 
     def input_embeddings(self) -> torch.Tensor:
         weight = self.model.get_input_embeddings().weight.detach()
@@ -207,22 +160,16 @@ class LocalMember(TokenizerSide, Member):
         ``len(continuation)`` positions go through the output head.
         """
         pairs = self.fit_pairs(pairs)
-        results: list[Score | None] = [None] * len(pairs)
-        order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            for i, result in zip(chunk, self._score_chunk([pairs[i] for i in chunk])):
-                results[i] = result
-        return results
+        lengths = [len(context) + len(continuation) for context, continuation in pairs]
+        return in_batches(lengths, batch_size, lambda batch: self._score_chunk([pairs[i] for i in batch]))
 
     def _score_chunk(self, pairs) -> list[Score]:
         inputs = [(ctx + cont)[:-1] for ctx, cont in pairs]
         keep = max(len(cont) for _, cont in pairs)
-        ids, mask = _left_padded(inputs, self.pad_id)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        ids, mask = left_padded(inputs, self.pad_id)
         with torch.inference_mode():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                             position_ids=positions.to(self.device), use_cache=False, logits_to_keep=keep)
+                             position_ids=positions_of(mask).to(self.device), use_cache=False, logits_to_keep=keep)
             logprobs = log_probs_of(out.logits)
         scores = []
         for r, (_, cont) in enumerate(pairs):
@@ -244,17 +191,3 @@ def log_probs_of(logits: torch.Tensor) -> torch.Tensor:
         return upcast.log_softmax(dim=-1)
     return torch.log_softmax(upcast, dim=-1, out=upcast)
 
-
-def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids right-aligned in a [rows, width] tensor, and the mask of real tokens."""
-    width = max(len(r) for r in rows)
-    if all(len(r) == width for r in rows):  # a decode step: no padding (one tensor, no per-row copy)
-        ids = torch.tensor([list(r) for r in rows], dtype=torch.long)
-        return ids, torch.ones_like(ids)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        if row:
-            ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-            mask[r, width - len(row):] = 1
-    return ids, mask

@@ -33,6 +33,7 @@ import torch
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
@@ -239,8 +240,7 @@ class RemoteMember(TokenizerSide, Member):
         self._pending: list = []
         self._embeddings: torch.Tensor | None = None
         self.traffic = {"step_calls": 0, "step_bytes": 0, "rows_returned": 0}
-        self._ids: list[list[int]] = []
-        self._last = torch.full((0, self.vocab.size), float("nan"))
+        self.batch = RowBatch(self.vocab.size, self.device)  # mirrors the actor's ids and distributions
 
     # --- plumbing ---------------------------------------------------------------------------
     def _wait(self, ref):
@@ -258,51 +258,39 @@ class RemoteMember(TokenizerSide, Member):
         self.clock.decode_calls += clock[3] - old[3]
 
     def _apply(self, tokens: Sequence[Sequence[int]], changed: np.ndarray) -> torch.Tensor:
-        active = [r for r, row in enumerate(tokens) if row]
-        for r in active:
-            self._ids[r].extend(int(t) for t in tokens[r])
-        # one copy out of Ray's read-only buffer; ``_last`` is replaced, never written in place, so
-        # the tensor returned here is never changed by a later call (as LocalMember's)
-        rows = torch.from_numpy(np.array(changed, dtype=np.float32, copy=True))
-        if len(active) == len(tokens):
-            self._last = rows
-        elif active:
-            self._last = self._last.index_copy(0, torch.tensor(active, dtype=torch.long), rows)
+        active = self.batch.take(tokens)
+        # one copy out of Ray's read-only buffer (RowBatch.last is replaced, never written in place)
+        self.batch.set_last(active, torch.from_numpy(np.array(changed, dtype=np.float32, copy=True)))
         self.traffic["step_calls"] += 1
         self.traffic["step_bytes"] += changed.nbytes
         self.traffic["rows_returned"] += len(active)
-        return self._last
+        return self.batch.last
 
     @staticmethod
     def _plain(rows: Sequence[Sequence[int]]) -> list[list[int]]:
         return [[int(t) for t in row] for row in rows]
 
-    def _check_rows(self, tokens: Sequence[Sequence[int]]) -> None:
-        if len(tokens) != len(self._ids):
-            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
-
     # --- batched, KV-cached stepping --------------------------------------------------------
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         rows = self._plain(rows)
         changed, clock = self._wait(self.actor.prefill.remote(rows))
-        self._ids = [[] for _ in rows]
-        self._last = torch.full((len(rows), self.vocab.size), float("nan"))
+        self.batch.start(len(rows))
         self._tick(clock)
         return self._apply(rows, changed)
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
-        self._check_rows(tokens)
+        self.batch.check(tokens)
         if not any(tokens):
-            return self._last
+            return self.batch.last
         tokens = self._plain(tokens)
         changed, clock = self._wait(self.actor.extend.remote(tokens))
         self._tick(clock)
         return self._apply(tokens, changed)
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
-        self._check_rows(tokens)
+        self.batch.check(tokens)
         if not any(tokens):
-            return self._last, [[] for _ in tokens]
+            return self.batch.last, [[] for _ in tokens]
         tokens = self._plain(tokens)
         changed, scored, clock = self._wait(self.actor.extend_scored.remote(tokens))
         self._tick(clock)
@@ -310,24 +298,16 @@ class RemoteMember(TokenizerSide, Member):
 
     def crop(self, lengths: Sequence[int]) -> None:
         lengths = [int(n) for n in lengths]
-        for r, length in enumerate(lengths):
-            if not 0 <= length <= len(self._ids[r]):
-                raise ValueError(f"row {r}: cannot crop {len(self._ids[r])} tokens to {length}")
-        cropped = [r for r, length in enumerate(lengths) if length < len(self._ids[r])]
-        for r in cropped:
-            del self._ids[r][lengths[r]:]
-        if cropped:
-            self._last = self._last.index_fill(0, torch.tensor(cropped, dtype=torch.long), float("nan"))
+        self.batch.crop(lengths)
         self._pending.append(self.actor.crop.remote(lengths))
 
     def keep(self, rows: Sequence[int]) -> None:
         rows = [int(r) for r in rows]
-        self._last = self._last.index_select(0, torch.tensor(rows, dtype=torch.long))
-        self._ids = [self._ids[r] for r in rows]
+        self.batch.keep(rows)
         self._pending.append(self.actor.keep.remote(rows))
 
     def row_ids(self) -> list[list[int]]:
-        return [list(r) for r in self._ids]
+        return self.batch.row_ids()
 
     def remote_row_ids(self) -> list[list[int]]:
         """The actor's own view (tests: it must equal ``row_ids``)."""

@@ -27,7 +27,6 @@ prompt goes to the encoder whole.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,9 +34,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 
+from ensemble_bench.batching import positions_of, right_padded
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import (ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last,
                                          no_room)
+from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.local import log_probs_of, max_length_of, stop_ids_of
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
@@ -164,7 +165,7 @@ class Seq2SeqMember(TokenizerSide, Member):
         self._bos_text = None
         self._positions = pin_decoder_positions(model)
         self.clock = ForwardClock()
-        self._reset(0)
+        self.batch = CachedRows(self.vocab.size, self.device)
 
     # --- prompts -> rows ---------------------------------------------------------------------------
     def render_text(self, prompt: Prompt) -> str:
@@ -231,135 +232,89 @@ class Seq2SeqMember(TokenizerSide, Member):
         return last(source, self.max_length) + [SOURCE_END] + decoder
 
     # --- batched, KV-cached stepping --------------------------------------------------------
-    def _reset(self, rows: int) -> None:
-        """Empty decoder state for ``rows`` rows (the encoder states are set by ``prefill``)."""
-        self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        self._mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
-        self._ids: list[list[int]] = [[] for _ in range(rows)]
-        self._last = torch.full((rows, self.vocab.size), float("nan"), device=self.device)
-
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         split = [split_row(row, self.start_id) for row in rows]
-        self._reset(len(rows))
+        self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        self.batch.start(len(rows), self._cache.self_attention_cache)
         self._encoded, self._encoder_mask = self._encode([s for s, _ in split])
         return self._append([d for _, d in split], phase="prefill")
 
     def _encode(self, sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the encoder once over right-padded sources; (hidden states, mask)."""
-        ids, mask = _right_padded(sources, self.pad_id)
-        start = time.perf_counter()
-        with torch.inference_mode():
+        ids, mask = right_padded(sources, self.pad_id)
+        with self.clock.timed("prefill", calls=0), torch.inference_mode():
             hidden = self.model.get_encoder()(input_ids=ids.to(self.device),
                                               attention_mask=mask.to(self.device)).last_hidden_state
-        self.clock.prefill_seconds += time.perf_counter() - start
         return hidden, mask.to(self.device)
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
-        self._check_rows(tokens)
+        self.batch.check(tokens)
         return self._append(tokens, phase="decode")
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
-        self._check_rows(tokens)
+        self.batch.check(tokens)
         scored: list[list[float]] = [[] for _ in tokens]
         return self._append(tokens, phase="decode", scored=scored), scored
-
-    def _check_rows(self, tokens: Sequence[Sequence[int]]) -> None:
-        if len(tokens) != len(self._ids):
-            raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self._ids)}")
 
     def _append(self, tokens, phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
         """Feed each row's new decoder tokens (all rows in one forward). The new block is right
         padded, so a row's new tokens follow its old ones without a gap (relative-position models
         such as T5 see true distances); the padding moves to the left afterwards."""
-        active = [r for r, row in enumerate(tokens) if row]
+        active = self.batch.take(tokens)
         if not active:
-            return self._last
+            return self.batch.last
         rows = [[int(t) for t in row] for row in tokens]
-        ids, new_mask = _right_padded(rows, self.pad_id)
-        for r in active:
-            self._ids[r].extend(rows[r])
+        ids, new_mask = right_padded(rows, self.pad_id)
         logprobs = self._forward(ids, new_mask, phase)
         if scored is not None:
             for r in active:
                 steps = logprobs[r, :len(rows[r]) - 1]
                 targets = torch.tensor(rows[r][1:], dtype=torch.long, device=steps.device)
                 scored[r] = steps.gather(1, targets[:, None]).squeeze(1).tolist()
-        self._last = self._next_logprobs(logprobs, rows, active)
-        self._realign(evenly=len({len(row) for row in rows}) == 1)
-        return self._last
+        evenly = len({len(row) for row in rows}) == 1
+        self.batch.set_last(active, self._next_logprobs(logprobs, rows, active, evenly))
+        self.batch.realign(evenly)
+        return self.batch.last
 
-    def _realign(self, evenly: bool) -> None:
-        """Restore the self-attention cache's invariant (kv.py), unless every row just grew by the
-        same number of real tokens: then it holds already (LocalMember._realign)."""
-        if not evenly:
-            self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
-
-    def _next_logprobs(self, logprobs: torch.Tensor, rows: list[list[int]], active: list[int]) -> torch.Tensor:
-        """Every row's next-token log-probs after its new tokens (``logprobs`` [rows, new, V] of
-        right-padded blocks): a view of the last position when every row got as many tokens,
-        else the old ones with the active rows' replaced (a new tensor, the old one unchanged)."""
-        if len({len(row) for row in rows}) == 1:
+    def _next_logprobs(self, logprobs: torch.Tensor, rows: list[list[int]], active: list[int],
+                       evenly: bool) -> torch.Tensor:
+        """The active rows' next-token log-probs after their new tokens (``logprobs`` [rows, new, V]
+        of right-padded blocks): a view of the last position when every row got as many tokens."""
+        if evenly:
             return logprobs[:, -1].to(self.device)
-        index = torch.tensor(active, dtype=torch.long, device=self.device)
+        index = torch.tensor(active, dtype=torch.long, device=logprobs.device)
         ends = torch.tensor([len(rows[r]) - 1 for r in active], dtype=torch.long, device=logprobs.device)
-        return self._last.index_copy(0, index, logprobs[index.to(logprobs.device), ends].to(self.device))
+        return logprobs[index, ends].to(self.device)
 
     def _forward(self, ids: torch.Tensor, new_mask: torch.Tensor, phase: str) -> torch.Tensor:
         """One decoder forward over ``ids`` after the cache; log-probs [rows, new, V] (float32)."""
-        self._mask = torch.cat([self._mask, new_mask.to(self.device)], dim=1)
-        positions = (self._mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+        batch = self.batch
+        batch.mask = torch.cat([batch.mask, new_mask.to(self.device)], dim=1)
         if self._positions is not None:
-            self._positions.positions = positions
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
-                out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
-                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=self._mask,
-                                 past_key_values=self._cache, use_cache=True)
-                logprobs = log_probs_of(out.logits)
-        finally:
-            if self._positions is not None:
-                self._positions.positions = None
-        self._tick(phase, time.perf_counter() - start)
+            self._positions.positions = positions_of(batch.mask)[:, -ids.shape[1]:]
+        with self.clock.timed(phase):
+            try:
+                with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
+                    out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
+                                     decoder_input_ids=ids.to(self.device), decoder_attention_mask=batch.mask,
+                                     past_key_values=self._cache, use_cache=True)
+                    logprobs = log_probs_of(out.logits)
+            finally:
+                if self._positions is not None:
+                    self._positions.positions = None
         return logprobs
 
-    def _tick(self, phase: str, seconds: float) -> None:
-        """Account one decoder forward to prefill or decode time."""
-        if phase == "prefill":
-            self.clock.prefill_seconds += seconds
-            self.clock.prefill_calls += 1
-        else:
-            self.clock.decode_seconds += seconds
-            self.clock.decode_calls += 1
-
     def crop(self, lengths: Sequence[int]) -> None:
-        cropped = []
-        for r, length in enumerate(lengths):
-            current = len(self._ids[r])
-            if not 0 <= length <= current:
-                raise ValueError(f"row {r}: cannot crop {current} tokens to {length}")
-            if length < current:
-                self._mask[r, self._mask.shape[1] - (current - length):] = 0
-                del self._ids[r][length:]
-                cropped.append(r)
-        if cropped:
-            index = torch.tensor(cropped, dtype=torch.long, device=self.device)
-            self._last = self._last.index_fill(0, index, float("nan"))
-        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
+        self.batch.crop(lengths)
 
     def keep(self, rows: Sequence[int]) -> None:
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
-        kv.select_rows(self._cache.self_attention_cache, index)
+        index = self.batch.keep(rows)
         kv.select_rows(self._cache.cross_attention_cache, index)
         self._encoded = self._encoded.index_select(0, index)
         self._encoder_mask = self._encoder_mask.index_select(0, index)
-        self._mask = self._mask.index_select(0, index)
-        self._ids = [self._ids[r] for r in rows]
-        self._last = self._last.index_select(0, index)
-        self._mask = kv.left_align_padding(self._cache.self_attention_cache, self._mask)
 
     def row_ids(self) -> list[list[int]]:
-        return [list(r) for r in self._ids]
+        return self.batch.row_ids()
 
     def input_embeddings(self) -> torch.Tensor:
         weight = self.model.get_decoder().get_input_embeddings().weight.detach()
@@ -379,7 +334,7 @@ class Seq2SeqMember(TokenizerSide, Member):
         split = [split_row(context, self.start_id) for context, _ in pairs]
         decoder_rows = [(prefix + list(cont))[:-1] for (_, prefix), (_, cont) in zip(split, pairs)]
         encoded, encoder_mask = self._encode([s for s, _ in split])
-        ids, mask = _right_padded(decoder_rows, self.pad_id)
+        ids, mask = right_padded(decoder_rows, self.pad_id)
         with torch.inference_mode():
             logits = self.model(encoder_outputs=(encoded,), attention_mask=encoder_mask,
                                 decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask.to(self.device),
@@ -404,18 +359,6 @@ def split_row(row: Sequence[int], start_id: int) -> tuple[list[int], list[int]]:
     if not decoder:
         raise ValueError("a seq2seq row needs at least one decoder token after SOURCE_END")
     return row[:cut], decoder
-
-
-def _right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids left-aligned in a [rows, width] tensor, and the mask of real tokens."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        if row:
-            ids[r, :len(row)] = torch.tensor(list(row), dtype=torch.long)
-            mask[r, :len(row)] = 1
-    return ids, mask
 
 
 KINDS = ("auto", "causal", "seq2seq")

@@ -23,20 +23,15 @@ import torch
 
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
-from ensemble_bench.vocab.retokenize import CanonicalTail
+from ensemble_bench.vocab.retokenize import CanonicalTail, Encode, continuation_encoder
 
 Retokenize = Literal["local", "canonical"]
 
 
-def encode_continuation(member: Member, text: str, anchor: list[int] | None = None) -> list[int]:
-    """Ids for text that continues a sequence: encoded behind an anchor, the anchor's ids removed
-    (no BOS, no SentencePiece dummy-prefix space). ``anchor``: the member's ids of the anchor, if known."""
-    if anchor is None:
-        anchor = member.encode("\n", add_special_tokens=False)
-    ids = member.encode("\n" + text, add_special_tokens=False)
-    if ids[:len(anchor)] == anchor:
-        return ids[len(anchor):]
-    return member.encode(text, add_special_tokens=False)
+def member_continuation(member: Member) -> Encode:
+    """Text -> the member's ids for it as a continuation of a sequence (no BOS, no SentencePiece
+    dummy-prefix space): vocab/retokenize.py's ``continuation_encoder`` over the member's tokenizer."""
+    return continuation_encoder(lambda text: member.encode(text, add_special_tokens=False))
 
 
 def text_lookup(member: Member) -> dict[bytes, int]:
@@ -48,16 +43,14 @@ def text_lookup(member: Member) -> dict[bytes, int]:
 
 
 def text_appender(member: Member, window: int, by_bytes: dict[bytes, int] | None = None) -> TextAppender:
-    anchor = member.encode("\n", add_special_tokens=False)
     return TextAppender(member.vocab.pieces, text_lookup(member) if by_bytes is None else by_bytes,
                         single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
-                        lambda text: encode_continuation(member, text, anchor), window)
+                        member_continuation(member), window)
 
 
 def canonical_tail(member: Member) -> CanonicalTail:
     """The member's canonical re-tokeniser (scans the vocabulary once: build it once per member)."""
-    anchor = member.encode("\n", add_special_tokens=False)
-    return CanonicalTail.from_view(member.vocab, lambda text: encode_continuation(member, text, anchor))
+    return CanonicalTail.from_view(member.vocab, member_continuation(member))
 
 
 def local_plans(member: Member, appender: TextAppender, chunks: Sequence[Sequence[bytes]],
