@@ -22,6 +22,7 @@ def fake_run(folder, rows, recipe=None, results_extras=None):
         row.mkdir()
         (row / "timing.json").write_text(json.dumps({"label": label, "method": method, **timing}))
         results = {"results": {TASKS[b][0]: {TASKS[b][1]: s} for b, (s, _) in scores.items()},
-                   "n-samples": {TASKS[b][0]: {"effective": n} for b, (_, n) in scores.items()}, **(results_extras or {})}
+                   "n-samples": {TASKS[b][0]: {"effective": n} for b, (_, n) in scores.items()},
+                   **(results_extras or {})}
         (row / "results_1.json").write_text(json.dumps(results))
     return folder

@@ -3,6 +3,7 @@ fabricated run with lm-eval-shaped samples files and on the committed CI baselin
 errors, and the output that must read well anywhere (80 columns, plain logs, a closed pipe)."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -168,7 +169,8 @@ def test_text_free_extracts_give_the_same_statistics(run, tmp_path):
     from ensemble_bench.report.samples import write_extracts
 
     stored = tmp_path / "stored"
-    for path in ["recipe.yaml", "summary.md", *[f"{label}/{f.name}" for label in ARC for f in (run / label).glob("*.json")]]:
+    row_files = [f"{label}/{f.name}" for label in ARC for f in (run / label).glob("*.json")]
+    for path in ["recipe.yaml", "summary.md", *row_files]:
         (stored / path).parent.mkdir(parents=True, exist_ok=True)
         (stored / path).write_text((run / path).read_text())
     for label in ARC:
@@ -212,3 +214,19 @@ def test_a_closed_stdout_ends_quietly(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", closed)
     code, out = cli_run(monkeypatch, capsys, "table", "x", "--layout", "gac_table3")
     assert code == 0 and out.err == ""
+
+
+def test_the_summary_has_latency_for_every_row_and_its_wall_time(tmp_path):
+    """ms/token for generation, ms/request and ms/scored token for multiple choice, a row of one
+    round its first round's ms/token, and every row's wall time (lm-eval's evaluation time)."""
+    rows = {"a": ("single", {"arc_c": (0.3, 10)}, {"loglikelihood_ms_per_request": 12.34,
+                                                   "loglikelihood_ms_per_token": 3.21}),
+            "b": ("single", {"nq": (0.25, 4)}, {"decode_ms_per_token": 80.0}),
+            "gac": ("gac", {"nq": (0.5, 4)}, {"decode_ms_per_token": None, "first_round_ms_per_token": 40.0})}
+    run = fake_run(tmp_path / "run", rows, RECIPE, {"total_evaluation_time_seconds": "7.25"})
+    frame = write_summary(run, parse_recipe(RECIPE))
+    cells = frame.set_index("model")[["ms/token", "ms/request", "ms/scored token", "wall s"]]
+    assert cells.loc["a"].tolist()[1:] == [12.3, 3.2, 7.2] and pd.isna(cells.loc["a", "ms/token"])
+    assert cells.loc["b", "ms/token"] == 80.0 and cells.loc["gac", "ms/token"] == 40.0
+    summary = (run / "summary.md").read_text()
+    assert re.search(r"\|\s+wall s\s+\|", summary) and "wall s = the row's evaluation time" in summary

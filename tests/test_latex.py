@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble_bench.report.latex import escape, latex_table
+from ensemble_bench.report.latex import escape
 from ensemble_bench.report.tables import build_run_table, build_table, get_layout, layouts, render
 from tests.fake_runs import fake_run
 

@@ -106,7 +106,8 @@ def test_latency_is_compared_with_the_paper_only_on_its_hardware(tmp_path):
 def test_a_table_of_any_run_without_a_layout(tmp_path, monkeypatch):
     """Every row by every benchmark of the run, intervals beside the scores, the average, latency
     and wall time; CSV keeps the numbers, Markdown and LaTeX one 95% column per benchmark."""
-    rows = {label: (method, {**scores, "arc_c": (0.5, 40)}, dict(timing)) for label, (method, scores, timing) in ROWS.items()}
+    rows = {label: (method, {**scores, "arc_c": (0.5, 40)}, dict(timing))
+            for label, (method, scores, timing) in ROWS.items()}
     rows["big"][2]["loglikelihood_ms_per_request"] = 12.5
     run = fake_run(tmp_path / "results" / "t3" / "20260101-000000-abc", rows, RECIPE,
                    {"total_evaluation_time_seconds": "61.25"})

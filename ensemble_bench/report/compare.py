@@ -19,8 +19,8 @@ from ensemble_bench.report.paired import (EnsembleComparison, Interval, aligned,
                                           examples_score, interval_of, member_rows, p_text)
 from ensemble_bench.report.samples import Example, require_examples
 from ensemble_bench.report.run_files import RunRow
-from ensemble_bench.report.summary import finished_recipe, run_rows
-from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
+from ensemble_bench.tasks import Benchmark
 
 
 @dataclass(frozen=True)
@@ -51,13 +51,14 @@ def _pick_rows(rows: list[RunRow], wanted: list[str]) -> list[RunRow]:
     return chosen
 
 
-def _pick_benchmarks(recipe, name: str | None) -> list[Benchmark]:
-    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+def _pick_benchmarks(run_dir: Path, recipe, name: str | None) -> list[Benchmark]:
+    benches = recipe_benchmarks(run_dir, recipe)
     if name is None:
         return benches
     found = [b for b in benches if b.name == name]
     if not found:
-        raise UserError(f"unknown benchmark {name!r} for this run (its benchmarks: {', '.join(b.name for b in benches)})")
+        known = ", ".join(b.name for b in benches)
+        raise UserError(f"unknown benchmark {name!r} for this run (its benchmarks: {known})")
     return found
 
 
@@ -96,7 +97,7 @@ def _view(run_dir: Path, bench: Benchmark, labels: list[str], pairings) -> Bench
 def build_report(run_dir: Path, rows: list[str] | None = None, benchmark: str | None = None) -> CompareReport:
     recipe = finished_recipe(run_dir)
     chosen = _pick_rows(run_rows(run_dir, recipe), rows or [])
-    benches = _pick_benchmarks(recipe, benchmark)
+    benches = _pick_benchmarks(run_dir, recipe, benchmark)
     labels = [row.plan.label for row in chosen]
     pairings = _pairings(chosen, explicit=bool(rows))
     return CompareReport(run_dir, labels, [_view(run_dir, bench, labels, pairings) for bench in benches])
@@ -179,6 +180,6 @@ def render_csv(report: CompareReport) -> str:
     for view in report.views:
         for example in view.differing:
             first = next(iter(example.values()))
-            writer.writerow([view.bench.name, first.task, first.doc_id, first.question, first.target,
-                             *[value for label in report.rows for value in (example[label].answer, example[label].score)]])
+            answers = [value for label in report.rows for value in (example[label].answer, example[label].score)]
+            writer.writerow([view.bench.name, first.task, first.doc_id, first.question, first.target, *answers])
     return buffer.getvalue()

@@ -1,32 +1,41 @@
 """`ensbench plot`: accuracy vs latency per row, and accuracy vs one swept method parameter (GaC's
 threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via matplotlib.
-Every score carries its 95% interval as an error bar (report/paired.py)."""
+Every score carries its 95% interval as an error bar (report/paired.py). Latency is ms/token
+(generation), or ms/request for runs of multiple-choice rows; a row left out of a plot is named in
+one warning line on stderr."""
 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import is_alone
 from ensemble_bench.report.out_files import checked_files, write_with
 from ensemble_bench.report.paired import row_intervals
-from ensemble_bench.report.summary import finished_recipe, run_rows
+from ensemble_bench.report.run_files import ms_per_token
+from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.tables import resolve_run
-from ensemble_bench.tasks import get_benchmark
 
 LOG2_PARAMETERS = ("span_words", "k")
 PLOT_SUFFIXES = (".png", ".svg")
+LATENCIES = {"ms_per_token": "ms/token", "ms_per_request": "ms/request, multiple choice"}  # preferred first
+
+
+def warn_on_stderr(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
 
 
 def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[dict]:
     """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
-    the members alone), scores in % with their 95% intervals, ms/token and % ensembled."""
+    the members alone), scores in % with their 95% intervals, ms/token, ms/request and % ensembled."""
     records = []
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
         rows = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, rows, [get_benchmark(t.name, t.variant) for t in recipe.tasks])
+        intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
         for row in rows:
             fraction = row.timing.get("ensembled_fraction")
             records.append({
@@ -35,7 +44,8 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
                 "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
                 "intervals": {name: (100 * i.low, 100 * i.high) for (label, name), i in intervals.items()
                               if label == row.plan.label},
-                "ms_per_token": row.timing.get("decode_ms_per_token"),
+                "ms_per_token": ms_per_token(row.timing),
+                "ms_per_request": row.timing.get("loglikelihood_ms_per_request"),
                 "ensembled_pct": 100 * fraction if fraction is not None else None})
     return records
 
@@ -68,14 +78,18 @@ def _save(figure, path_stem: Path) -> list[Path]:
     written = checked_files(path_stem, PLOT_SUFFIXES)
     for target in written:
         kind = target.suffix[1:]  # the temporary name ends in .partial: say the format
-        write_with(target, lambda partial: figure.savefig(partial, dpi=150, format=kind))
+        write_with(target, lambda partial, kind=kind: figure.savefig(partial, dpi=150, format=kind))
     return written
 
 
-def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str) -> list[Path]:
+def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str,
+                   warn: Callable[[str], None] = warn_on_stderr) -> list[Path]:
     """Score vs the parameter per benchmark, the best member dashed; % ensembled (if recorded and
     not always 100) on a second axis."""
-    swept = sorted((r for r in records if r["value"] is not None), key=lambda r: r["value"])
+    for record in records:
+        if record["value"] is not None and not record["scores"]:
+            warn(f"row {record['label']} is left out of the plot: it has no score")
+    swept = sorted((r for r in records if r["value"] is not None and r["scores"]), key=lambda r: r["value"])
     if not swept:
         raise UserError(f"no row of the runs sets '{param}' (sweep it in a recipe: sweep: {{{param}: [...]}})")
     members = [r for r in records if is_alone(r["method"])]
@@ -112,23 +126,44 @@ def plot_parameter(records: list[dict], param: str, path_stem: Path, title: str)
     return written
 
 
-def plot_accuracy_latency(records: list[dict], path_stem: Path, title: str) -> list[Path]:
-    """Mean score over the benchmarks every row has vs ms/token, one labelled point per row."""
-    shared = set.intersection(*(set(r["scores"]) for r in records)) if records else set()
-    points = [r for r in records if r["ms_per_token"] and shared]
-    if not points:
-        raise UserError("no rows with ms/token and a benchmark in common to plot")
+def latency_measure(records: list[dict]) -> str:
+    """The latency the most rows have (ms/token on a tie): a plot never mixes two."""
+    return max(LATENCIES, key=lambda key: sum(bool(r.get(key)) for r in records))
+
+
+def plotted_rows(records: list[dict], measure: str, warn: Callable[[str], None] = warn_on_stderr) -> list[dict]:
+    """The rows with a score and the latency ``measure``; one warning line for each row left out."""
+    points = []
+    for record in records:
+        if not record["scores"]:
+            warn(f"row {record['label']} is left out of the plot: it has no score")
+        elif not record.get(measure):
+            warn(f"row {record['label']} is left out of the plot: it has no {LATENCIES[measure]}")
+        else:
+            points.append(record)
+    return points
+
+
+def plot_accuracy_latency(records: list[dict], path_stem: Path, title: str,
+                          warn: Callable[[str], None] = warn_on_stderr) -> list[Path]:
+    """Mean score over the benchmarks every plotted row has vs latency (ms/token, or ms/request where
+    the rows are multiple choice), one labelled point per row."""
+    measure = latency_measure(records)
+    points = plotted_rows(records, measure, warn)
+    shared = set.intersection(*(set(r["scores"]) for r in points)) if points else set()
+    if not shared:
+        raise UserError(f"no rows with {LATENCIES[measure]} and a benchmark in common to plot")
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     benchmarks = sorted(shared)
     for record in points:
         score = sum(record["scores"][b] for b in shared) / len(shared)
         below, above = mean_error_bar(record, benchmarks)
-        axis.errorbar(record["ms_per_token"], score, yerr=[[below], [above]], capsize=3,
+        axis.errorbar(record[measure], score, yerr=[[below], [above]], capsize=3,
                       marker="o" if is_alone(record["method"]) else "^")
-        axis.annotate(record["label"], (record["ms_per_token"], score), fontsize=7, xytext=(3, 3),
+        axis.annotate(record["label"], (record[measure], score), fontsize=7, xytext=(3, 3),
                       textcoords="offset points")
-    axis.set_xlabel("latency (ms/token)")
+    axis.set_xlabel(f"latency ({LATENCIES[measure]})")
     axis.set_ylabel(f"mean score over {', '.join(benchmarks)} (%, 95% interval)")
     axis.set_title(title, fontsize=9)
     figure.tight_layout()

@@ -56,7 +56,8 @@ class Check:
 
 def _flat(value, path: str = "") -> dict[str, object]:
     if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flat(item, f"{path}.{key}" if path else str(key)).items()}
+        return {k: v for key, item in value.items()
+                for k, v in _flat(item, f"{path}.{key}" if path else str(key)).items()}
     if isinstance(value, list):
         return {k: v for i, item in enumerate(value) for k, v in _flat(item, f"{path}[{i}]").items()}
     return {path: value}

@@ -89,3 +89,10 @@ def run_hardware(run_dir: Path, recipe) -> str:
         return f"cpu ({model})" if model else "cpu"
     gpus = _env_line(env, "GPU models and configuration")
     return gpus or f"{'+'.join(devices)} (model not recorded)"
+
+
+def ms_per_token(timing: dict) -> float | None:
+    """A row's ms/token: decode time per step, or, when every request finished in its first round
+    (a SweetSpan row whose answers fit one span), the first round's time per token of it."""
+    decode = timing.get("decode_ms_per_token")
+    return decode if decode is not None else timing.get("first_round_ms_per_token")

@@ -11,13 +11,14 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import parse_recipe, plan_rows
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
-from ensemble_bench.report.run_files import (PERCENT_METRICS, RunRow, damaged, leaf_tasks, read_json,
-                                             read_json_lines)
-from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.report.run_files import (PERCENT_METRICS, RunRow, damaged, leaf_tasks, ms_per_token, read_json,
+                                             read_json_lines, row_wall_seconds)
+from ensemble_bench.tasks import Benchmark
+from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
-__all__ = ["DONE_FILE", "RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines", "row_scores",
-           "run_rows", "summary_frame", "write_summary"]
+__all__ = ["DONE_FILE", "RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines",
+           "recipe_benchmarks", "row_scores", "run_rows", "summary_frame", "write_summary"]
 
 
 def metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
@@ -41,6 +42,13 @@ def _metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
     if not found or total == 0:
         return None
     return sum(v * n for v, n in found) / total, total
+
+
+def recipe_benchmarks(run_dir: Path, recipe) -> list[Benchmark]:
+    """The recipe's tasks as Benchmarks: built-in ones from the registry, any other lm-eval task with the
+    primary metric its results files in ``run_dir`` record (first metric, or the group's aggregate)."""
+    results = [read_json(path) for path in sorted(run_dir.rglob("results_*.json"))]
+    return [benchmark_from_results(t.name, t.variant, results) for t in recipe.tasks]
 
 
 def _row_results(row_dir: Path) -> list[dict]:
@@ -73,7 +81,7 @@ def finished_recipe(run_dir: Path):
 def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     """Every planned row of a run (finished unless ``recipe`` is given), in plan order."""
     recipe = recipe or finished_recipe(run_dir)
-    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    benches = recipe_benchmarks(run_dir, recipe)
     rows = []
     for plan in plan_rows(recipe):
         timing = run_dir / plan.label / "timing.json"
@@ -92,7 +100,7 @@ def _score_columns(bench: Benchmark) -> tuple[str, str, str]:
 def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.DataFrame:
     """A row per evaluated model: scores in % with their 95% intervals (``intervals``: (row,
     benchmark) -> report.paired.Interval), example counts, the average, latency."""
-    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    benches = recipe_benchmarks(run_dir, recipe)
     intervals = intervals or {}
     records = []
     for row in run_rows(run_dir, recipe):
@@ -110,17 +118,26 @@ def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.Da
             if value:
                 values.append(100 * value[0])
         record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
-        ms = timing.get("decode_ms_per_token")
-        ttft = timing.get("time_to_first_token_ms")
-        record["ms/token"] = round(ms, 1) if ms else None
-        record["ttft ms"] = round(ttft, 1) if ttft else None
-        record["tokens"] = timing.get("tokens_generated", 0)
-        fraction = timing.get("ensembled_fraction")
-        record["ensembled %"] = round(100 * fraction, 1) if fraction is not None else None
-        manipulated = timing.get("tokens_manipulated_per_step")
-        record["manipulated/step"] = round(manipulated, 1) if manipulated is not None else None
+        record.update(timing_cells(timing, run_dir / row.plan.label))
         records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+def _rounded(value: float | None, digits: int = 1) -> float | None:
+    return round(value, digits) if value else None
+
+
+def timing_cells(timing: dict, row_dir: Path) -> dict:
+    """A row's latency and counters: ms/token (generation), time to first token, ms per request
+    and per scored token (multiple choice), the row's wall time, tokens, % ensembled, manipulated/step."""
+    fraction = timing.get("ensembled_fraction")
+    manipulated = timing.get("tokens_manipulated_per_step")
+    return {"ms/token": _rounded(ms_per_token(timing)), "ttft ms": _rounded(timing.get("time_to_first_token_ms")),
+            "ms/request": _rounded(timing.get("loglikelihood_ms_per_request")),
+            "ms/scored token": _rounded(timing.get("loglikelihood_ms_per_token")),
+            "wall s": _rounded(row_wall_seconds(row_dir)), "tokens": timing.get("tokens_generated", 0),
+            "ensembled %": round(100 * fraction, 1) if fraction is not None else None,
+            "manipulated/step": round(manipulated, 1) if manipulated is not None else None}
 
 
 def with_interval_cells(frame: pd.DataFrame, benches: list[Benchmark]) -> pd.DataFrame:
@@ -153,7 +170,7 @@ def paired_section(comparisons) -> str:
 
 def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
     """summary.csv (scores with 95% interval columns), paired.csv, and summary.md (written last)."""
-    benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    benches = recipe_benchmarks(run_dir, recipe)
     rows = run_rows(run_dir, recipe)
     frame = summary_frame(run_dir, recipe, row_intervals(run_dir, rows, benches))
     comparisons = ensemble_comparisons(run_dir, rows, benches)
@@ -163,7 +180,10 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
                           pd.DataFrame.from_records(comparison_records(comparisons)).to_csv(index=False))
     notes = [f"- {b.name}: {b.note}" for b in set(benches) if b.note]
     header = (f"# {recipe.name}\n\nScores in % [95% interval: Wilson for 0/1 scores, bootstrap otherwise], "
-              f"greedy; ms/token = decode time per step at batch size {recipe.batch_size}.\n\n")
+              f"greedy; ms/token = decode time per step at batch size {recipe.batch_size} (a row whose requests "
+              "all finish in their first round: that round's time per token); ms/request, ms/scored token = "
+              "time to score one multiple-choice option, and per token of the options; wall s = the row's "
+              "evaluation time.\n\n")
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
                       + paired_section(comparisons))

@@ -28,9 +28,8 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.report.latex import latex_table
 from ensemble_bench.report.paired import row_intervals
-from ensemble_bench.report.run_files import row_wall_seconds, run_hardware
-from ensemble_bench.report.summary import DONE_FILE, finished_recipe, run_rows
-from ensemble_bench.tasks import get_benchmark
+from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
+from ensemble_bench.report.summary import DONE_FILE, finished_recipe, recipe_benchmarks, run_rows
 
 HERE = Path(__file__).parent
 NOT_RUN = "not run"
@@ -112,7 +111,7 @@ def paper_rows(layout: Layout) -> list[tuple[str, str]]:
 @cache
 def _paper_cells() -> dict[tuple[str, str, str, str], float]:
     numbers = paper_numbers()
-    return {(l, b, r, c): float(v) for l, b, r, c, v in
+    return {(name, b, r, c): float(v) for name, b, r, c, v in
             zip(numbers.layout, numbers.block, numbers.row, numbers.column, numbers.value)}
 
 
@@ -140,7 +139,7 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
     ours = OurRuns()
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
-        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+        benches = recipe_benchmarks(run_dir, recipe)
         found = run_rows(run_dir, recipe)
         intervals = row_intervals(run_dir, found, benches)
         ours.benchmarks += [key for key in map(_column_key, (b.name for b in benches)) if key not in ours.benchmarks]
@@ -169,6 +168,7 @@ def _add_scores(merged: OurRow, row, intervals: dict) -> None:
 
 
 def _add_timing(merged: OurRow, timing: dict, row_dir: Path) -> None:
+    timing = {**timing, "decode_ms_per_token": ms_per_token(timing)}  # a row of one round: that round's
     for column, (key, scale) in {**TIMING_COLUMNS, **RUN_TIMING_COLUMNS}.items():
         if timing.get(key) is not None:
             merged.values[column] = scale * timing[key]
