@@ -28,7 +28,8 @@ class MemberPool:
             if placement.kind == "ray":  # the model in a Ray actor; members/remote.py
                 connect(placement.address, placement.num_cpus, placement.num_gpus)
                 if not self._actors:
-                    self._actors = {i: launch(s.load_kwargs(), s.actor_options()) for i, s in enumerate(self.recipe.members)}
+                    self._actors = {i: launch(s.load_kwargs(), s.actor_options())
+                                    for i, s in enumerate(self.recipe.members)}
                     members = self.recipe.members
                     wait_placed({members[i].label: a for i, a in self._actors.items()}, placement.schedule_timeout)
                 self._loaded[index] = RemoteMember(spec.load_kwargs(), actor=self._actors[index])
