@@ -83,6 +83,8 @@ def test_notes_say_what_the_runs_lack_and_what_the_layout_leaves_out(run):
     assert notes[0] == "benchmarks of this layout the runs lack: mmlu, gsm8k, bbh, triviaqa"
     assert notes[1] == "rows of this layout the runs lack: LLM Blender (PairRanker), OAssistRM, UltraRM, FuseLLM"
     assert notes[2] == "benchmarks of the runs this layout leaves out: arc_c"
+    every_block = build_table(layout, [run]).attrs["notes"][1]  # rows of two blocks: named with their block
+    assert "Mixtral and Yi / OAssistRM" in every_block and "openchat and SOLAR / OAssistRM" in every_block
     markdown = render(frame, layout, "markdown")
     assert markdown.endswith("\n\n- " + "\n- ".join(notes) + "\n")
     assert "arc\\_c" in render(frame, layout, "latex") and "arc_c" not in render(frame, layout, "csv")

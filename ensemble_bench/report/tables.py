@@ -243,7 +243,10 @@ def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_ap
     layout leaves out, and a latency difference left out."""
     measured = {key for row in ours.rows.values() for key in row.values}
     lacking = [c for c in layout.benchmark_columns if c not in measured]
-    not_run = [row for row, label in zip(frame["paper row"], frame["ours"]) if label == NOT_RUN]
+    missing = [(block, row) for block, row, label in zip(frame["block"], frame["paper row"], frame["ours"])
+               if label == NOT_RUN]
+    blocks = {block for block in frame["block"] if block != EXTRA_BLOCK}
+    not_run = [f"{block} / {row}" if len(blocks) > 1 else row for block, row in missing]
     dropped = [b for b in ours.benchmarks if b not in layout.columns]
     notes = [f"benchmarks of this layout the runs lack: {', '.join(lacking)}" if lacking else "",
              f"rows of this layout the runs lack: {', '.join(not_run)}" if not_run else "",
