@@ -63,3 +63,17 @@ def test_the_guard_uses_the_shared_interval_code(tmp_path, monkeypatch, capsys):
     assert stats.z_value(0.95, sides=1) == pytest.approx(1.6449, abs=1e-4)
     code, out = regress(monkeypatch, capsys, fake_run(tmp_path / "now", BASE), fake_run(tmp_path / "base", BASE))
     assert code == 0 and "42.0 [35.4, 48.9]" in out and "95% Wilson interval" in out
+
+
+def test_a_declared_paper_row_is_not_a_different_recipe():
+    """`paper_row:` names a table row; it changes no number, so a baseline without it still matches."""
+    from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.report.regress import recipe_difference
+
+    recipe = {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
+              "method": {"name": "gac"}, "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
+    declared = {**recipe, "members": [{**recipe["members"][0], "paper_row": "openchat_3.5"}, recipe["members"][1]],
+                "method": {"name": "gac", "paper_row": "GaC (ours)"}}
+    assert recipe_difference(parse_recipe(declared), parse_recipe(recipe)) is None
+    other = {**recipe, "members": [{**recipe["members"][0], "dtype": "bfloat16"}, recipe["members"][1]]}
+    assert "dtype" in recipe_difference(parse_recipe(other), parse_recipe(recipe))
