@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
@@ -302,10 +303,17 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
 
 
 @app.command("list")
-def list_things(details: bool = typer.Option(False, "--details", help="add lm-eval task names and metric keys")):
+def list_things(details: bool = typer.Option(False, "--details", help="add lm-eval task names and metric keys"),
+                method: str | None = typer.Option(None, "--method", help="one method's parameters: type, default, meaning")):
     """Methods, packaged offline models and benchmarks (what is missing as notes below the table)."""
     from ensemble_bench.members.sources import PACKAGED
-    from ensemble_bench.methods import METHODS
+    from ensemble_bench.methods import METHODS, describe_params
+
+    if method is not None:  # one method's parameters (UserError for an unknown method)
+        params = Table(*("name", "type", "default", "meaning"), title=f"method {method}: parameters")
+        for param in describe_params(method):
+            params.add_row(*(Text(value) for value in param))
+        return console.print(params)
 
     methods = Table(title="methods")
     methods.add_column("name", no_wrap=True)
@@ -313,7 +321,7 @@ def list_things(details: bool = typer.Option(False, "--details", help="add lm-ev
     methods.add_column("parameters")
     for name, cls in sorted(METHODS.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
-        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(f.alias or n for n, f in cls.Params.model_fields.items()) or "-")
+        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(p.name for p in describe_params(name)) or "-")
     models = Table(title="packaged offline models (fetched from PyPI on first use)")
     models.add_column("name", no_wrap=True)
     models.add_column("what")

@@ -5,22 +5,25 @@ This is the only module that imports lm-eval's model API. Requests arrive as lm-
 into lm-eval's response cache one by one (so an interrupted run resumes where it stopped).
 
 Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
-returns the messages themselves (JSON behind a marker) and each member renders them with its
-own template, or as plain text when it has none.
+returns the messages themselves (JSON behind a marker, with each member's SHA-256 of its rendering:
+members/rendered.py) and each member renders them with its own template, or as plain text when it has none.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from lm_eval.api.model import LM
 
 from ensemble_bench.build import build_from_model_args
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method
+from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
+from ensemble_bench.methods import METHODS, GenerationRequest, LoglikelihoodRequest, Method, get_method
 from ensemble_bench.methods.base import NonFiniteScore, check_finite
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
@@ -32,8 +35,7 @@ log = logging.getLogger(__name__)
 def to_prompt(context: str) -> Prompt:
     """An lm-eval context string -> Prompt (chat messages if it came from apply_chat_template)."""
     if context.startswith(CHAT_MARK):
-        messages = json.loads(context[len(CHAT_MARK):])
-        return Prompt(messages=tuple((m["role"], m["content"]) for m in messages))
+        return chat_prompt(json.loads(context[len(CHAT_MARK):])["messages"])
     return Prompt(text=context)
 
 
@@ -43,12 +45,29 @@ def stop_strings(until) -> tuple[str, ...]:
     return (until,) if isinstance(until, str) else tuple(until)
 
 
+@dataclass
+class ScoringClock:
+    """Time the method spends scoring continuations (multiple choice), per request and per token of
+    the continuations (the first member's tokens), for the row's timing.json."""
+
+    seconds: float = 0.0
+    requests: int = 0
+    tokens: int = 0
+
+    def summary(self) -> dict:
+        if not self.requests:
+            return {}
+        return {"loglikelihood_ms_per_request": 1000 * self.seconds / self.requests,
+                "loglikelihood_ms_per_token": 1000 * self.seconds / self.tokens if self.tokens else None,
+                "requests_scored": self.requests, "tokens_scored": self.tokens}
+
+
 class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
     method_name: str | None = None  # set on the per-method subclasses below
 
-    def __init__(self, method: Method, label: str, progress: Callable[[int], None] | None = None,
+    def __init__(self, method: Method, label: str, progress: Callable[[int, int], None] | None = None,
                  chunk_size: int | None = None):
         super().__init__()
         self.method = method
@@ -56,6 +75,8 @@ class EnsembleLM(LM):
         self.progress = progress
         self.chunk_size = chunk_size or max(1, method.batch_size)  # answers are cached per batch
         self.requests_computed = 0  # answered by the method in this process (not from the response cache)
+        self.scoring = ScoringClock()
+        self.rendered = RenderedPrompts()  # what each member made of the chat prompts
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
@@ -88,17 +109,18 @@ class EnsembleLM(LM):
             for m in self.method.members)
 
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
-        return CHAT_MARK + json.dumps(chat_history, ensure_ascii=False)
+        return CHAT_MARK + json.dumps(self.rendered.record(self.method.members, chat_history), ensure_ascii=False)
 
     def get_model_info(self) -> dict:
         return {"ensbench": {"label": self.label, **self.method.info(),
-                             "members": [m.name for m in self.method.members]}}
+                             "members": [m.name for m in self.method.members], **self.rendered.info()}}
 
     # --- requests -------------------------------------------------------------------------------
     def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
         """Answer requests in chunks (longest first), caching each answer as soon as it exists.
         A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
+        examples = _examples(requests, range(len(requests)))  # for progress: the choices of a question are one
         for chunk in self._chunks(requests):
             try:
                 computed = call([convert(requests[i].args) for i in chunk])
@@ -109,7 +131,7 @@ class EnsembleLM(LM):
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
                 self.requests_computed += 1
             if self.progress:
-                self.progress(len(chunk))
+                self.progress(_examples(requests, chunk), examples)
         return answers
 
     def _chunks(self, requests) -> list[list[int]]:
@@ -145,7 +167,12 @@ class EnsembleLM(LM):
             return LoglikelihoodRequest(to_prompt(context), continuation)
 
         def call(batch):
+            started = time.perf_counter()
             scores = self.method.loglikelihood(batch)
+            self.scoring.seconds += time.perf_counter() - started
+            self.scoring.requests += len(batch)
+            self.scoring.tokens += sum(len(self.method.members[0].encode(r.continuation, add_special_tokens=False))
+                                       for r in batch)
             check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in batch],
                          [r.continuation for r in batch])
             return [(s.logprob, s.is_greedy) for s in scores]
@@ -159,6 +186,11 @@ class EnsembleLM(LM):
             return totals
 
         return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
+
+
+def _examples(requests, indices) -> int:
+    """The benchmark examples among ``requests[indices]`` (lm-eval's task name and document id)."""
+    return len({(getattr(requests[i], "task_name", None), getattr(requests[i], "doc_id", i)) for i in indices})
 
 
 def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
@@ -178,62 +210,52 @@ def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
     return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
 
 
-# --- one registered lm-eval model per method (the class name is its "module:Class" target) -----------
-class SingleLM(EnsembleLM):
-    method_name = "single"
+# --- one registered lm-eval model per method, made from the registry -------------------------------
+def lm_class_name(method_name: str) -> str:
+    """The adapter class's name, its lm-eval "module:Class" target: ``gac`` -> ``GacLM``, ``byte_level`` ->
+    ``ByteLevelLM``."""
+    return "".join(part.capitalize() for part in method_name.split("_")) + "LM"
 
 
-class GacLM(EnsembleLM):
-    method_name = "gac"
+def lm_class(method_name: str) -> type[EnsembleLM]:
+    """The lm-eval model of a registered method (made once, then kept in this module as ``lm_class_name``)."""
+    name = lm_class_name(method_name)
+    made = globals().get(name)
+    if made is None or made.method_name != method_name:
+        get_method(method_name)  # UserError for a method that is not registered
+        made = type(name, (EnsembleLM,), {"method_name": method_name, "__module__": __name__,
+                                          "__doc__": f"lm-eval model ``{method_name}``: an EnsembleLM of that method."})
+        globals()[name] = made
+    return made
 
 
-class UniteLM(EnsembleLM):
-    method_name = "unite"
+class LMClasses(Mapping):
+    """Method name -> its lm-eval model class, for every method in the registry (``methods.METHODS``),
+    also those registered after import (``methods.register_method``)."""
+
+    def __getitem__(self, method_name: str) -> type[EnsembleLM]:
+        if method_name not in METHODS:
+            raise KeyError(method_name)
+        return lm_class(method_name)
+
+    def __iter__(self):
+        return iter(list(METHODS))
+
+    def __len__(self) -> int:
+        return len(METHODS)
 
 
-class DeepenLM(EnsembleLM):
-    method_name = "deepen"
+LM_CLASSES = LMClasses()
+for _method_name in METHODS:  # the built-in methods' classes exist from import on: ensemble_bench.lm:GacLM
+    lm_class(_method_name)
 
 
-class VotingLM(EnsembleLM):
-    method_name = "voting"
-
-
-class MbrLM(EnsembleLM):
-    method_name = "mbr"
-
-
-class RerankLM(EnsembleLM):
-    method_name = "rerank"
-
-
-class CoolfusionLM(EnsembleLM):
-    method_name = "coolfusion"
-
-
-class SweetspanLM(EnsembleLM):
-    method_name = "sweetspan"
-
-
-class PackllmLM(EnsembleLM):
-    method_name = "packllm"
-
-
-class CharedLM(EnsembleLM):
-    method_name = "chared"
-
-
-class SafeLM(EnsembleLM):
-    method_name = "safe"
-
-
-class ByteLevelLM(EnsembleLM):
-    method_name = "byte_level"
-
-
-LM_CLASSES: dict[str, type[EnsembleLM]] = {cls.method_name: cls for cls in (
-    SingleLM, GacLM, UniteLM, DeepenLM, VotingLM, MbrLM, RerankLM, CoolfusionLM, SweetspanLM, PackllmLM,
-    CharedLM, SafeLM, ByteLevelLM)}
+def __getattr__(name: str) -> type[EnsembleLM]:
+    """A class of a method registered after import, by its name (lm-eval resolves "module:Class" this way)."""
+    for method_name in list(METHODS):
+        if lm_class_name(method_name) == name:
+            return lm_class(method_name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_all() -> None:

@@ -38,6 +38,7 @@ from ensemble_bench import settings
 from ensemble_bench.build import MemberPool, build_method, row_params
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError
+from ensemble_bench.methods import current_params
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
 from ensemble_bench.run_lock import hold_run_lock, lock_path
@@ -166,6 +167,9 @@ def _same_params(folder: Path, recipe: Recipe) -> bool:
         return True
     except (OSError, ValueError):
         return False
+    method_of = {row.label: row.method for row in plan_rows(recipe)}  # stored names read as this code's (lead)
+    held = {label: current_params(method_of.get(label, ""), p) if isinstance(p, dict) else p
+            for label, p in held.items()} if isinstance(held, dict) else held
     return held == resolved_params(recipe)
 
 

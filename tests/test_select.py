@@ -73,7 +73,7 @@ def test_select_from_run_folders_writes_a_valid_recipe(tmp_path, monkeypatch, ca
     assert "chatty" in printed and "rejected" in printed
     recipe = parse_recipe(yaml.safe_load(out.read_text()), str(out))
     assert [m.label for m in recipe.members] == ["big", "small"]
-    assert recipe.method.name == "unite" and recipe.method.primary == "big"
+    assert recipe.method.name == "unite" and recipe.method.lead == "big"
 
 
 def test_unfinished_run_is_a_one_line_error(tmp_path, monkeypatch, capsys):

@@ -7,20 +7,66 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
 from ensemble_bench.methods.concurrent import each
+from ensemble_bench.methods.stats import RunStats
+
+EQUAL_WEIGHTS_ALIAS = "average"  # recipes may say ``weights: average`` for equal weights (None)
 
 
 class MethodParams(BaseModel):
     """A method's hyper-parameters, validated from the recipe's ``method`` block. Every float, in
-    lists too (weights, scores), must be finite: NaN and +-inf are refused (``allow_inf_nan``)."""
+    lists too (weights, scores), must be finite: NaN and +-inf are refused (``allow_inf_nan``).
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    Stored (``model_dump``) by their serialization names (SweetSpan's ``lambda``); read by their
+    names or the papers' aliases (``lead_field``). The lead member's parameter remembers how the
+    recipe spelled it (``lead_spelling``), so that an error about it names the recipe's word."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+    _lead_spelling: str = PrivateAttr(default="lead")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _equal_weights_alias(cls, data: Any) -> Any:
+        """``weights: average`` (the papers' word) is equal weights, spelled None in code."""
+        if isinstance(data, dict) and "weights" in cls.model_fields and data.get("weights") == EQUAL_WEIGHTS_ALIAS:
+            return {**data, "weights": None}
+        return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_lead_spelling(cls, data: Any, handler):
+        params = handler(data)
+        lead = cls.model_fields.get("lead")
+        if isinstance(data, dict) and lead is not None and isinstance(lead.validation_alias, AliasChoices):
+            spelled = [name for name in lead.validation_alias.choices if isinstance(name, str) and name in data]
+            params._lead_spelling = spelled[0] if spelled else "lead"
+        return params
+
+    @property
+    def lead_spelling(self) -> str:
+        """The recipe's word for the lead member (``lead`` or a paper's alias such as ``primary``)."""
+        return self._lead_spelling
+
+
+def lead_field(default: int | str | None, meaning: str, *aliases: str):
+    """The lead member's parameter: ``lead`` in code, the papers' names accepted in recipes."""
+    return Field(default=default, validation_alias=AliasChoices("lead", *aliases),
+                 description=f"{meaning}; a member index or name" + (f" (recipes may also say {', '.join(aliases)})"
+                                                                     if aliases else ""))
+
+
+class WindowParams(MethodParams):
+    """The parameter shared by every method whose members take text they did not choose."""
+
+    window: int = Field(default=4, ge=0, le=64, description="look-behind tokens when a member re-tokenises "
+                        "text it did not choose (local re-tokenisation)")
 
 
 @dataclass(frozen=True)
@@ -57,15 +103,17 @@ class Timing:
     decode_steps: float = 0  # whole steps, or tokens per row for span-level rounds
     batches: int = 0
     tokens_generated: int = 0
+    first_round_steps: float = 0  # tokens per row of the first rounds (more than one for span-level rounds)
     _mark: float = field(default=0.0, repr=False)
 
     def start_batch(self) -> None:
         self.batches += 1
         self._mark = time.perf_counter()
 
-    def first_token(self) -> None:
+    def first_token(self, steps: float = 1.0) -> None:
         now = time.perf_counter()
         self.first_token_seconds += now - self._mark
+        self.first_round_steps += steps
         self._mark = now
 
     def step(self, steps: float = 1.0) -> None:
@@ -79,6 +127,9 @@ class Timing:
         return {
             "decode_ms_per_token": 1000 * self.decode_seconds / self.decode_steps if self.decode_steps else None,
             "time_to_first_token_ms": 1000 * self.first_token_seconds / self.batches if self.batches else None,
+            # a row whose requests all finish in their first round (one span) has no decode step: this is its ms/token
+            "first_round_ms_per_token": (1000 * self.first_token_seconds / self.first_round_steps
+                                         if self.first_round_steps else None),
             "tokens_generated": self.tokens_generated,
             "decode_steps": self.decode_steps,
             "generation_batches": self.batches,
@@ -204,12 +255,25 @@ class Method(ABC):
     min_members: ClassVar[int] = 1
     max_members: ClassVar[int | None] = None
     alone: ClassVar[bool] = False  # a member alone (one row per member), not an ensemble
-    samples: ClassVar[bool] = False  # draws at random (seeded) rather than decoding greedily
+    samples: ClassVar[bool] = False  # can draw at random (seeded) rather than decode greedily
+    lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
+    version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
+    lead: int = 0  # the lead member's index: its decode renders the text (set from ``lead_param``)
 
     @classmethod
     def takes_weights(cls) -> bool:
         """Whether the method combines members with per-member weights (``weights`` parameter)."""
         return "weights" in cls.Params.model_fields
+
+    @classmethod
+    def packages(cls, params: MethodParams) -> dict[str, str]:
+        """Optional packages these parameters need (import name -> what to pip install); the preflight checks them."""
+        return {}
+
+    @classmethod
+    def models(cls, params: MethodParams) -> tuple[str, ...]:
+        """Models these parameters load besides the members (a scorer); the preflight checks them."""
+        return ()
 
     @classmethod
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:
@@ -234,9 +298,19 @@ class Method(ABC):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Total log-likelihood of each whole text (perplexity tasks)."""
 
-    def info(self) -> dict:
-        """Hyper-parameters, timing and, per member, the requests of this method cut from the left
-        to fit the member's window, for the results file."""
+    def counters(self) -> dict[str, Any]:
+        """The method's own counters (JSON values) for its run statistics; the keys ``ensembled_fraction``
+        and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``."""
+        return {}
+
+    def run_stats(self) -> RunStats:
+        """Hyper-parameters, timing, the method's counters and, per member, the requests of this
+        method cut from the left to fit the member's window."""
         truncated = {m.name: m.contexts_truncated - before for m, before in zip(self.members, self._truncated_before)}
-        return {"method": self.name, "params": self.params.model_dump(), "batch_size": self.batch_size,
-                **self.timing.summary(), "contexts_truncated": truncated}
+        shared = {"method": self.name, "params": self.params.model_dump(mode="json"), "batch_size": self.batch_size,
+                  **self.timing.summary(), "contexts_truncated": truncated}
+        return RunStats.from_json({**shared, **self.counters()})
+
+    def info(self) -> dict:
+        """The run statistics' JSON form, for the results files."""
+        return self.run_stats().to_json()

@@ -44,20 +44,30 @@ from itertools import accumulate
 import torch
 from pydantic import Field
 
+from ensemble_bench.batching import in_batches
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (GenerationRequest, LoglikelihoodRequest, MethodParams, Timing,
-                                         normalised_weights, resolve_member, rolling_with_members)
+from ensemble_bench.methods.base import (
+    GenerationRequest,
+    LoglikelihoodRequest,
+    MethodParams,
+    Timing,
+    lead_field,
+    normalised_weights,
+    resolve_member,
+    rolling_with_members,
+)
 from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import (STOP, Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
-                                           in_batches)
+from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps, decode_batch
+from ensemble_bench.methods.feeding import canonical_tail
 from ensemble_bench.methods.stopping import StopRule
 from ensemble_bench.vocab.covering import END, Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
-from ensemble_bench.vocab.retokenize import CanonicalTail, Plan, continuation_encoder
+from ensemble_bench.vocab.retokenize import Plan
 
 
 class ByteLevelParams(MethodParams):
-    main: int | str = 0  # renders the text and counts the token budget in its canonical tokens
-    weights: list[float] | None = Field(default=None, min_length=1)  # per-member weights (None: equal)
+    lead: int | str = lead_field(0, "renders the text and counts the token budget in its canonical tokens", "main")
+    weights: list[float] | None = Field(default=None, min_length=1, description=(
+        "per-member weights (null or average: equal)"))
 
 
 @dataclass
@@ -117,29 +127,25 @@ class ByteLevel(DecodingMethod):
     name = "byte_level"
     Params = ByteLevelParams
     min_members = 1
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: ByteLevelParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.main = resolve_member(params.main, [m.name for m in members], "main")
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
         self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
-        self.tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
-            lambda text, m=m: m.encode(text, add_special_tokens=False))) for m in members]
+        self.tails = [canonical_tail(m) for m in members]
         self.stops = [sorted(m.stop_ids) for m in members]
         self.stats = TreeStats()
 
     @classmethod
     def check_members(cls, params: ByteLevelParams, labels: Sequence[str]) -> None:
-        resolve_member(params.main, labels, "main")
+        resolve_member(params.lead, labels, params.lead_spelling)
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    @property
-    def writer(self) -> int:
-        return self.main
-
-    def info(self) -> dict:
-        return {**super().info(), "main_index": self.main, **self.stats.summary(len(self.members))}
+    def counters(self) -> dict:
+        return {"main_index": self.lead, **self.stats.summary(len(self.members))}
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> ByteState:
@@ -181,7 +187,7 @@ class ByteLevel(DecodingMethod):
         """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
         for tail, tree in zip(self.tails, state.trees):
             tree.plan = tail.plan(tree.held, tree.pending, bytes([byte]))
-        main = state.trees[self.main].plan
+        main = state.trees[self.lead].plan
         count = main.keep + len(main.ids)
         tokens = max(0, count - state.budget_tokens)
         state.budget_tokens += tokens
@@ -272,8 +278,8 @@ class ByteTeacherForced(Steps):
         self.members = method.members
 
     @property
-    def writer(self) -> int:
-        return self.method.main
+    def lead(self) -> int:
+        return self.method.lead
 
     def choose(self, dists: list[torch.Tensor], states: list[ByteScoringState]) -> Round:
         if not states[0].trees:

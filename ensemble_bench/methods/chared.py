@@ -1,5 +1,5 @@
 """CharED — "Character-wise Ensemble Decoding for Large Language Models" (Gu, Tuecke, Katz, Horesh,
-Alvarez-Melis and Yurochkin, arXiv 2407.11009; docs/methods_after_seeds.md).
+Alvarez-Melis and Yurochkin, arXiv 2407.11009; docs/methods_packllm_chared.md).
 
 Each step every member gives its next-token distribution p_k once; the next piece of text s is then
 grown one character c at a time from each member's marginal distribution of the next character,
@@ -30,18 +30,26 @@ import torch
 from pydantic import Field, field_validator
 
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         normalised_weights, rolling_with_members, score_with_members,
-                                         weights_problem)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    WindowParams,
+    normalised_weights,
+    rolling_with_members,
+    score_with_members,
+    weights_problem,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import give_text, text_appender, text_lookup
 from ensemble_bench.methods.packllm import mix
 from ensemble_bench.vocab.covering import END, SortedVocab
 
-class CharEDParams(MethodParams):
-    weights: list[float] | None = None          # per member; None: equal (the paper's average)
-    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text
+
+class CharEDParams(WindowParams):
+    weights: list[float] | None = Field(default=None, description="per-member weights (null or average: equal, "
+                                        "the paper's average)")
 
     @field_validator("weights")
     @classmethod
@@ -133,7 +141,6 @@ class CharED(DecodingMethod):
     name = "chared"
     Params = CharEDParams
     min_members = 1  # one member alone decodes character-wise (the reference a member with itself equals)
-    writer = 0
 
     def __init__(self, members: Sequence[Member], params: CharEDParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -141,7 +148,7 @@ class CharED(DecodingMethod):
         self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
         self.stop_ids = [sorted(m.stop_ids) for m in members]
         self.appenders = [text_appender(m, params.window) for m in members]
-        self.writer_ids = text_lookup(members[self.writer])
+        self.lead_ids = text_lookup(members[self.lead])
         self.stats = CharStats()
 
     @classmethod
@@ -149,8 +156,8 @@ class CharED(DecodingMethod):
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    def info(self) -> dict:
-        return {**super().info(), "weights_resolved": self.weights, **self.stats.summary()}
+    def counters(self) -> dict:
+        return {"weights_resolved": self.weights, **self.stats.summary()}
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
@@ -162,7 +169,7 @@ class CharED(DecodingMethod):
     def _advance(self, piece: bytes | None) -> Advance:
         if piece is None:
             return STOP
-        token = self.writer_ids.get(piece)
+        token = self.lead_ids.get(piece)
         return Advance(piece, (token,) if token is not None else None, 1)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:

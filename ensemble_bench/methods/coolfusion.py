@@ -1,5 +1,5 @@
 """Cool-Fusion — "Cool-Fusion: Fuse Large Language Models without Training"
-(shared/papers/002_*.txt).
+(arXiv 2407.19807).
 
 Each round every member generates until its new text ends at a word boundary common to ALL
 members' tokenizers (Sec. 2.1-2.2: the segment is a concatenation of a prefix of every member's
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest, MethodParams
 from ensemble_bench.methods.scorers import PerplexityScorer
@@ -24,8 +26,10 @@ from ensemble_bench.methods.span_level import SpanMethod, SpanParams
 
 
 class CoolFusionParams(SpanParams):
-    align: bool = True    # segments end at boundaries common to all tokenizers (False: the proposer's own)
-    rerank: bool = False  # Cool+Rerank
+    align: bool = Field(default=True, description=(
+        "segments end at word boundaries common to all tokenizers (false: the proposer's own, Cool-align)"))
+    rerank: bool = Field(default=False, description=(
+        "Cool+Rerank: the fused answer and every member's own answer reranked by perplexity"))
 
 
 class CoolFusion(SpanMethod):

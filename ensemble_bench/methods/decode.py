@@ -22,14 +22,22 @@ one request (one batch row while it is live); methods extend it with their own f
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from ensemble_bench.batching import in_batches
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import (Generation, GenerationRequest, Method, NonFiniteScore, Timing, excerpt,
-                                         request_excerpt)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    Method,
+    NonFiniteScore,
+    Timing,
+    excerpt,
+    request_excerpt,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.stopping import StopRule, cut_at_until
 
@@ -39,7 +47,7 @@ class Advance:
     """What one live row takes in one round."""
 
     data: bytes = b""                     # text bytes appended
-    ids: tuple[int, ...] | None = ()      # the writer's own ids for them (None: it has none)
+    ids: tuple[int, ...] | None = ()      # the lead's own ids for them (None: it has none)
     tokens: int = 0                       # tokens counted against the budget
     finish: str | None = None             # the method ends the request: "stop_id", or a span's final reason
 
@@ -75,7 +83,7 @@ class Round:
 
 @dataclass
 class RequestState:
-    """One request being decoded: its text (bytes, and the writer's ids while it has them), the
+    """One request being decoded: its text (bytes, and the lead's ids while it has them), the
     tokens counted against its budget, and why it stopped."""
 
     rule: StopRule
@@ -99,13 +107,13 @@ class RequestState:
         self.count += advance.tokens
 
 
-def text_of(writer: Member, state: RequestState) -> str:
-    """The writer's own decode of the text when every piece is one of its tokens (so a member
+def text_of(lead: Member, state: RequestState) -> str:
+    """The lead member's own decode of the text when every piece is one of its tokens (so a member
     ensembled with itself renders exactly as alone), else UTF-8 of the bytes."""
     if state.ids is not None:
-        return writer.decode(state.ids)
+        return lead.decode(state.ids)
     text = bytes(state.data).decode("utf-8", errors="replace")
-    if writer.vocab.strips_leading_space and text.startswith(" "):
+    if lead.vocab.strips_leading_space and text.startswith(" "):
         text = text[1:]  # the SentencePiece dummy-prefix convention
     return text
 
@@ -114,11 +122,7 @@ class Steps(ABC):
     """The step(s) a method plugs into the loop."""
 
     members: list[Member]
-
-    @property
-    @abstractmethod
-    def writer(self) -> int:
-        """The member whose decode renders the text."""
+    lead: int  # the member whose decode renders the text
 
     @abstractmethod
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
@@ -167,7 +171,7 @@ def check_distributions(members: Sequence[Member], dists: list[torch.Tensor], li
 
 def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing) -> None:
     """Decode one batch to the end; ``states`` are updated in place (see the module docstring)."""
-    writer = steps.members[steps.writer]
+    lead = steps.members[steps.lead]
     timing.start_batch()
     dists = prefill(steps.members, prompts, [s.rule.max_new_tokens for s in states])
     live = list(range(len(states)))
@@ -176,9 +180,9 @@ def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[Requ
         check_distributions(steps.members, dists, live, prompts, states)
         done = steps.choose(dists, [states[i] for i in live])
         for i, advance in zip(live, done.advances):
-            advance_request(writer, states[i], advance)
+            advance_request(lead, states[i], advance)
         timing.tokens_generated += done.generated
-        timing.first_token() if first else timing.step(done.steps)
+        timing.first_token(done.steps) if first else timing.step(done.steps)
         first = False
         dists, advances = done.dists, done.advances
         still = [k for k, i in enumerate(live) if states[i].finish is None]
@@ -189,31 +193,20 @@ def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[Requ
             dists = steps.feed(dists, [states[i] for i in live], advances)
 
 
-def advance_request(writer: Member, state: RequestState, advance: Advance) -> None:
+def advance_request(lead: Member, state: RequestState, advance: Advance) -> None:
     state.take(advance)
-    state.finish = advance.finish or state.rule.finish(lambda: text_of(writer, state), state.count)
-
-
-def in_batches(lengths: Sequence[int], batch_size: int, run_batch: Callable[[list[int]], list]) -> list:
-    """Run ``run_batch(indices)`` over batches, longest first; results in the original order."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    results: list = [None] * len(lengths)
-    for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
-        for i, result in zip(batch, run_batch(batch)):
-            results[i] = result
-    return results
+    state.finish = advance.finish or state.rule.finish(lambda: text_of(lead, state), state.count)
 
 
 class DecodingMethod(Method, Steps):
-    """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``writer``,
+    """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``lead``,
     and may extend ``start`` (its own per-request state) and ``result``."""
 
     def start(self, request: GenerationRequest) -> RequestState:
         return RequestState.of(request)
 
     def result(self, state: RequestState, request: GenerationRequest) -> Generation:
-        text = text_of(self.members[self.writer], state)
+        text = text_of(self.members[self.lead], state)
         return Generation(cut_at_until(text, request.until), state.count, state.finish or "length")
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:

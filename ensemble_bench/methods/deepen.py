@@ -1,5 +1,5 @@
 """DeePEn — "Ensemble Learning for Heterogeneous Large Language Models with Deep Parallel
-Collaboration" (shared/papers/003_*.txt).
+Collaboration" (arXiv 2404.12715).
 
 Set-up (Sec. 3.2): anchors are the tokens every member has (by bytes); each member's relative
 representation R^ = row-softmax of cosine similarities of its input embeddings to the anchors'
@@ -28,22 +28,29 @@ from pydantic import Field, model_validator
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import normalised_weights
+from ensemble_bench.methods.base import lead_field, normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
-from ensemble_bench.vocab.relative import (MemberSlice, RelativeSpace, Scratch, anchor_ids, bounded_choice,
-                                           inverse_transform)
+from ensemble_bench.vocab.relative import (
+    MemberSlice,
+    RelativeSpace,
+    Scratch,
+    anchor_ids,
+    bounded_choice,
+    inverse_transform,
+)
 
 HEAD = 4  # support tokens per member whose rows of R^ the bounds read exactly
 
 
 class DeepenParams(EmitterParams):
-    main: int | str = 0   # the member that emits (the paper: the best on the dev set)
-    weights: Literal["average", "adapt"] | list[float] = "average"  # Avg, Adapt (Sec. 3.5) or explicit
-    scores: list[float] | None = None  # dev-set accuracy per member, for Adapt
-    chance: float = Field(default=0.0, ge=0.0, lt=1.0)  # epsilon of Adapt: 0 free-form, 1/K for K choices
-    eta: float = Field(default=0.15, gt=0.0)  # relative ensemble learning rate (Eq. 7)
-    steps: int = Field(default=5, ge=0, le=100)  # relative ensemble learning steps T
-    support: int | None = Field(default=256, ge=1)  # top tokens per member carried; null = every token
+    lead: int | str = lead_field(0, "the member that emits (the paper's main model: the best on the dev set)", "main")
+    weights: Literal["adapt"] | list[float] | None = Field(default=None, description=(
+        "null or average: equal (the paper's Avg); adapt: from scores (Sec. 3.5); or one value per member"))
+    scores: list[float] | None = Field(default=None, description="dev-set accuracy per member, for adapt")
+    chance: float = Field(default=0.0, ge=0.0, lt=1.0, description="epsilon of adapt: 0 free-form, 1/K for K choices")
+    eta: float = Field(default=0.15, gt=0.0, description="relative ensemble learning rate (Eq. 7)")
+    steps: int = Field(default=5, ge=0, le=100, description="relative ensemble learning steps T")
+    support: int | None = Field(default=256, ge=1, description="top tokens per member carried; null: every token")
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -54,7 +61,7 @@ class DeepenParams(EmitterParams):
 
 def resolve_deepen_weights(params: DeepenParams, count: int) -> list[float]:
     """alpha_i: 1/N (Avg), (s_i - eps) / sum_j (s_j - eps) (Adapt), or explicit values."""
-    if params.weights == "average":
+    if params.weights is None:
         return [1.0 / count] * count
     if params.weights == "adapt":
         scores = params.scores or []
@@ -70,7 +77,6 @@ def resolve_deepen_weights(params: DeepenParams, count: int) -> list[float]:
 class Deepen(EmitterMethod):
     name = "deepen"
     Params = DeepenParams
-    emitter_field = "main"
 
     def __init__(self, members: Sequence[Member], params: DeepenParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -127,9 +133,9 @@ class Deepen(EmitterMethod):
     def _bounded(self, probs: list[torch.Tensor], supports: list[torch.Tensor]) -> list[int | None]:
         """The rows the bounds decide: the emitted id, else None."""
         slices = [self._slice(i, p, ids) for i, (p, ids) in enumerate(zip(probs, supports))]
-        winner, decided = bounded_choice(slices, self.weights, self.emitter, self.params.eta, self.params.steps,
+        winner, decided = bounded_choice(slices, self.weights, self.lead, self.params.eta, self.params.steps,
                                          self.scratch)
-        chosen = slices[self.emitter].head_ids.gather(1, winner[:, None])[:, 0]
+        chosen = slices[self.lead].head_ids.gather(1, winner[:, None])[:, 0]
         self.bound_rows += len(chosen)
         self.bound_decided += int(decided.sum())
         return [c if d else None for c, d in zip(chosen.tolist(), decided.tolist())]
@@ -156,19 +162,19 @@ class Deepen(EmitterMethod):
             return
         for index, space in enumerate(self.spaces):  # one matmul for the rows missing from the cache
             space.warm(supports[index].flatten().unique())
-        main_space = self.spaces[self.emitter]
+        lead_space = self.spaces[self.lead]
         for row in range(len(supports[0])):
             ids_by_member = [s[row] for s in supports]
             held = [space.rows(ids) if space.fits(len(ids) + 1) else None for space, ids in zip(self.spaces, ids_by_member)]
             relative = [space.represent(p[row][ids], ids, rows)  # r_i = p_i R^_i (Sec. 3.3)
                         for space, p, ids, rows in zip(self.spaces, probs, ids_by_member, held)]
             target = sum(w * r for w, r in zip(self.weights, relative))  # Eq. 5
-            search, search_rows = ids_by_member[self.emitter], held[self.emitter]
+            search, search_rows = ids_by_member[self.lead], held[self.lead]
             if targets is not None and not bool((search == targets[row]).any()):
                 extra = torch.tensor([targets[row]], device=search.device)
                 search = torch.cat([search, extra])
-                search_rows = None if search_rows is None else torch.cat([search_rows, main_space.rows(extra)])
-            updated = inverse_transform(probs[self.emitter][row][search], search, main_space,  # Eq. 6-7
+                search_rows = None if search_rows is None else torch.cat([search_rows, lead_space.rows(extra)])
+            updated = inverse_transform(probs[self.lead][row][search], search, lead_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
             updated = updated.to(search.device)
             choice = int(search[int(updated.argmax())])
@@ -179,8 +185,8 @@ class Deepen(EmitterMethod):
                 share = float(kept[search == targets[row]].sum() / kept.sum()) if kept.sum() > 0 else 0.0
                 yield choice, log_or_floor(share)
 
-    def info(self) -> dict:
-        return {**super().info(), "weights_resolved": self.weights, "anchors": self.spaces[0].size,
+    def counters(self) -> dict:
+        return {**super().counters(), "weights_resolved": self.weights, "anchors": self.spaces[0].size,
                 "tokens_manipulated_per_step": self.spaces[0].size,
                 "support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None,
                 "bound_decided_fraction": self.bound_decided / self.bound_rows if self.bound_rows else None}

@@ -1,5 +1,5 @@
 """GaC — "Breaking the Ceiling of the LLM Community by Treating Token Generation as a
-Classification for Ensembling" (shared/papers/000_*.txt).
+Classification for Ensembling" (arXiv 2406.12585).
 
 Each step every member's next-token distribution is projected onto the union vocabulary and
 averaged (Eq. 3, weighted as in Sec. 4.3); the chosen union entry's bytes are appended to every
@@ -28,9 +28,17 @@ from pydantic import Field, field_validator, model_validator
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         resolve_member, rolling_with_members, score_with_members,
-                                         weights_problem)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    WindowParams,
+    lead_field,
+    resolve_member,
+    rolling_with_members,
+    score_with_members,
+    weights_problem,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
@@ -39,19 +47,35 @@ from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
 
 
-class GacParams(MethodParams):
-    # a zero weight keeps a member for gating only (GaC Table 5: below t, the larger model's token)
-    weights: Literal["average", "score", "score_minus_ece"] | list[float] = "average"
-    scores: list[float] | None = None  # per-member benchmark score, for weights: score / score_minus_ece
-    ece: list[float] | None = None     # per-member expected calibration error, for score_minus_ece
-    gate: int | str | None = None      # member index or name; with threshold, Eq. 5
-    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text (local)
-    # how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code
-    retokenize: Retokenize = "local"
-    temperature: float = Field(default=0.0, ge=0.0)  # 0: greedy; > 0: sample x ~ q^(1/T)
-    # sampling seed; each request draws from its own generator (batch-invariant)
-    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+class GacParams(WindowParams):
+    weights: Literal["score", "score_minus_ece"] | list[float] | None = Field(default=None, description=(
+        "null or average: equal; score or score_minus_ece: from scores (and ece), Sec. 4.3; or one value per "
+        "member (a zero weight keeps a member for the gate only, GaC Table 5)"))
+    scores: list[float] | None = Field(default=None, description="per-member benchmark score, for weights: score "
+                                       "or score_minus_ece")
+    ece: list[float] | None = Field(default=None, description="per-member expected calibration error, for "
+                                    "score_minus_ece")
+    lead: int | str = lead_field(0, "the member whose decode renders the text; with threshold, the gate of Eq. 5",
+                                 "gate")
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0, description=(
+        "Eq. 5: steps where the lead's top probability exceeds it take the lead's own token; null: every step "
+        "is ensembled"))
+    retokenize: Retokenize = Field(default="local", description=(
+        "how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code"))
+    temperature: float = Field(default=0.0, ge=0.0, description="0: greedy; > 0: sample x ~ q^(1/T)")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description=(
+        "sampling seed; each request draws from its own generator (batch-invariant)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gate_needs_a_threshold(cls, data):
+        """The paper's ``gate`` names the lead as Eq. 5's gate: it needs a threshold (a stored null is no gate)."""
+        if isinstance(data, dict) and "gate" in data:
+            if data["gate"] is None:
+                return {k: v for k, v in data.items() if k != "gate"}
+            if data.get("threshold") is None:
+                raise ValueError("a gate needs a threshold (0..1)")
+        return data
 
     @field_validator("weights")
     @classmethod
@@ -66,15 +90,13 @@ class GacParams(MethodParams):
             raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
         if self.weights == "score_minus_ece" and self.ece is None:
             raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
-        if self.gate is not None and self.threshold is None:
-            raise ValueError("a gate needs a threshold (0..1)")
         return self
 
 
 def resolve_weights(params: GacParams, count: int) -> list[float]:
     if isinstance(params.weights, list):
         weights = params.weights
-    elif params.weights == "average":
+    elif params.weights is None:
         weights = [1.0] * count
     elif params.weights == "score":
         weights = list(params.scores or [])
@@ -89,15 +111,13 @@ def resolve_weights(params: GacParams, count: int) -> list[float]:
     return weights
 
 
-def resolve_gate(params: GacParams, labels: Sequence[str]) -> int | None:
-    if params.threshold is None:
-        return None
-    return resolve_member(0 if params.gate is None else params.gate, labels, "gate")
+def resolve_lead(params: GacParams, labels: Sequence[str]) -> int:
+    return resolve_member(params.lead, labels, params.lead_spelling)
 
 
 @dataclass
 class GacState(RequestState):
-    """A request under GaC: the writer's ids are the reference member's (see ``writer``)."""
+    """A request under GaC: its ids are the lead member's (``lead``)."""
 
     pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
@@ -128,11 +148,14 @@ class Gac(DecodingMethod):
     name = "gac"
     Params = GacParams
     min_members = 2
+    samples = True
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: GacParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
         self.weights = torch.tensor(resolve_weights(params, len(members)), dtype=torch.float32)
-        self.gate = resolve_gate(params, [m.name for m in members])
+        self.lead = resolve_lead(params, [m.name for m in members])
+        self.gate = self.lead if params.threshold is not None else None  # Eq. 5's gate, or none
         self.union: UnionVocab = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                               cache_dir() / "union")
         self.mixture = UnionMixture(self.union, self.weights.tolist(), [m.vocab.size for m in members])
@@ -140,23 +163,18 @@ class Gac(DecodingMethod):
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
                                     [self.union.maps[i].by_bytes for i in range(len(members))])
-        self.reference = self.gate if self.gate is not None else 0  # whose decode renders the text
         self.stats = GacStats()
 
     @classmethod
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
         resolve_weights(params, len(labels))
-        resolve_gate(params, labels)
+        resolve_lead(params, labels)
 
-    def info(self) -> dict:
+    def counters(self) -> dict:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
-        return {**super().info(), "union_size": self.union.size, "gate_index": self.gate,
+        return {"union_size": self.union.size, "gate_index": self.gate,
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
                 **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize)}
-
-    @property
-    def writer(self) -> int:
-        return self.reference
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> GacState:
@@ -230,13 +248,13 @@ class Gac(DecodingMethod):
         return self.mixture.sample(chosen, self.params.temperature, [generators[k] for k in rows])
 
     def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:
-        """What the row takes: the chosen bytes, and the reference member's id for them if it has one."""
+        """What the row takes: the chosen bytes, and the lead member's id for them if it has one."""
         chosen, data = pick
         if not gated:
             state.ensembled.append(state.count)
         if data is None:
             return STOP
-        token = chosen if gated else int(self.union.maps[self.reference].to_member[chosen])
+        token = chosen if gated else int(self.union.maps[self.lead].to_member[chosen])
         return GacPick(data, (token,) if token >= 0 else None, 1, by_gate=gated, chosen=chosen)
 
     def feed(self, dists, states: list[GacState], picks: list[GacPick]) -> list[torch.Tensor]:

@@ -32,4 +32,4 @@ class Mbr(SampleLevel):
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         scores = mbr_scores(texts)
         best = max(scores)
-        return self.main if scores[self.main] == best else scores.index(best)
+        return self.lead if scores[self.lead] == best else scores.index(best)

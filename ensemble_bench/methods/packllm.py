@@ -1,5 +1,5 @@
 """PackLLM — "Pack of LLMs: Model Fusion at Test-Time via Perplexity Optimization"
-(Mavromatis, Karypis and Karypis, arXiv 2404.11531; docs/methods_after_seeds.md).
+(Mavromatis, Karypis and Karypis, arXiv 2404.11531; docs/methods_packllm_chared.md).
 
 Each prompt P gets its own member weights lambda_k (sum 1) from how well each member knows it:
 
@@ -10,10 +10,10 @@ Each prompt P gets its own member weights lambda_k (sum 1) from how well each me
                    a on the grid {0, 1/grid, ..., 1} (the paper's greedy algorithm, step 0.05)
 
 Decoding fuses the members every step with the row's weights, in one of two spaces (``alignment``):
-- ``mined`` (the paper's tokenizer alignment and logit fusion): the reference is the row's top-1 expert (largest
-  lambda_k, ties to the lower index); every member's log-probs are carried onto the reference
+- ``mined`` (the paper's tokenizer alignment and logit fusion): fusion is on the row's top-1 expert (largest
+  lambda_k, ties to the lower index); every member's log-probs are carried onto the expert's
   vocabulary by MinED (vocab/mined.py) and fused as p(x) = softmax_x(sum_k lambda_k s_k(x)); greedy
-  takes the reference token at the argmax, the others take its text.
+  takes the expert's token at the argmax, the others take its text.
 - ``union``: the project's union vocabulary by bytes, GaC Eq. 3 with per-row weights:
   q(u) = sum_k lambda_k P_k(u).
 PackLLM-opt's objective is measured on the prompt cut into segments that end where every member's
@@ -36,8 +36,14 @@ from pydantic import Field, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         rolling_with_members, score_with_members)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    WindowParams,
+    rolling_with_members,
+    score_with_members,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round, decode_batch
 from ensemble_bench.methods.feeding import FeedStats, make_feeders, text_lookup
@@ -48,16 +54,17 @@ from ensemble_bench.vocab.mixture import UnionMixture
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
-WRITER = 0  # whose decode renders the text
+LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
 
 
-class PackLLMParams(MethodParams):
-    variant: Literal["sim", "opt"] = "sim"
-    tau: float = Field(default=1.0, gt=0.0)        # PackLLM-sim temperature (paper: 1)
-    grid: int = Field(default=20, ge=1, le=1000)   # PackLLM-opt: a in steps of 1/grid (paper: 0.05)
-    ppl_unit: Literal["token", "byte"] = "token"   # log PPL per member token (paper) or per prompt byte
-    window: int = Field(default=4, ge=0, le=64)    # look-behind tokens when re-tokenising new text
-    alignment: Literal["union", "mined"] = "mined"  # fusion space: the top-1 expert's vocabulary (paper) or bytes
+class PackLLMParams(WindowParams):
+    variant: Literal["sim", "opt"] = Field(default="sim", description="PackLLM-sim or PackLLM-opt (Sec. 3)")
+    tau: float = Field(default=1.0, gt=0.0, description="PackLLM-sim temperature (paper: 1)")
+    grid: int = Field(default=20, ge=1, le=1000, description="PackLLM-opt: a in steps of 1/grid (paper: 0.05)")
+    ppl_unit: Literal["token", "byte"] = Field(default="token", description=(
+        "log perplexity per member token (paper) or per prompt byte"))
+    alignment: Literal["union", "mined"] = Field(default="mined", description=(
+        "fusion space: mined, the row's top-1 expert's vocabulary (paper); union, bytes"))
 
     @model_validator(mode="after")
     def _variant_fields(self):
@@ -195,10 +202,11 @@ def prompt_weights(params: PackLLMParams, scores: Sequence[PromptScore]) -> list
 @dataclass
 class PackState(RequestState):
     weights: tuple[float, ...] = ()
-    token: int = -1  # mined: the reference's last chosen id (it takes its own token back)
+    token: int = -1  # mined: the top-1 expert's last chosen id (it takes its own token back)
 
     @property
-    def reference(self) -> int:
+    def expert(self) -> int:
+        """The row's top-1 expert, whose vocabulary the fusion uses (mined alignment)."""
         return top_expert(self.weights)
 
 
@@ -246,7 +254,7 @@ class UnionFusion:
     def _advance(self, entry: int) -> Advance:
         if entry in self.stop_entries:
             return STOP
-        token = int(self.union.maps[WRITER].to_member[entry])
+        token = int(self.union.maps[LEAD].to_member[entry])
         return Advance(self.union.entries[entry], (token,) if token >= 0 else None, 1)
 
     def chunks(self, states: list[PackState], advances: list[Advance], member: int) -> tuple[list, list]:
@@ -255,7 +263,7 @@ class UnionFusion:
 
 @dataclass(frozen=True)
 class Carried:
-    """One member's log-probs carried onto one reference vocabulary: gather ``index``; ``missing`` ids get -inf."""
+    """One member's log-probs carried onto one expert's vocabulary: gather ``index``; ``missing`` ids get -inf."""
 
     index: torch.Tensor    # [V_ref] member ids (0 where missing)
     missing: torch.Tensor  # [V_ref] bool
@@ -276,16 +284,17 @@ def choosable(view: VocabView, stop_ids: frozenset[int]) -> torch.Tensor:
 
 
 class MinedFusion:
-    """``alignment: mined`` (the paper): fusion on the row's top-1 expert's vocabulary, members carried there by MinED."""
+    """``alignment: mined`` (the paper): fusion on the row's top-1 expert's vocabulary, members carried there by
+    MinED."""
 
     def __init__(self, members: Sequence[Member]):
         self.members = members
         folder = cache_dir() / "mined"
         self.carried = [[None if k == r else Carried.of(cached_mined_map(ref.vocab, sorted(ref.stop_ids), m.vocab,
                                                                            sorted(m.stop_ids), folder))
-                         for k, m in enumerate(members)] for r, ref in enumerate(members)]  # [reference][member]
+                         for k, m in enumerate(members)] for r, ref in enumerate(members)]  # [expert][member]
         self.choosable = [choosable(m.vocab, m.stop_ids) for m in members]
-        self.writer_ids = text_lookup(members[WRITER])
+        self.lead_ids = text_lookup(members[LEAD])
         self.by_bytes = None  # members take text by their own lowest id with the bytes
 
     def info(self) -> dict:
@@ -293,40 +302,40 @@ class MinedFusion:
 
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
         advances: list[Advance | None] = [None] * len(states)
-        for reference in sorted({s.reference for s in states}):
-            rows = [i for i, s in enumerate(states) if s.reference == reference]
-            for i, token in zip(rows, self._argmax(dists, [states[i] for i in rows], rows, reference)):
+        for expert in sorted({s.expert for s in states}):
+            rows = [i for i, s in enumerate(states) if s.expert == expert]
+            for i, token in zip(rows, self._argmax(dists, [states[i] for i in rows], rows, expert)):
                 states[i].token = token
-                advances[i] = self._advance(reference, token)
+                advances[i] = self._advance(expert, token)
         return advances
 
-    def _argmax(self, dists: list[torch.Tensor], states: list[PackState], rows: list[int], reference: int) -> list[int]:
-        """The reference's id at argmax_x sum_k lambda_k s_k(x) (the paper's logit fusion; softmax keeps the argmax, and
+    def _argmax(self, dists: list[torch.Tensor], states: list[PackState], rows: list[int], expert: int) -> list[int]:
+        """The expert's id at argmax_x sum_k lambda_k s_k(x) (the paper's logit fusion; softmax keeps the argmax, and
         log-probs differ from logits by one constant per member and row) for these rows."""
-        device = dists[reference].device
+        device = dists[expert].device
         weights = torch.tensor([s.weights for s in states], dtype=torch.float32, device=device)  # [rows, K]
-        fused = torch.zeros((len(rows), dists[reference].shape[-1]), device=device)
+        fused = torch.zeros((len(rows), dists[expert].shape[-1]), device=device)
         for k, lp in enumerate(dists):
             picked = lp[torch.tensor(rows, device=lp.device)]
-            aligned = picked.float().to(device) if k == reference else self.carried[reference][k].carry(picked, device)
+            aligned = picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
             w = weights[:, k:k + 1]
             fused += torch.where(w > 0, w * aligned, 0.0)  # a member with lambda_k = 0 adds nothing (not 0 * -inf)
-        fused = fused.masked_fill(~self.choosable[reference].to(device), -math.inf)
+        fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
         return fused.argmax(dim=-1).tolist()  # ties: the lowest id
 
-    def _advance(self, reference: int, token: int) -> Advance:
-        member = self.members[reference]
+    def _advance(self, expert: int, token: int) -> Advance:
+        member = self.members[expert]
         if token in member.stop_ids:
             return STOP
         data = member.vocab.pieces[token]
-        if reference == WRITER:
+        if expert == LEAD:
             return Advance(data, (token,), 1)
-        own = self.writer_ids.get(data)
+        own = self.lead_ids.get(data)
         return Advance(data, (own,) if own is not None else None, 1)
 
     def chunks(self, states: list[PackState], advances: list[Advance], member: int) -> tuple[list, list]:
-        """The reference takes its own token back; the other members take its bytes."""
-        mine = [s.reference == member for s in states]
+        """The top-1 expert takes its own token back; the other members take its bytes."""
+        mine = [s.expert == member for s in states]
         return ([[] if own else [a.data] for own, a in zip(mine, advances)],
                 [[s.token] if own else [] for own, s in zip(mine, states)])
 
@@ -335,7 +344,11 @@ class PackLLM(DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
     min_members = 2
-    writer = WRITER
+    lead = LEAD
+
+    @classmethod
+    def packages(cls, params: PackLLMParams) -> dict[str, str]:
+        return {"rapidfuzz": "rapidfuzz"} if params.alignment == "mined" else {}  # MinED's edit distances
 
     def __init__(self, members: Sequence[Member], params: PackLLMParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -344,8 +357,8 @@ class PackLLM(DecodingMethod):
         self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
         self.stats = PackStats()
 
-    def info(self) -> dict:
-        return {**super().info(), "alignment": self.params.alignment, **self.fusion.info(),
+    def counters(self) -> dict:
+        return {"alignment": self.params.alignment, **self.fusion.info(),
                 **self.feed_stats.summary("local"), **self.stats.summary()}
 
     def weights_for(self, prompts: list[list[list[int]]]) -> list[list[float]]:

@@ -1,6 +1,6 @@
 """``rerank``: every member answers alone; the complete answers are reranked by a scorer.
 
-Scorer ``perplexity`` (Cool-Fusion's "Rerank" baseline, shared/papers/002_*.txt Sec. 3; the
+Scorer ``perplexity`` (Cool-Fusion's "Rerank" baseline, arXiv 2407.19807 Sec. 3; the
 sample-level baseline of GaC Table 3): every member scores every candidate answer given the
 prompt, with its own tokenisation and chat template, as the perplexity of the answer's tokens
 (Eq. 1-2: exp of the mean negative log-probability; the paper calls perplexity "an average
@@ -20,22 +20,35 @@ import time
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import Generation, GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
-from ensemble_bench.methods.scorers import (DEFAULT_PAIR_TEMPLATE, BlenderRanker, Classifier, ClassifierComparator,
-                                            ClassifierReward, PairwiseScorer, PerplexityScorer, RewardScorer)
+from ensemble_bench.methods.scorers import (
+    DEFAULT_PAIR_TEMPLATE,
+    BlenderRanker,
+    Classifier,
+    ClassifierComparator,
+    ClassifierReward,
+    PairwiseScorer,
+    PerplexityScorer,
+    RewardScorer,
+)
 
 
 class RerankParams(SampleLevelParams):
-    scorer: Literal["perplexity", "reward", "pairwise"] = "perplexity"
-    scorer_model: str | None = None  # reward / pairwise: a sequence-classification model
-    scorer_template: str | None = None  # reward: "{prompt}...{response}"; pairwise: "{prompt}...{a}...{b}"
-    scorer_backend: Literal["transformers", "llm-blender"] = "transformers"  # llm-blender: its loadranker
-    scorer_device: str = "cpu"
-    scorer_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    scorer: Literal["perplexity", "reward", "pairwise"] = Field(default="perplexity", description=(
+        "perplexity: the members' mean perplexity (Cool-Fusion's Rerank); reward or pairwise: a classifier"))
+    scorer_model: str | None = Field(default=None, description=(
+        "reward / pairwise: a sequence-classification model (hub id or local path)"))
+    scorer_template: str | None = Field(default=None, description=(
+        'reward: "{prompt}...{response}"; pairwise: "{prompt}...{a}...{b}"'))
+    scorer_backend: Literal["transformers", "llm-blender"] = Field(default="transformers", description=(
+        "llm-blender: its loadranker"))
+    scorer_device: str = Field(default="cpu", description="the scorer model's device")
+    scorer_dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description=(
+        "the scorer model's dtype"))
 
     @model_validator(mode="after")
     def _model_when_needed(self):
@@ -53,6 +66,14 @@ class RerankParams(SampleLevelParams):
 class Rerank(SampleLevel):
     name = "rerank"
     Params = RerankParams
+
+    @classmethod
+    def packages(cls, params: RerankParams) -> dict[str, str]:
+        return {"llm_blender": "llm-blender"} if params.scorer_backend == "llm-blender" else {}
+
+    @classmethod
+    def models(cls, params: RerankParams) -> tuple[str, ...]:
+        return (params.scorer_model,) if params.scorer_model and params.scorer_backend == "transformers" else ()
 
     def __init__(self, members: Sequence[Member], params: RerankParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -78,9 +99,9 @@ class Rerank(SampleLevel):
 
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         start = time.perf_counter()
-        choice = self.scorer.choose(request.prompt, texts, self.main)
+        choice = self.scorer.choose(request.prompt, texts, self.lead)
         self.scoring_seconds += time.perf_counter() - start
         return choice
 
-    def info(self) -> dict:
-        return {**super().info(), "scorer": self.params.scorer}
+    def counters(self) -> dict:
+        return {**super().counters(), "scorer": self.params.scorer}

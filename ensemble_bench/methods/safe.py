@@ -45,29 +45,39 @@ from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (GenerationRequest, LoglikelihoodRequest, MethodParams, normalised_weights,
-                                         resolve_member, rolling_with_members, score_with_members)
+from ensemble_bench.methods.base import (
+    GenerationRequest,
+    LoglikelihoodRequest,
+    WindowParams,
+    lead_field,
+    normalised_weights,
+    resolve_member,
+    rolling_with_members,
+    score_with_members,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import text_appender
+from ensemble_bench.methods.feeding import canonical_tail, text_appender
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.mixture import UnionMixture
-from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
 SPACE = b" "        # never a sharpening candidate (authors' code: the bare space prefixes every word)
 
 
-class SafeParams(MethodParams):
-    drafter: int | str = 0                                  # member index or name (Sec. 4.2: the best model)
-    draft_tokens: int = Field(default=5, ge=1, le=64)       # tokens drafted per cycle (Sec. 3.1, 4.2: n = 5)
-    sharpen: float = Field(default=0.5, ge=0.0, le=1.0)     # sharpen when the ensemble's top probability < this (0: never)
-    candidate_floor: float = Field(default=0.1, ge=0.0, le=1.0)  # Sec. 3.3 lambda: a candidate's average must exceed it
-    gate_threshold: float | None = Field(default=None, gt=0.0, le=1.0)  # GaC's gate: ensemble only if the drafter's top p < gate
-    weights: list[float] | None = None                      # per-member weights of the average (None: equal)
-    window: int = Field(default=4, ge=0, le=64)             # look-behind tokens when the drafter takes a replaced token
+class SafeParams(WindowParams):
+    lead: int | str = lead_field(0, "the drafter (Sec. 4.2: the best model)", "drafter")
+    draft_tokens: int = Field(default=5, ge=1, le=64, description="tokens drafted per cycle (Sec. 3.1, 4.2: n = 5)")
+    sharpen: float = Field(default=0.5, ge=0.0, le=1.0, description=(
+        "sharpen when the ensemble's top probability is below this (0: never), Sec. 3.3"))
+    candidate_floor: float = Field(default=0.1, ge=0.0, le=1.0, description=(
+        "Sec. 3.3 lambda: a sharpening candidate's average must exceed it"))
+    gate_threshold: float | None = Field(default=None, gt=0.0, le=1.0, description=(
+        "GaC's gate: ensemble a position only if the drafter's top probability is below it (null: no gate)"))
+    weights: list[float] | None = Field(default=None, description="per-member weights of the average "
+                                        "(null or average: equal)")
 
 
 @dataclass
@@ -170,37 +180,32 @@ class Safe(DecodingMethod):
     name = "safe"
     Params = SafeParams
     min_members = 2
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: SafeParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.drafter = resolve_member(params.drafter, [m.name for m in members], "drafter")
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)  # the drafter
         weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
         self.weights = weights
         self.union = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                   cache_dir() / "union")
         self.mixture = UnionMixture(self.union, weights, [m.vocab.size for m in members])
         self.stop_entries = frozenset(self.union.stop_mask.nonzero().flatten().tolist())
-        self.verifiers = [v for v in range(len(members)) if v != self.drafter]
-        draft_vocab = members[self.drafter].vocab
+        self.verifiers = [v for v in range(len(members)) if v != self.lead]
+        draft_vocab = members[self.lead].vocab
         self.shared = {v for v in self.verifiers if members[v].vocab == draft_vocab}  # read the drafter's ids
-        self.tails = {v: CanonicalTail.from_view(members[v].vocab, continuation_encoder(
-            lambda text, m=members[v]: m.encode(text, add_special_tokens=False)))
-            for v in self.verifiers if v not in self.shared}
-        self.appender = text_appender(members[self.drafter], params.window, self.union.maps[self.drafter].by_bytes)
+        self.tails = {v: canonical_tail(members[v]) for v in self.verifiers if v not in self.shared}
+        self.appender = text_appender(members[self.lead], params.window, self.union.maps[self.lead].by_bytes)
         self.stats = SafeStats()
 
     @classmethod
     def check_members(cls, params: SafeParams, labels: Sequence[str]) -> None:
-        resolve_member(params.drafter, labels, "drafter")
+        resolve_member(params.lead, labels, params.lead_spelling)
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    @property
-    def writer(self) -> int:
-        return self.drafter
-
-    def info(self) -> dict:
-        return {**super().info(), "drafter_index": self.drafter, "union_size": self.union.size,
+    def counters(self) -> dict:
+        return {"drafter_index": self.lead, "union_size": self.union.size,
                 "verifiers_sharing_the_drafter_vocabulary": sorted(self.shared), **self.stats.summary()}
 
     # --- generation: the loop's steps -------------------------------------------------------------
@@ -211,7 +216,7 @@ class Safe(DecodingMethod):
         """One generate-verify-ensemble cycle for every live row."""
         if not states[0].prompt:
             self._begin(states)
-        drafts = self._draft(dists[self.drafter], states)
+        drafts = self._draft(dists[self.lead], states)
         readings = {v: [self._reading(v, s, d) for s, d in zip(states, drafts)] for v in self.verifiers}
         positions = [self._stable(d, [readings[v][k] for v in self.verifiers]) for k, d in enumerate(drafts)]
         seen = dict(zip(self.verifiers, each([self.members[v] for v in self.verifiers], lambda _, v: self._verify(
@@ -234,7 +239,7 @@ class Safe(DecodingMethod):
 
     # 1. generate
     def _draft(self, dist: torch.Tensor, states: list[SafeState]) -> list[Draft]:
-        drafter = self.members[self.drafter]
+        drafter = self.members[self.lead]
         drafts = [Draft() for _ in states]
         open_rows = [True] * len(states)
         while any(open_rows):
@@ -258,17 +263,17 @@ class Safe(DecodingMethod):
     def _draft_ends(self, state: SafeState, draft: Draft) -> bool:
         if len(draft.tokens) >= self.params.draft_tokens or state.count + len(draft.tokens) >= state.rule.max_new_tokens:
             return True
-        text = (bytes(state.data) + self.members[self.drafter].vocab.join(draft.tokens)).decode("utf-8", "replace")
+        text = (bytes(state.data) + self.members[self.lead].vocab.join(draft.tokens)).decode("utf-8", "replace")
         return any(u and u in text for u in state.rule.until)
 
     # 2. verify
     def _reading(self, v: int, state: SafeState, draft: Draft) -> Reading:
         """Verifier ``v``'s ids of the committed text + the draft (re-tokenised canonically)."""
         if v in self.shared:
-            return Reading(tuple(state.held[self.drafter]), tuple(draft.tokens), tuple(draft.offsets[1:]), 0)
+            return Reading(tuple(state.held[self.lead]), tuple(draft.tokens), tuple(draft.offsets[1:]), 0)
         pieces = self.members[v].vocab.pieces
         held = state.held[v]
-        data = self.members[self.drafter].vocab.join(draft.tokens)
+        data = self.members[self.lead].vocab.join(draft.tokens)
         plan = self.tails[v].plan(held, state.pending[v], data)
         start = len(self.members[v].vocab.join(held[:plan.keep])) - len(state.data)
         ends, at = [], start
@@ -322,7 +327,7 @@ class Safe(DecodingMethod):
                 self.stats.gated += 1  # GaC's gate ("GaC + SAFE", Sec. 4.1)
                 continue
             self.stats.ensembled += 1
-            dists = [draft.seen[t][None] if u == self.drafter else at[u][None] for u in range(len(self.members))]
+            dists = [draft.seen[t][None] if u == self.lead else at[u][None] for u in range(len(self.members))]
             chosen = self._ensemble(dists)
             if not self._is_drafters(chosen, draft, t):
                 self.stats.replaced += 1
@@ -336,7 +341,7 @@ class Safe(DecodingMethod):
         member = self.members[u]
         if t == len(draft.tokens):
             return float(dist[sorted(member.stop_ids)].exp().sum())
-        if u == self.drafter:
+        if u == self.lead:
             return float(dist[draft.tokens[t]].exp())
         reading = readings[u][k]
         return float(dist[reading.ids[reading.count_to(draft.offsets[t])]].exp())
@@ -351,7 +356,7 @@ class Safe(DecodingMethod):
             min(POOL_TOP, self.union.size)).indices.tolist() for u, d in enumerate(dists)]
         pool = [entry for top in tops for entry in top]
         return sharpened_choice(mixed, self.union.entries, self.stop_entries, self.params.sharpen,
-                                tops[self.drafter], pool, self.params.candidate_floor)
+                                tops[self.lead], pool, self.params.candidate_floor)
 
     def _agrees(self, v: int, dist: torch.Tensor, reading: Reading, draft: Draft, t: int) -> bool:
         """Consensus: the verifier's top token is its own token of the draft at position ``t``."""
@@ -364,14 +369,14 @@ class Safe(DecodingMethod):
         """Whether the ensemble's entry is the drafter's choice at position ``t`` (its token's bytes, or a stop)."""
         if t == len(draft.tokens):
             return chosen in self.stop_entries
-        return chosen not in self.stop_entries and self.union.entries[chosen] == self.members[self.drafter].vocab.pieces[
+        return chosen not in self.stop_entries and self.union.entries[chosen] == self.members[self.lead].vocab.pieces[
             draft.tokens[t]]
 
     # 4. commit
     def _advance(self, state: SafeState, draft: Draft, outcome: tuple[int, int | None]) -> Advance:
         kept, chosen = outcome
         tokens = draft.tokens[:kept]
-        data = self.members[self.drafter].vocab.join(tokens)
+        data = self.members[self.lead].vocab.join(tokens)
         self.stats.rounds += 1
         self.stats.drafts_accepted += chosen is None
         stop = (chosen is None and draft.stop) or (chosen is not None and chosen in self.stop_entries)
@@ -380,7 +385,7 @@ class Safe(DecodingMethod):
             return Advance(data, tuple(tokens), len(tokens), "stop_id")
         if chosen is None:
             return Advance(data, tuple(tokens), len(tokens))
-        own = int(self.union.maps[self.drafter].to_member[chosen])
+        own = int(self.union.maps[self.lead].to_member[chosen])
         entry = self.union.entries[chosen]
         return Advance(data + entry, tuple(tokens) + (own,) if own >= 0 else None, len(tokens) + 1)
 
@@ -388,7 +393,7 @@ class Safe(DecodingMethod):
                 outcomes: list[tuple[int, int | None]]) -> list[torch.Tensor]:
         """Every member's rows move to the committed text; returns their next log-probs."""
         for k, (state, draft, (kept, chosen)) in enumerate(zip(states, drafts, outcomes)):
-            base = state.held[self.drafter]
+            base = state.held[self.lead]
             replaced = self.union.entries[chosen] if chosen is not None and chosen not in self.stop_entries else None
             drafter_ids = base + draft.tokens[:kept]
             if replaced is not None:
@@ -396,7 +401,7 @@ class Safe(DecodingMethod):
                 drafter_ids = drafter_ids[:len(drafter_ids) - plan.drop] + list(plan.ids)
             for v in self.tails:
                 state.held[v], state.pending[v] = self._verifier_ids(v, readings[v][k], draft, kept, replaced)
-            for v in [self.drafter, *self.shared]:
+            for v in [self.lead, *self.shared]:
                 state.held[v] = list(drafter_ids)
         return each(self.members, lambda member, v: move_rows(member, [state.prompt[v] + state.held[v]
                                                                       for state in states]), range(len(self.members)))
@@ -411,7 +416,7 @@ class Safe(DecodingMethod):
 
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
-        return score_with_members([self.members[self.drafter]], requests, self.batch_size)[0]
+        return score_with_members([self.members[self.lead]], requests, self.batch_size)[0]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        return rolling_with_members([self.members[self.drafter]], texts, self.batch_size)[0]
+        return rolling_with_members([self.members[self.lead]], texts, self.batch_size)[0]

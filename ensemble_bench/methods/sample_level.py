@@ -18,28 +18,37 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, Method,
-                                         MethodParams, Timing, resolve_member)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    Method,
+    MethodParams,
+    Timing,
+    lead_field,
+    resolve_member,
+)
 from ensemble_bench.methods.single import Single
 
 NO_SHARE = -1e30
 
 
 class SampleLevelParams(MethodParams):
-    main: int | str = 0  # whose answer wins ties
+    lead: int | str = lead_field(0, "whose answer wins ties (the paper's main model)", "main")
 
 
 class SampleLevel(Method):
     min_members = 2
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: SampleLevelParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.main = resolve_member(params.main, [m.name for m in members], "main")
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.singles = [Single([m], MethodParams(), batch_size) for m in members]
 
     @classmethod
     def check_members(cls, params: SampleLevelParams, labels: Sequence[str]) -> None:
-        resolve_member(params.main, labels, "main")
+        resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
@@ -58,25 +67,25 @@ class SampleLevel(Method):
         results: list[Score | None] = [None] * len(requests)
         for choices in questions.values():
             picks = [max(choices, key=lambda i, s=s: s[i].logprob) for s in scores]  # first wins ties
-            winner = choose_by_vote(picks, self.main)
+            winner = choose_by_vote(picks, self.lead)
             for i in choices:
                 share = picks.count(i) / (len(picks) + 1)
                 results[i] = Score(0.0, True) if i == winner else Score(math.log(share) if share else NO_SHARE, False)
         return results
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        return self.singles[self.main].loglikelihood_rolling(texts)
+        return self.singles[self.lead].loglikelihood_rolling(texts)
 
-    def info(self) -> dict:
-        return {**super().info(), "main_index": self.main}
+    def counters(self) -> dict:
+        return {"main_index": self.lead}
 
 
-def choose_by_vote(keys: Sequence[Hashable], main: int) -> Hashable:
-    """The most frequent key; among tied keys the main member's, else the first member's."""
+def choose_by_vote(keys: Sequence[Hashable], lead: int) -> Hashable:
+    """The most frequent key; among tied keys the lead member's, else the first member's."""
     counts = {key: keys.count(key) for key in keys}
     top = max(counts.values())
-    if counts[keys[main]] == top:
-        return keys[main]
+    if counts[keys[lead]] == top:
+        return keys[lead]
     return next(key for key in keys if counts[key] == top)
 
 

@@ -16,7 +16,6 @@ class Single(DecodingMethod):
     name = "single"
     alone = True
     max_members = 1
-    writer = 0
 
     @property
     def member(self) -> Member:

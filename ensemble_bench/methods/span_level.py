@@ -18,8 +18,8 @@ A round, batched over requests, with every member's KV cache kept at the committ
    the others are cropped to the prefix and append the winner's tokens. A round in which all
    members agree thus costs each member only its proposal's forward passes.
 
-The text is the main member's own decode of its committed tokens; the token budget counts the
-main member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
+The text is the lead member's own decode of its committed tokens; the token budget counts the
+lead member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
 ``self.traces``, written next to the samples as ``span_trace.jsonl``.
 """
 
@@ -30,13 +30,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
+from pydantic import Field
 
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (Generation, GenerationRequest, LoglikelihoodRequest, MethodParams,
-                                         resolve_member, rolling_with_members, score_with_members)
+from ensemble_bench.methods.base import (
+    Generation,
+    GenerationRequest,
+    LoglikelihoodRequest,
+    MethodParams,
+    lead_field,
+    resolve_member,
+    rolling_with_members,
+    score_with_members,
+)
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import FeedStats, Retokenize, cached_tail, encode_continuation
+from ensemble_bench.methods.feeding import FeedStats, Retokenize, cached_tail, member_continuation
 from ensemble_bench.methods.feeding import Held as TextHeld
 from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.vocab.append import split_valid_utf8
@@ -44,11 +53,11 @@ from ensemble_bench.vocab.words import common_ends
 
 
 class SpanParams(MethodParams):
-    main: int | str = 0  # renders the text, counts the token budget, wins ties
-    # how members take a winner they did not propose (docs/retokenize.md): local, the segment encoded
-    # on its own; canonical, the text re-encoded back to the last hard boundary (the papers: each
-    # model encodes the committed text with its own tokenizer)
-    retokenize: Retokenize = "canonical"
+    lead: int | str = lead_field(0, "renders the text, counts the token budget, wins ties", "main")
+    retokenize: Retokenize = Field(default="canonical", description=(
+        "how members take a winner they did not propose (docs/retokenize.md): local, the segment encoded on its "
+        "own; canonical, the text re-encoded back to the last hard boundary (the papers: each model encodes the "
+        "committed text with its own tokenizer)"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,7 +78,7 @@ class Held:
 
 @dataclass
 class SpanState(RequestState):
-    """A request under a span method: the writer's ids are the main member's committed tokens."""
+    """A request under a span method: its ids are the lead member's committed tokens."""
 
     rounds: list[dict] = field(default_factory=list)  # the rounds that had a choice (the trace)
 
@@ -91,10 +100,11 @@ def text_of(member: Member, tokens: Sequence[int]) -> str:
 
 class SpanMethod(DecodingMethod):
     min_members = 2
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.main = resolve_member(params.main, [m.name for m in members], "main")
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.traces: list[dict] = []
         self.rounds = 0
         self.feed_stats = FeedStats()
@@ -102,7 +112,7 @@ class SpanMethod(DecodingMethod):
 
     @classmethod
     def check_members(cls, params: SpanParams, labels: Sequence[str]) -> None:
-        resolve_member(params.main, labels, "main")
+        resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
     def _segment_end(self, proposer: int, text: str) -> int | None:
@@ -116,10 +126,6 @@ class SpanMethod(DecodingMethod):
     def _common_ends(self, text: str) -> list[int]:
         """Offsets in ``text`` where every member's tokenizer starts a word (Cool-Fusion Sec. 2.1-2.2)."""
         return common_ends([member.word_starts(text) for member in self.members])
-
-    @property
-    def writer(self) -> int:
-        return self.main
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> SpanState:
@@ -212,7 +218,7 @@ class SpanMethod(DecodingMethod):
         return {"keys": keys, "tokens": per_member, "own": own}
 
     def _encode(self, member_index: int, text: str) -> list[int]:
-        return encode_continuation(self.members[member_index], text) if text else []
+        return member_continuation(self.members[member_index])(text) if text else []
 
     def _commit(self, states: list[SpanState], rounds: list[dict], dists: list[torch.Tensor],
                 proposals: list[list[Proposal]], prefix: list[list[int]]) -> tuple[list[torch.Tensor], list[Advance]]:
@@ -232,7 +238,7 @@ class SpanMethod(DecodingMethod):
                                      "kept": kept, "winner": winner})
             winners.append(winner)
             text, final = info["keys"][winner]
-            tokens = tuple(info["tokens"][self.main][winner])
+            tokens = tuple(info["tokens"][self.lead][winner])
             advances.append(Advance(text.encode("utf-8"), tokens, len(tokens), final))
         dists = each(self.members, lambda m, v: self._append_winners(v, states, rounds, winners,
                                                                      scored[v][1], dists[v], prefix[v]),
@@ -315,6 +321,6 @@ class SpanMethod(DecodingMethod):
         totals = rolling_with_members(self.members, texts, self.batch_size)
         return [sum(values) / len(values) for values in zip(*totals)]
 
-    def info(self) -> dict:
-        return {**super().info(), "main_index": self.main, "rounds": self.rounds,
+    def counters(self) -> dict:
+        return {"main_index": self.lead, "rounds": self.rounds,
                 **self.feed_stats.summary(self.params.retokenize)}

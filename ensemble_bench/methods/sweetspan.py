@@ -1,5 +1,5 @@
 """SweetSpan — "Hit the Sweet Spot! Span-Level Ensemble for Large Language Models"
-(shared/papers/004_*.txt).
+(arXiv 2409.18583).
 
 Each round every member proposes a span of ``span_words`` complete words from the shared prefix
 (words end at boundaries common to all members' tokenizers, vocab/words.py); every member scores
@@ -10,16 +10,17 @@ mean of the kept scores wins. With two members both scores would go; then both a
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
+from pydantic import AliasChoices, Field
 
 from ensemble_bench.methods.span_level import SpanMethod, SpanParams
 
 
 class SweetSpanParams(SpanParams):
-    model_config = ConfigDict(populate_by_name=True)
-
-    span_words: int = Field(default=4, ge=1, le=256)  # the paper sweeps 1, 2, 4, 8, 16, 32
-    filter_ratio: float = Field(default=10.0, gt=0.0, alias="lambda")  # lambda (the paper: 10)
+    span_words: int = Field(default=4, ge=1, le=256, description="words per span (the paper sweeps 1, 2, 4, 8, "
+                            "16, 32)")
+    filter_ratio: float = Field(default=10.0, gt=0.0, validation_alias=AliasChoices("lambda", "filter_ratio"),
+                                serialization_alias="lambda", description=(
+                                    "lambda: a span whose max/min score exceeds it drops both (the paper: 10)"))
 
 
 def filter_scores(scores: list[float], ratio: float) -> list[bool]:

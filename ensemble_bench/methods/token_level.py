@@ -1,12 +1,12 @@
-"""Token-level ensembles in which one member emits: UniTE's primary model, DeePEn's main model.
+"""Token-level ensembles in which one member, the lead, emits: UniTE's primary model, DeePEn's main model.
 
 Each step every member gives its next-token distribution; the method's ``_step`` turns them into
-a choice among the emitting member's own token ids. The emitter appends its token; every other
+a choice among the emitting member's own token ids. The lead appends its token; every other
 member takes the same bytes (methods/feeding.py). KV caches stay warm throughout. The text is the
-emitter's own decode, so a member ensembled with itself renders exactly as alone.
+lead's own decode, so a member ensembled with itself renders exactly as alone.
 
 Log-likelihood of a continuation (multiple-choice tasks) uses the same step, teacher-forced: the
-continuation is tokenised by the emitter, and each of its tokens is scored by the ensemble's
+continuation is tokenised by the lead, and each of its tokens is scored by the ensemble's
 probability of emitting it (``Step.target_logprobs``) while every member reads the continuation.
 """
 
@@ -20,27 +20,26 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
+from ensemble_bench.batching import in_batches
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import LoglikelihoodRequest, MethodParams, Timing, resolve_member
+from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import (Advance, DecodingMethod, RequestState, Round, Steps, decode_batch,
-                                           in_batches, own_token)
+from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders, text_appender
 from ensemble_bench.methods.stopping import StopRule
 
 
-class EmitterParams(MethodParams):
-    window: int = Field(default=4, ge=0, le=64)  # look-behind tokens when re-tokenising new text (local)
-    # how the other members take the emitter's token (docs/retokenize.md): canonical, as the UniTE
-    # (unite2.py) and DeePEn (AssistModelThread.run) reference code re-encode the text every step
-    retokenize: Retokenize = "canonical"
+class EmitterParams(WindowParams):
+    retokenize: Retokenize = Field(default="canonical", description=(
+        "how the other members take the lead's token (docs/retokenize.md): canonical re-encodes the text every "
+        "step, as the UniTE and DeePEn reference code do; local encodes the new bytes on their own"))
 
 
 @dataclass(frozen=True)
 class Step:
     """The outcome of one ensemble step for every live row."""
 
-    choices: list[int]                    # the emitter's token id chosen per row
+    choices: list[int]                    # the lead's token id chosen per row
     target_logprobs: list[float] | None   # log P(target) per row when scoring, else None
 
 
@@ -50,7 +49,7 @@ def log_or_floor(value: float) -> float:
 
 @dataclass
 class ScoringState(RequestState):
-    """A continuation being scored: the emitter's ids of it, and the sum and greedy flag so far."""
+    """A continuation being scored: the lead's ids of it, and the sum and greedy flag so far."""
 
     targets: tuple[int, ...] = ()
     total: float = 0.0
@@ -58,27 +57,22 @@ class ScoringState(RequestState):
 
 
 class EmitterMethod(DecodingMethod):
-    """Base of UniTE and DeePEn: subclasses implement ``_step`` and name their emitter."""
+    """Base of UniTE and DeePEn: subclasses implement ``_step``; their Params declare ``lead``."""
 
     min_members = 2
-    emitter_field: str = "primary"
+    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: EmitterParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.emitter = resolve_member(getattr(params, self.emitter_field), [m.name for m in members],
-                                      self.emitter_field)
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.appenders = [text_appender(m, params.window) for m in members]
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
-                                    skip=frozenset({self.emitter}))
+                                    skip=frozenset({self.lead}))
 
     @classmethod
     def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
-        resolve_member(getattr(params, cls.emitter_field), labels, cls.emitter_field)
-
-    @property
-    def writer(self) -> int:
-        return self.emitter
+        resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
@@ -86,21 +80,21 @@ class EmitterMethod(DecodingMethod):
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
-        emitter = self.members[self.emitter]
-        return Round([own_token(emitter, t) for t in self._step(dists, None).choices], dists)
+        lead = self.members[self.lead]
+        return Round([own_token(lead, t) for t in self._step(dists, None).choices], dists)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
-        """The emitter appends its tokens; every other member takes their bytes (its feeder's policy)."""
+        """The lead appends its tokens; every other member takes their bytes (its feeder's policy)."""
         return each(self.members, lambda member, index: member.extend([list(a.ids) for a in advances])
-                    if index == self.emitter else self.feeders[index].give(states, [[a.data] for a in advances]),
+                    if index == self.lead else self.feeders[index].give(states, [[a.data] for a in advances]),
                     range(len(self.members)))
 
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
         pairs = [[m.encode_pair(m.render_text(r.prompt), r.continuation) for r in requests] for m in self.members]
-        continuations = [cont for _, cont in pairs[self.emitter]]
+        continuations = [cont for _, cont in pairs[self.lead]]
         contexts = [[ctx for ctx, _ in member_pairs] for member_pairs in pairs]
-        lengths = [len(contexts[self.emitter][i]) + len(continuations[i]) for i in range(len(requests))]
+        lengths = [len(contexts[self.lead][i]) + len(continuations[i]) for i in range(len(requests))]
         return in_batches(lengths, self.batch_size, lambda batch: self._score_batch(
             [[c[i] for i in batch] for c in contexts], [continuations[i] for i in batch]))
 
@@ -119,8 +113,8 @@ class EmitterMethod(DecodingMethod):
         """Perplexity tasks: the whole text as one continuation of an empty context."""
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
 
-    def info(self) -> dict:
-        return {**super().info(), "emitter_index": self.emitter, **self.feed_stats.summary(self.params.retokenize)}
+    def counters(self) -> dict:
+        return {"emitter_index": self.lead, **self.feed_stats.summary(self.params.retokenize)}
 
 
 class TeacherForced(Steps):
@@ -133,13 +127,13 @@ class TeacherForced(Steps):
         self.members = method.members
 
     @property
-    def writer(self) -> int:
-        return self.method.emitter
+    def lead(self) -> int:
+        return self.method.lead
 
     def choose(self, dists: list[torch.Tensor], states: list[ScoringState]) -> Round:
         targets = [state.targets[state.count] for state in states]
         step = self.method._step(dists, targets)
-        pieces = self.members[self.method.emitter].vocab.pieces
+        pieces = self.members[self.method.lead].vocab.pieces
         for state, target, choice, logprob in zip(states, targets, step.choices, step.target_logprobs):
             state.total += logprob
             state.greedy = state.greedy and choice == target

@@ -1,36 +1,37 @@
 """UniTE — "Determine-then-Ensemble: Necessity of Top-k Union for Large Language Model
-Ensembling" (shared/papers/001_*.txt), Algorithm 1.
+Ensembling" (arXiv 2410.03777), Algorithm 1.
 
 Each step: every member's top-k tokens; their union V^u by bytes; every member's probability for
 every key of V^u by the three alignment rules (vocab/topk.py); a softmax over each member's
-aligned set; the average; the primary member emits its token for the best key (its own token, or
+aligned set; the average; the lead (the paper's primary) member emits its token for the best key (its own token, or
 its first sub-token of the key under rule 3). The other members take the same text.
 
 Scoring a continuation token adds it to V^u for that step (so tokens outside every top-k still
-get a probability); its probability is the ensemble's mass on the keys the primary would emit
+get a probability); its probability is the ensemble's mass on the keys the lead would emit
 as that token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import normalised_weights
+from ensemble_bench.methods.base import lead_field, normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
 
 
 class UniteParams(EmitterParams):
-    primary: int | str = 0      # the member that emits (the paper: the best-performing one)
-    k: int = Field(default=10, ge=1, le=1000)  # top-k per member (the paper: 10)
-    weights: Literal["average"] | list[float] = "average"
+    lead: int | str = lead_field(0, "the member that emits (the paper's primary: the best-performing one)",
+                                 "primary")
+    k: int = Field(default=10, ge=1, le=1000, description="top-k tokens per member (the paper: 10)")
+    weights: list[float] | None = Field(default=None, description="per-member weights of the average "
+                                        "(null or average: equal)")
 
 
 class Unite(EmitterMethod):
@@ -40,7 +41,7 @@ class Unite(EmitterMethod):
     def __init__(self, members: Sequence[Member], params: UniteParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
         count = len(members)
-        self.weights = [1.0 / count] * count if params.weights == "average" else normalised_weights(params.weights, count)
+        self.weights = [1.0 / count] * count if params.weights is None else normalised_weights(params.weights, count)
         self.aligners = [TopKAligner(m.vocab, m.stop_ids, appender.encode_bytes)
                          for m, appender in zip(members, self.appenders)]
         self.tables = AlignmentTables(self.aligners)
@@ -51,26 +52,26 @@ class Unite(EmitterMethod):
     @classmethod
     def check_members(cls, params: UniteParams, labels: Sequence[str]) -> None:
         super().check_members(params, labels)
-        if params.weights != "average":
+        if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
         """Algorithm 1 for every row at once: each member's top-k and best stop id on its device;
-        V^u and rules 1-3 as table lookups on the emitter's (vocab/topk.py, AlignmentTables); one
+        V^u and rules 1-3 as table lookups on the lead's (vocab/topk.py, AlignmentTables); one
         gather per member of its aligned ids' probabilities; then the average and the choice on
         the host over the [rows, |V^u|] probabilities only (Alg. 1 lines 13-14)."""
-        device = logprobs[self.emitter].device
+        device = logprobs[self.lead].device
         tops = [block_topk(lp, min(self.params.k, lp.shape[-1])) for lp in logprobs]
         top_ids = [ids.to(device) for _, ids in tops]
         top_probs = [values.exp().float().to(device) for values, _ in tops]
         stops = [best_stop_ids(lp, self._stop_ids(i, lp.device)).to(device) for i, lp in enumerate(logprobs)]
         scored = None if targets is None else torch.tensor(targets, dtype=torch.long, device=device)
-        plan = self.tables.plan(top_ids, top_probs, stops, scored, self.emitter)  # Alg. 1 lines 4-12
+        plan = self.tables.plan(top_ids, top_probs, stops, scored, self.lead)  # Alg. 1 lines 4-12
         probs = torch.stack([aligned_probs(lp, ids).cpu().double() for lp, ids in zip(logprobs, plan.ids)])
         averaged = average_rows(probs.numpy(), self.weights)  # Alg. 1 line 13
-        emitted = plan.ids[self.emitter].cpu().numpy()
+        emitted = plan.ids[self.lead].cpu().numpy()
         if not (emitted >= 0).any(axis=1).all():
-            raise ValueError("the primary member has no token for any key of V^u (its top-k has no text)")
+            raise ValueError("the lead member has no token for any key of V^u (its top-k has no text)")
         best = np.where(emitted >= 0, averaged, -np.inf).argmax(axis=1)  # Alg. 1 line 14: first key wins ties
         choices = emitted[np.arange(len(best)), best].tolist()
         if targets is None:
@@ -87,8 +88,8 @@ class Unite(EmitterMethod):
             self._stops[key] = torch.tensor(sorted(self.aligners[member].stop_ids), dtype=torch.long, device=device)
         return self._stops[key]
 
-    def info(self) -> dict:
-        return {**super().info(), "weights_resolved": self.weights,
+    def counters(self) -> dict:
+        return {**super().counters(), "weights_resolved": self.weights,
                 "tokens_manipulated_per_step": self.union_sizes / self.union_rows if self.union_rows else None}
 
 

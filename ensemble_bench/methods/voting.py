@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from ensemble_bench.methods.base import GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, choose_by_vote
@@ -24,7 +24,8 @@ _AUTO_PATTERNS = (re.compile(r"####\s*(-?[\d.,]+)"), re.compile(r"answer is\s*:?
 
 
 class VotingParams(SampleLevelParams):
-    answer: str = "auto"  # "auto", "text", or a regular expression
+    answer: str = Field(default="auto", description=(
+        "how answers are compared: auto (a final number, a letter, the first line), text, or a regular expression"))
 
     @field_validator("answer")
     @classmethod
@@ -67,5 +68,5 @@ class Voting(SampleLevel):
 
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         keys = [answer_key(t, self.params.answer) for t in texts]
-        winner = choose_by_vote(keys, self.main)
-        return self.main if keys[self.main] == winner else keys.index(winner)
+        winner = choose_by_vote(keys, self.lead)
+        return self.lead if keys[self.lead] == winner else keys.index(winner)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods import get_method
 from ensemble_bench.report.summary import finished_recipe, read_json_lines, row_scores
 from ensemble_bench.tasks import get_benchmark
 
@@ -102,14 +103,14 @@ def _length_ratio(a: Candidate, b: Candidate) -> float | None:
 
 
 def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
-    """A recipe for the chosen models (best first, the best as UniTE's primary) on the source run's tasks."""
+    """A recipe for the chosen models (best first, the best as the method's lead member when it has
+    one: UniTE's primary) on the source run's tasks."""
     chosen = [d.candidate for d in decisions if d.verdict.startswith("chosen")]
     source = finished_recipe(Path(chosen[0].source))
     params: dict = {"name": method}
-    if method == "unite":
-        params["primary"] = chosen[0].label
-    elif method in ("deepen", "voting", "mbr"):
-        params["main"] = chosen[0].label
+    lead_param = get_method(method).lead_param
+    if lead_param is not None:
+        params[lead_param] = chosen[0].label
     data = source.model_dump(mode="json", exclude_none=True)
     data.update(name=name, description=f"{method} of the models chosen by ensbench select",
                 members=[c.member for c in chosen], method=params, singles=True)
