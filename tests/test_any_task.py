@@ -168,14 +168,26 @@ def test_dry_run_names_close_matches_and_missing_folders(tiny_dirs, tmp_path, mo
 
 
 def test_gen_kwargs_on_a_group_need_one_setting_for_all_its_tasks(own_tasks, tmp_path):
-    from lm_eval.tasks._index import TaskIndex
-
     (own_tasks / "my_qa_long.yaml").write_text(
         task_yaml("my_qa_long", str(tmp_path / "qa.jsonl"), "qa").replace('until: ["\\n"]', 'until: ["."]'))
     (own_tasks / "mixed.yaml").write_text(yaml.safe_dump({"group": "mixed", "task": ["my_qa", "my_qa_long"]}))
-    index = TaskIndex.build([own_tasks])
+    index = lm_eval_tasks._built_index([own_tasks])
     with pytest.raises(UserError, match="the tasks of group 'mixed' generate with different settings"):
         lm_eval_tasks.generation_kwargs(index["mixed"], index, {"max_gen_toks": 8})
     with pytest.raises(UserError, match="'my_suite' generates no text"):
         lm_eval_tasks.generation_kwargs(index["my_suite"], index, {"max_gen_toks": 8})
     assert lm_eval_tasks.primary_metric(index["mixed"], index) == "exact_match,none"
+
+
+def test_the_saved_index_reads_back_as_built_and_only_for_its_lm_eval(own_tasks, tmp_path, monkeypatch):
+    from lm_eval.tasks._factory import GROUP_FIELD_NAMES
+
+    assert lm_eval_tasks.GROUP_KEYS == GROUP_FIELD_NAMES  # the keys a group keeps for itself, as lm-eval has them
+    monkeypatch.setattr(lm_eval_tasks, "_index_file", lambda: tmp_path / "index.json")
+    built = lm_eval_tasks._built_index([own_tasks])
+    stamp = {"lm_eval": "0.4.13", "root": str(own_tasks), "format": 2}
+    lm_eval_tasks._save_index(stamp, built)
+    assert lm_eval_tasks._saved_index(stamp) == built and set(built) == {"my_qa", "my_mc_a", "my_mc_b", "my_suite"}
+    assert lm_eval_tasks._saved_index({**stamp, "lm_eval": "0.4.14"}) is None
+    (tmp_path / "index.json").write_text("{not json")
+    assert lm_eval_tasks._saved_index(stamp) is None

@@ -1,8 +1,9 @@
 """Any lm-eval task or group in a recipe, beside the built-in benchmarks.
 
 A recipe task whose name is not a built-in benchmark is looked up in lm-eval's task index: its
-stock tasks (about 15,000 YAML files, indexed once per process: :func:`stock_index`, ~6-12 s on 2
-cores) with the recipe's ``include_path`` folders over them, as lm-eval's ``--include_path`` does.
+stock tasks (about 15,000 YAML files: indexing them takes 12 s or more on 2 cores, so the index is
+saved in the cache folder per lm-eval version and read once per process: :func:`stock_index`) with
+the recipe's ``include_path`` folders over them, as lm-eval's ``--include_path`` does.
 Such a task runs on its own data (its ``dataset_path``: the hub, lm-eval's datasets cache or local
 files); only built-in benchmarks have packaged offline copies.
 
@@ -16,6 +17,7 @@ import difflib
 import functools
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,50 +26,118 @@ from ensemble_bench.tasks import DEFAULT_VARIANT, LM_EVAL_NAMES, REGISTRY, Bench
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._index import Entry
 
 # lm-eval's metric of a task whose config lists none (lm_eval.api.registry.DEFAULT_METRIC_REGISTRY, first of each)
 DEFAULT_METRICS = {"loglikelihood": "perplexity", "loglikelihood_rolling": "word_perplexity",
                    "multiple_choice": "acc", "generate_until": "exact_match"}
 MAX_GROUP_DEPTH = 16  # nesting of groups inside groups (lm-eval's deepest is about 4)
+# the keys of a group config that are the group's own (lm_eval.tasks._factory.GROUP_FIELD_NAMES); others pass down
+GROUP_KEYS = frozenset({"group", "group_alias", "task", "aggregate_metric_list", "metadata"})
+# the config keys this module reads (an index keeps only these: the saved copy is a tenth of the size)
+KEPT_KEYS = GROUP_KEYS | {"metric_list", "filter_list", "output_type", "generation_kwargs", "fewshot_delimiter",
+                          "num_fewshot"}
+
+
+@dataclass(frozen=True)
+class Found:
+    """One name in lm-eval's task index, as plain data (lm_eval.tasks._index.Entry, its config cut to
+    KEPT_KEYS): ``kind`` is TASK, PY_TASK, GROUP or TAG; a tag's ``tags`` are its tasks."""
+
+    name: str
+    kind: str
+    yaml_path: str | None
+    cfg: dict | None
+    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, entry) -> Found:
+        cfg = {k: v for k, v in entry.cfg.items() if k in KEPT_KEYS} if isinstance(entry.cfg, dict) else None
+        return cls(entry.name, entry.kind.name, str(entry.yaml_path) if entry.yaml_path else None, cfg,
+                   tuple(sorted(entry.tags)))
+
+
+def _stock_root() -> Path:
+    import lm_eval  # the package alone (milliseconds); lm_eval.tasks would import the task machinery
+
+    return Path(lm_eval.__file__).parent / "tasks"
 
 
 @functools.cache
-def stock_index() -> dict[str, Entry]:
-    """lm-eval's own tasks, groups and tags by name: indexed once per process (seconds)."""
-    import lm_eval.tasks
+def stock_index() -> dict[str, Found]:
+    """lm-eval's own tasks, groups and tags by name: the cache folder's copy for this lm-eval version
+    (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
+    import lm_eval
+
+    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 2}
+    saved = _saved_index(stamp)
+    if saved is not None:
+        return saved
+    index = _built_index([_stock_root()])
+    _save_index(stamp, index)
+    return index
+
+
+def _built_index(folders: Sequence[Path]) -> dict[str, Found]:
     from lm_eval.tasks._index import TaskIndex
 
-    return TaskIndex.build([Path(lm_eval.tasks.__file__).parent])
+    return {name: Found.of(entry) for name, entry in TaskIndex.build([Path(f) for f in folders]).items()}
 
 
-def task_index(folders: Sequence[Path] = ()) -> dict[str, Entry]:
+def _index_file() -> Path:
+    from ensemble_bench import settings
+
+    return settings.cache_root() / "lm-eval-task-index.json"
+
+
+def _saved_index(stamp: dict) -> dict[str, Found] | None:
+    """The index saved for ``stamp`` (lm-eval's version and folder), or None (absent, stale, unreadable)."""
+    try:
+        saved = json.loads(_index_file().read_text(encoding="utf-8"))
+        if saved.get("stamp") != stamp:
+            return None
+        return {name: Found(name, kind, path, cfg, tuple(tags)) for name, (kind, path, cfg, tags)
+                in saved["entries"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _save_index(stamp: dict, index: dict[str, Found]) -> None:
+    """Save the index as plain JSON beside the other caches; a cache that cannot be written is skipped."""
+    from ensemble_bench.cache import atomic_write_text
+
+    entries = {name: [e.kind, e.yaml_path, e.cfg, list(e.tags)] for name, e in index.items()}
+    try:
+        atomic_write_text(_index_file(), json.dumps({"stamp": stamp, "entries": entries}, default=str))
+    except (OSError, UserError):
+        pass
+
+
+def task_index(folders: Sequence[Path] = ()) -> dict[str, Found]:
     """The stock index with the tasks of ``folders`` over it (a later folder wins, as in lm-eval)."""
-    from lm_eval.tasks._index import TaskIndex
-
-    return {**stock_index(), **TaskIndex.build([Path(folder) for folder in folders])}
+    return {**stock_index(), **(_built_index(folders) if folders else {})}
 
 
 def task_manager(folders: Sequence[Path] = ()) -> TaskManager:
-    """An lm-eval TaskManager over :func:`task_index` (the stock tasks are not indexed again)."""
+    """An lm-eval TaskManager of the stock tasks (not indexed again) with the tasks of ``folders`` over them."""
     from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Entry, Kind, TaskIndex
 
     manager = TaskManager(include_defaults=False)
-    manager.task_index.update(task_index(folders))
+    manager.task_index.update({name: Entry(name, Kind[e.kind], Path(e.yaml_path) if e.yaml_path else None,
+                                           e.cfg, set(e.tags)) for name, e in stock_index().items()})
+    manager.task_index.update(TaskIndex.build([Path(folder) for folder in folders]))
     return manager
 
 
-def find_entry(name: str, index: dict[str, Entry]) -> Entry:
+def find_entry(name: str, index: dict[str, Found]) -> Found:
     """The index entry of task or group ``name``; UserError naming close matches if there is none."""
-    from lm_eval.tasks._index import Kind
-
     entry = index.get(name)
     if entry is None:
         close = difflib.get_close_matches(name, [*REGISTRY, *LM_EVAL_NAMES, *index], n=4, cutoff=0.75)
         hint = f" (close: {', '.join(close)})" if close else " (lm-eval lists them: lm-eval ls tasks)"
         raise UserError(f"unknown task {name!r}: not a built-in benchmark, nor an lm-eval task or group here"
                         f"{hint}; a task of your own: its folder in include_path")
-    if entry.kind is Kind.TAG:
+    if entry.kind == "TAG":
         raise UserError(f"{name!r} is an lm-eval tag (a set of tasks with no common score): name a group or "
                         "list its tasks one by one")
     return entry
@@ -82,22 +152,20 @@ def _members(cfg: dict) -> Iterator[tuple[str | None, dict]]:
             yield item.get("task", item.get("group")), {k: v for k, v in item.items() if k not in ("task", "group")}
 
 
-def leaf_configs(entry: Entry, index: dict[str, Entry], above: dict | None = None, depth: int = 0) -> Iterator[dict]:
+def leaf_configs(entry: Found, index: dict[str, Found], above: dict | None = None,
+                 depth: int = 0) -> Iterator[dict]:
     """The config of every task below ``entry`` as lm-eval builds it: the task's own keys, overridden
     by the keys its groups set for their members (tags expanded; inline tasks as written)."""
-    from lm_eval.tasks._factory import GROUP_FIELD_NAMES
-    from lm_eval.tasks._index import Kind
-
     above = above or {}
     cfg = entry.cfg or {}
     if depth > MAX_GROUP_DEPTH:
         raise UserError(f"group {entry.name!r} nests deeper than {MAX_GROUP_DEPTH} groups")
-    if entry.kind is Kind.TAG:
-        for name in sorted(entry.tags):
+    if entry.kind == "TAG":
+        for name in entry.tags:
             if name in index:
                 yield from leaf_configs(index[name], index, above, depth + 1)
-    elif entry.kind is Kind.GROUP:
-        own = {k: v for k, v in cfg.items() if k not in GROUP_FIELD_NAMES}
+    elif entry.kind == "GROUP":
+        own = {k: v for k, v in cfg.items() if k not in GROUP_KEYS}
         for name, overrides in _members(cfg):
             here = {**own, **above, **overrides}
             child = index.get(name) if name else None
@@ -126,28 +194,24 @@ def _aggregate_metric(cfg: dict) -> str | None:
     return f"{first['metric']},{filters if isinstance(filters, str) else (filters or ['none'])[0]}"
 
 
-def primary_metric(entry: Entry, index: dict[str, Entry]) -> str | None:
+def primary_metric(entry: Found, index: dict[str, Found]) -> str | None:
     """The score of a task (its first metric) or group (its first aggregate; else its first task's metric,
     averaged over its tasks by size)."""
-    from lm_eval.tasks._index import Kind
-
-    if entry.kind is Kind.GROUP and (aggregate := _aggregate_metric(entry.cfg or {})):
+    if entry.kind == "GROUP" and (aggregate := _aggregate_metric(entry.cfg or {})):
         return aggregate
     return next((metric for cfg in leaf_configs(entry, index) if (metric := _task_metric(cfg))), None)
 
 
-def lm_eval_benchmark(name: str, index: dict[str, Entry]) -> Benchmark:
+def lm_eval_benchmark(name: str, index: dict[str, Found]) -> Benchmark:
     """A recipe task that is not built in, as a Benchmark: lm-eval's task or group ``name``."""
-    from lm_eval.tasks._index import Kind
-
     entry = find_entry(name, index)
     shots = (entry.cfg or {}).get("num_fewshot")
     return Benchmark(name, DEFAULT_VARIANT, name, shots if isinstance(shots, int) else 0,
-                     primary_metric(entry, index) or "", offline=False, is_group=entry.kind is Kind.GROUP,
+                     primary_metric(entry, index) or "", offline=False, is_group=entry.kind == "GROUP",
                      builtin=False)
 
 
-def generation_kwargs(entry: Entry, index: dict[str, Entry], given: dict[str, Any]) -> dict[str, Any]:
+def generation_kwargs(entry: Found, index: dict[str, Found], given: dict[str, Any]) -> dict[str, Any]:
     """The ``generation_kwargs`` to write for a task or group: its tasks' own, updated with ``given`` as
     lm-eval's ``--gen_kwargs`` updates them. UserError when nothing below it generates text, or when
     its tasks generate with different settings (one group override cannot keep both)."""
@@ -231,7 +295,7 @@ def include_folders(recipe) -> list[Path]:
     return folders
 
 
-def task_benchmarks(recipe, index: dict[str, Entry] | None = None) -> list[Benchmark]:
+def task_benchmarks(recipe, index: dict[str, Found] | None = None) -> list[Benchmark]:
     """The Benchmark of every recipe task; a task that is not built in is looked up in lm-eval's task
     index (``index``, else the stock one with the recipe's include_path folders: seconds, once a process).
     One that cannot be found is given as named, with no metric: :func:`task_preflight` says why."""
@@ -244,14 +308,14 @@ def task_benchmarks(recipe, index: dict[str, Entry] | None = None) -> list[Bench
             for task in recipe.tasks]
 
 
-def _as_found(name: str, index: dict[str, Entry]) -> Benchmark:
+def _as_found(name: str, index: dict[str, Found]) -> Benchmark:
     try:
         return lm_eval_benchmark(name, index)
     except UserError:
         return Benchmark(name, DEFAULT_VARIANT, name, 0, "", offline=False, builtin=False)
 
 
-def _task_lines(recipe, index: dict[str, Entry]) -> list[str]:
+def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
     """A line per task that is not built in and that lm-eval's index cannot run as written: an unknown
     name, gen_kwargs that do not apply."""
     lines = []
@@ -286,7 +350,7 @@ def task_preflight(recipe) -> list[str]:
     return _task_lines(recipe, task_index(folders))
 
 
-def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Entry]) -> dict[str, dict[str, Any]]:
+def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Found]) -> dict[str, dict[str, Any]]:
     """lm-eval task name -> ``{"generation_kwargs": ...}`` for every recipe task with gen_kwargs (``benches``:
     the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder included)."""
     from ensemble_bench.errors import several
