@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble_bench.report.latex import escape
+from ensemble_bench.report.latex import cell, escape
 from ensemble_bench.report.tables import build_run_table, build_table, get_layout, layouts, render
 from tests.fake_runs import fake_run
 
@@ -27,6 +27,8 @@ def strict_problems(tex: str) -> list[str]:
         spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", line)
         if spec:
             columns = len(spec.group(1))
+        if columns is not None and line.lstrip().startswith("["):
+            problems.append(f"line {number}: '[' read as the optional argument of the command before it")
         ampersands = 0
         position = 0
         while position < len(line):
@@ -65,6 +67,8 @@ def test_the_checker_finds_what_breaks_latex():
     assert strict_problems("\\begin{tabular}{ll}\nopenchat_3.5 & {x \\\\\n") == ["line 2: unescaped '_'",
                                                                                 "1 '{' never closed"]
     assert strict_problems("\\begin{tabular}{lll}\na & b \\\\\n") == ["line 2: 2 cells in a 3-column tabular"]
+    assert strict_problems("\\begin{tabular}{l}\n\\midrule\n[1, 2] \\\\\n") == [
+        "line 3: '[' read as the optional argument of the command before it"]
     assert strict_problems("\\begin{tabular}{ll}\nnq 95\\% & openchat\\_3.5 \\\\\n\\end{tabular}") == []
 
 
@@ -73,6 +77,10 @@ def test_escape_prints_every_special_character_as_written():
     assert not strict_problems(f"\\caption{{{escaped}}}")
     assert escaped == ("openchat\\_3.5 \\& co \\#1 \\{50\\%\\} \\textasciitilde{}x\\textasciicircum{}2 \\$5 "
                        "C:\\textbackslash{}tmp")
+
+
+def test_a_cell_that_starts_with_a_bracket_is_no_optional_argument():
+    assert cell("[4.3, 21.4]") == "{}[4.3, 21.4]" and cell("a [b]") == "a [b]"
 
 
 def _compiles(tex: str, folder: Path) -> None:

@@ -16,6 +16,13 @@ def escape(text: object) -> str:
     return "".join(SPECIALS.get(char, char) for char in str(text))
 
 
+def cell(text: object) -> str:
+    """A tabular cell: escaped, and a leading ``[`` kept from being read as the optional argument of
+    the ``\\\\`` or ``\\midrule`` before it."""
+    escaped = escape(text)
+    return "{}" + escaped if escaped.startswith("[") else escaped
+
+
 def label_text(label: str) -> str:
     """A ``\\label`` key of letters, digits, ``:``, ``.`` and ``-`` only (``tab:gac-table3``)."""
     return re.sub(r"[^A-Za-z0-9:.-]", "-", label)
@@ -25,7 +32,7 @@ def latex_table(frame: pd.DataFrame, caption: str, label: str, notes: list[str] 
     """A ``table`` environment with a booktabs tabular of ``frame`` (cells as text), the notes as
     paragraphs under it."""
     shown = frame.astype(object).where(frame.notna(), "")
-    shown = shown.map(escape).rename(columns=escape)
+    shown = shown.map(cell).rename(columns=cell)
     body = shown.to_latex(index=False, escape=False, caption=escape(caption), label=label_text(label))
     if notes:
         end = body.rindex("\\end{table}")
