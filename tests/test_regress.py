@@ -70,7 +70,8 @@ def test_a_declared_paper_row_is_not_a_different_recipe():
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.regress import recipe_difference
 
-    recipe = {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
+    members = [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}]
+    recipe = {"name": "reg", "members": members,
               "method": {"name": "gac"}, "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
     declared = {**recipe, "members": [{**recipe["members"][0], "paper_row": "openchat_3.5"}, recipe["members"][1]],
                 "method": {"name": "gac", "paper_row": "GaC (ours)"}}
