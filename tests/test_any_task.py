@@ -103,14 +103,21 @@ def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_pa
     from ensemble_bench.runner import _task_groups
 
     parsed = parse_recipe({"name": "cot", "members": [{"model": "m"}], "method": "single", "data": "hub",
-                           "tasks": [{"name": "gsm8k_cot", "num_fewshot": 2, "gen_kwargs": {"max_gen_toks": 32}}]})
+                           "tasks": [{"name": "gsm8k_cot", "num_fewshot": 2, "gen_kwargs": {"max_gen_toks": 32}},
+                                     {"name": "nq", "gen_kwargs": {"until": ["\n"]}}, "mmlu_pro"]})
     manager, [(limit, group)] = _task_groups(parsed, tmp_path)
     written = yaml.safe_load((tmp_path / "tasks" / f"{group}.yaml").read_text())["task"]
-    assert written == [{"task": "gsm8k_cot", "num_fewshot": 2, "generation_kwargs": {
-        "until": ["Q:", "</s>", "<|im_end|>"], "do_sample": False, "max_gen_toks": 32}}]
+    assert written == [
+        {"task": "gsm8k_cot", "num_fewshot": 2,
+         "generation_kwargs": {"until": ["Q:", "</s>", "<|im_end|>"], "do_sample": False, "max_gen_toks": 32}},
+        {"task": "nq_open", "num_fewshot": 5,  # a built-in benchmark: its shots, the stock task's settings updated
+         "generation_kwargs": {"until": ["\n"], "do_sample": False, "temperature": 0.0}},
+        {"group": "mmlu_pro"}]  # its own shots (5) and settings: nothing written over them
     assert limit is None and group in manager.task_index and "gsm8k_cot" in manager.task_index
-    [bench] = lm_eval_tasks.task_benchmarks(parsed)
-    assert (bench.task, bench.primary_metric, bench.builtin) == ("gsm8k_cot", "exact_match,strict-match", False)
+    cot, _, pro = lm_eval_tasks.task_benchmarks(parsed)
+    assert (cot.task, cot.primary_metric, cot.builtin, cot.is_group) == ("gsm8k_cot", "exact_match,strict-match",
+                                                                         False, False)
+    assert (pro.primary_metric, pro.default_shots, pro.is_group) == ("exact_match,custom-extract", 5, True)
 
 
 def test_parsing_never_indexes_lm_eval_and_reports_every_task_problem(monkeypatch):

@@ -13,6 +13,7 @@ index, so a finished run reads on a machine without the task's YAML folder.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import json
@@ -106,10 +107,8 @@ def _save_index(stamp: dict, index: dict[str, Found]) -> None:
     from ensemble_bench.cache import atomic_write_text
 
     entries = {name: [e.kind, e.yaml_path, e.cfg, list(e.tags)] for name, e in index.items()}
-    try:
+    with contextlib.suppress(OSError, UserError):
         atomic_write_text(_index_file(), json.dumps({"stamp": stamp, "entries": entries}, default=str))
-    except (OSError, UserError):
-        pass
 
 
 def task_index(folders: Sequence[Path] = ()) -> dict[str, Found]:
@@ -205,10 +204,10 @@ def primary_metric(entry: Found, index: dict[str, Found]) -> str | None:
 def lm_eval_benchmark(name: str, index: dict[str, Found]) -> Benchmark:
     """A recipe task that is not built in, as a Benchmark: lm-eval's task or group ``name``."""
     entry = find_entry(name, index)
-    shots = (entry.cfg or {}).get("num_fewshot")
-    return Benchmark(name, DEFAULT_VARIANT, name, shots if isinstance(shots, int) else 0,
-                     primary_metric(entry, index) or "", offline=False, is_group=entry.kind == "GROUP",
-                     builtin=False)
+    own = (cfg.get("num_fewshot") for cfg in leaf_configs(entry, index))
+    shots = next((n for n in own if isinstance(n, int)), 0)  # its tasks' own shots (lm-eval's default: 0)
+    return Benchmark(name, DEFAULT_VARIANT, name, shots, primary_metric(entry, index) or "", offline=False,
+                     is_group=entry.kind == "GROUP", builtin=False)
 
 
 def generation_kwargs(entry: Found, index: dict[str, Found], given: dict[str, Any]) -> dict[str, Any]:
@@ -221,8 +220,8 @@ def generation_kwargs(entry: Found, index: dict[str, Found], given: dict[str, An
     for cfg in leaf_configs(entry, index):
         if cfg.get("output_type", "generate_until") != "generate_until":
             continue
-        own = cfg.get("generation_kwargs") or default_gen_kwargs(cfg.get("fewshot_delimiter", "\n\n"))
-        merged.append({**own, **given})
+        own = cfg.get("generation_kwargs")
+        merged.append({**(default_gen_kwargs(cfg.get("fewshot_delimiter", "\n\n")) if own is None else own), **given})
     distinct = {json.dumps(kwargs, sort_keys=True, default=str): kwargs for kwargs in merged}
     if not distinct:
         raise UserError(f"{entry.name!r} generates no text (multiple choice or log-likelihood): gen_kwargs do not "

@@ -41,8 +41,7 @@ import yaml
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.tasks import Benchmark
-from ensemble_bench.tasks import flores
+from ensemble_bench.tasks import Benchmark, flores
 from ensemble_bench.tasks.data_store import ensure_offline_data, local_dataset
 
 DATA_MODES = ("offline", "hub")
