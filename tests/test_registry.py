@@ -2,6 +2,8 @@
 names as recipe aliases), one spelling of equal weights, one shared ``window``, typed run
 statistics, and stored parameters of older runs read under today's names."""
 
+import json
+
 import pytest
 
 from ensemble_bench.members import LocalMember
@@ -101,3 +103,19 @@ def test_read_stats_names_an_old_rows_params_as_today():
     stats = read_stats(old)
     assert stats.params["lambda"] == 4.0 and stats.params["lead"] == 0 and stats.counters == {"rounds": 7}
     assert stats.label == "ss" and stats.decode_ms_per_token == 2.5
+
+
+def test_a_run_stored_with_the_papers_names_is_still_the_same_run(tiny_dirs, tmp_path):
+    from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.runner import PARAMS, _same_params, resolved_params
+
+    recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "a"}, {"model": tiny_dirs[1],
+                                                                                        "name": "b"}],
+                           "method": {"name": "unite", "primary": "b"}, "singles": False, "tasks": ["piqa"]}, "r.yaml")
+    stored = resolved_params(recipe)
+    assert stored["unite"]["lead"] == "b"
+    old = {"unite": {**{k: v for k, v in stored["unite"].items() if k != "lead"}, "primary": "b", "weights": "average"}}
+    (tmp_path / PARAMS).write_text(json.dumps(old))
+    assert _same_params(tmp_path, recipe)
+    (tmp_path / PARAMS).write_text(json.dumps({"unite": {**old["unite"], "primary": "a"}}))
+    assert not _same_params(tmp_path, recipe)
