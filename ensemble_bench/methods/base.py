@@ -275,7 +275,7 @@ class Method(ABC):
         """Models these parameters load besides the members (a scorer); the preflight checks them."""
         return ()
 
-    @classmethod
+    @classmethod  # noqa: B027 (an optional hook: most methods need no member checks)
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:
         """Checks that need the member list (counts of weights, gate names); raise UserError."""
 

@@ -132,7 +132,9 @@ class CharStats:
     characters: int = 0
 
     def summary(self) -> dict:
-        per = (lambda n: n / self.steps if self.steps else None)
+        def per(count: int) -> float | None:
+            return count / self.steps if self.steps else None
+
         return {"chared_steps": self.steps, "chared_characters_per_token": per(self.characters),
                 "chared_bytes_per_token": per(self.data_bytes)}
 
@@ -189,4 +191,5 @@ class CharED(DecodingMethod):
                 for k in range(len(requests))]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
-        return [mix(values, self.weights) for values in zip(*rolling_with_members(self.members, texts, self.batch_size))]
+        per_member = rolling_with_members(self.members, texts, self.batch_size)
+        return [mix(values, self.weights) for values in zip(*per_member)]

@@ -129,7 +129,8 @@ class Steps(ABC):
         """One round for the live rows (``dists``: each member's log-probs of them)."""
 
     @abstractmethod
-    def feed(self, dists: list[torch.Tensor], states: list[RequestState], advances: list[Advance]) -> list[torch.Tensor]:
+    def feed(self, dists: list[torch.Tensor], states: list[RequestState],
+             advances: list[Advance]) -> list[torch.Tensor]:
         """Give the members what the live rows took; their next log-probs."""
 
 

@@ -165,7 +165,8 @@ class Deepen(EmitterMethod):
         lead_space = self.spaces[self.lead]
         for row in range(len(supports[0])):
             ids_by_member = [s[row] for s in supports]
-            held = [space.rows(ids) if space.fits(len(ids) + 1) else None for space, ids in zip(self.spaces, ids_by_member)]
+            held = [space.rows(ids) if space.fits(len(ids) + 1) else None
+                    for space, ids in zip(self.spaces, ids_by_member)]
             relative = [space.represent(p[row][ids], ids, rows)  # r_i = p_i R^_i (Sec. 3.3)
                         for space, p, ids, rows in zip(self.spaces, probs, ids_by_member, held)]
             target = sum(w * r for w, r in zip(self.weights, relative))  # Eq. 5

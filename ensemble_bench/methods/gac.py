@@ -185,8 +185,8 @@ class Gac(DecodingMethod):
         confident = self._gate_confident(dists)
         dists = self._catch_up(states, confident, dists)
         picks = self._choose(dists, confident, [state.generator for state in states])
-        return Round([self._advance(state, gated, pick) for state, gated, pick in zip(states, confident.tolist(), picks)],
-                     dists)
+        advances = [self._advance(state, gated, pick) for state, gated, pick in zip(states, confident.tolist(), picks)]
+        return Round(advances, dists)
 
     def _gate_confident(self, logprobs: list[torch.Tensor]) -> torch.Tensor:
         """Eq. 5: rows whose gate max probability exceeds t take the gate's token alone."""

@@ -379,8 +379,10 @@ class PackLLM(DecodingMethod):
         return Round(self.fusion.choose(dists, states), dists)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
-        return each(self.members, lambda member, k: self.feeders[k].give(states, *self.fusion.chunks(states, advances, k)),
-                    list(range(len(self.members))))
+        def give(member, k: int):
+            return self.feeders[k].give(states, *self.fusion.chunks(states, advances, k))
+
+        return each(self.members, give, list(range(len(self.members))))
 
     def result(self, state: PackState, request: GenerationRequest) -> Generation:
         self.stats.weights.append(list(state.weights))

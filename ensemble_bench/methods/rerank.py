@@ -89,7 +89,8 @@ class Rerank(SampleLevel):
         if params.scorer == "reward":
             self.scorer = RewardScorer(ClassifierReward(classifier, params.scorer_template))
         else:
-            self.scorer = PairwiseScorer(ClassifierComparator(classifier, params.scorer_template or DEFAULT_PAIR_TEMPLATE))
+            template = params.scorer_template or DEFAULT_PAIR_TEMPLATE
+            self.scorer = PairwiseScorer(ClassifierComparator(classifier, template))
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         chosen = super().generate(requests)

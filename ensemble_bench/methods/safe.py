@@ -261,7 +261,8 @@ class Safe(DecodingMethod):
         return drafts
 
     def _draft_ends(self, state: SafeState, draft: Draft) -> bool:
-        if len(draft.tokens) >= self.params.draft_tokens or state.count + len(draft.tokens) >= state.rule.max_new_tokens:
+        budget_left = state.rule.max_new_tokens - state.count
+        if len(draft.tokens) >= self.params.draft_tokens or len(draft.tokens) >= budget_left:
             return True
         text = (bytes(state.data) + self.members[self.lead].vocab.join(draft.tokens)).decode("utf-8", "replace")
         return any(u and u in text for u in state.rule.until)
@@ -323,7 +324,8 @@ class Safe(DecodingMethod):
             if sum(self.weights[u] * p for u, p in own.items()) > AVERAGE_SKIP:
                 self.stats.average += 1  # Sec. 3.2 (ii)(2), weighted as App. H
                 continue
-            if self.params.gate_threshold is not None and float(draft.seen[t].max().exp()) >= self.params.gate_threshold:
+            gate = self.params.gate_threshold
+            if gate is not None and float(draft.seen[t].max().exp()) >= gate:
                 self.stats.gated += 1  # GaC's gate ("GaC + SAFE", Sec. 4.1)
                 continue
             self.stats.ensembled += 1

@@ -281,7 +281,8 @@ class SpanMethod(DecodingMethod):
         next-token log-probs of every row."""
         member = self.members[v]
         rows = member.row_ids()
-        takes = [self._take(v, state, info, w, row[:n]) for state, info, w, row, n in zip(states, rounds, winners, rows, prefix)]
+        takes = [self._take(v, state, info, w, row[:n])
+                 for state, info, w, row, n in zip(states, rounds, winners, rows, prefix)]
         keeps = [h is not None and h.index == w and start == n and ids == list(info["tokens"][v][w])
                  for h, w, (start, ids), n, info in zip(held, winners, takes, prefix, rounds)]
         member.crop([len(row) if keep else start for row, keep, (start, _) in zip(rows, keeps, takes)])
