@@ -16,7 +16,9 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
-# the same layout with the packaged models and small limits on this machine.
+# the same layout with the packaged models and small limits on this machine. DRY_RUN=1 checks each
+# recipe and prints its plan (runs nothing); LIMIT=n caps every task at n examples; OUTPUT=dir writes
+# runs and tables under dir instead of results/ (passed to `ensbench run` as overrides).
 SCALE ?= paper
 
 $(STAMP): pyproject.toml
@@ -78,7 +80,8 @@ baseline: install
 
 reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe: install
-	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS)
+	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS) \
+		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

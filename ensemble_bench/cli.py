@@ -28,7 +28,7 @@ from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault
+from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
 from ensemble_bench.tasks import list_benchmarks
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
@@ -62,6 +62,20 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 console = PipeConsole()
 
 
+def _show_version(asked: bool) -> None:
+    if asked:
+        from ensemble_bench import __version__
+
+        print(f"ensbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    """Benchmark training-free ensembles of LLMs with different tokenizers."""
+
+
 def _quiet_libraries() -> None:
     """Our progress bar replaces the libraries' own bars and warnings during a run. sqlitedict (lm-eval's
     response cache) logs a failed write from its worker thread as some 60 lines of stack and raises it
@@ -79,8 +93,20 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _plan_tables(recipe) -> list:
-    """The plan as a heading line and two narrow tables (rows, then benchmarks), readable at 80 columns."""
+def _results_line(recipe, fresh: bool) -> Text:
+    """Where the run writes: the unfinished run it resumes, or the new run folder."""
+    from ensemble_bench.runner import planned_run_dir
+
+    try:
+        folder, resumed = planned_run_dir(recipe, fresh)
+    except (UserError, OSError) as err:  # the preflight says what is wrong with output:
+        return Text(f"results: output: {recipe.output} ({lines_of(err)[0] if isinstance(err, UserError) else err})")
+    return Text(f"results: {folder}" + (" (resumes this unfinished run)" if resumed else " (a new run)"))
+
+
+def _plan_tables(recipe, fresh: bool = False) -> list:
+    """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
+    readable at 80 columns."""
     from ensemble_bench.recipe import plan_rows, selected_benchmarks
 
     heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
@@ -95,43 +121,80 @@ def _plan_tables(recipe) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    return [heading, rows, benches]
+    return [heading, _results_line(recipe, fresh), rows, benches]
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class RowClock:
+    """Examples answered in one row, its elapsed time and an ETA. lm-eval asks a row's model once per
+    request kind and task group (a pass); each pass reports how many examples it holds, so the total
+    grows when the next pass starts and the ETA is that of the pass in progress."""
+
+    def __init__(self, now: float):
+        self.started = self.pass_started = now
+        self.done = self.before_pass = 0
+        self.pass_total: int | None = None
+
+    def add(self, done: int, total: int | None, now: float) -> None:
+        if self.pass_total is not None and self.done - self.before_pass >= self.pass_total:  # a new pass
+            self.before_pass, self.pass_started = self.done, now
+        self.pass_total = total
+        self.done += done
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.started
+        of = f" of {self.before_pass + self.pass_total}" if self.pass_total else ""
+        text = f"{self.done}{of} examples done, {_duration(elapsed)} elapsed"
+        in_pass, spent = self.done - self.before_pass, now - self.pass_started
+        if self.pass_total and in_pass and spent > 0:
+            text += f", ETA {_duration(spent / in_pass * (self.pass_total - in_pass))}"
+        return text + (f", {self.done / elapsed:.2f} examples/s" if elapsed > 0 else "")
 
 
 class PlainProgress:
-    """Progress for a log (stdout not a terminal): a line per finished chunk with counts and rate,
-    and a line per row state, instead of a live bar that a log shows only at the end."""
+    """Progress for a log (stdout not a terminal): a line per finished chunk with the examples done,
+    the elapsed time, an ETA and the rate, and a line per row state, instead of a live bar that a log
+    shows only at the end."""
 
-    def __init__(self, write=print):
+    def __init__(self, write=print, clock=None):
+        import time
+
         self.write = write
-        self.done: dict[str, int] = {}
-        self.started: dict[str, float] = {}
+        self.clock = clock or time.perf_counter
+        self.rows: dict[str, RowClock] = {}
 
     def on_row(self, row, state) -> None:
         self.write(f"{row.label}: {state}", flush=True)
 
     def on_progress(self, label, done, total) -> None:
-        import time
-
-        now = time.perf_counter()
-        self.started.setdefault(label, now)
-        self.done[label] = self.done.get(label, 0) + done
-        elapsed = now - self.started[label]
-        rate = f", {self.done[label] / elapsed:.2f} requests/s" if elapsed > 0 else ""
-        of = f" of {total}" if total else ""
-        self.write(f"{label}: {self.done[label]}{of} requests done in {elapsed:.0f} s{rate}", flush=True)
+        now = self.clock()
+        row = self.rows.setdefault(label, RowClock(now))
+        row.add(done, total, now)
+        self.write(f"{label}: {row.line(now)}", flush=True)
 
 
 def _run_with_progress(loaded, fresh: bool):
-    """Run the recipe with a live bar on a terminal, plain progress lines otherwise."""
+    """Run the recipe with a live bar on a terminal (examples done, elapsed, ETA), plain progress lines otherwise."""
+    from rich.progress import TimeRemainingColumn
+
     from ensemble_bench.runner import run_recipe
 
     if not console.is_terminal:
         plain = PlainProgress()
         return run_recipe(loaded, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("examples"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         bars: dict[str, int] = {}
+        clocks: dict[str, RowClock] = {}
 
         def on_row(row, state):
             if row.label not in bars:
@@ -139,27 +202,39 @@ def _run_with_progress(loaded, fresh: bool):
             progress.update(bars[row.label], description=f"{row.label}: {state}")
 
         def on_progress(label, done, total):
-            progress.update(bars[label], advance=done, total=total or None)
+            clock = clocks.setdefault(label, RowClock(0.0))
+            clock.add(done, total, 0.0)
+            progress.update(bars[label], advance=done, total=clock.before_pass + total if total else None)
 
         return run_recipe(loaded, fresh=fresh, progress=on_progress, on_row=on_row)
 
 
 @app.command()
 def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Validate, check the machine (output folder, devices, "
-                                                              "network) and print the plan; load nothing."),
-        fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate, check the machine (models, packages, data, "
+                                                              "output folder, devices, network) and print the plan; "
+                                                              "load nothing."),
+        fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists, and "
+                                                          "compute every row (no finished row of another run reused)."),
         reuse: bool = typer.Option(False, "--reuse", help="If this exact recipe has a finished run, show it; run nothing."),
-        threads: int = typer.Option(settings.threads, help="torch CPU threads (0: default; $ENSBENCH_THREADS).")):
+        threads: int = typer.Option(settings.threads, help="torch CPU threads (0: default; $ENSBENCH_THREADS)."),
+        limit: int = typer.Option(None, min=1, help="Override: at most this many examples of every task."),
+        tasks: str = typer.Option(None, help="Override: only these benchmarks, comma-separated (e.g. piqa,nq)."),
+        batch_size: int = typer.Option(None, "--batch-size", min=1, help="Override: the recipe's batch_size."),
+        output: str = typer.Option(None, help="Override: the folder results go to (~ and $VARS expanded)."),
+        set_: list[str] = typer.Option(None, "--set", help="Override any field: --set method.weights=[2,1] "
+                                                          "(dotted path, list indices, a YAML value; repeatable).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
+    from ensemble_bench.overrides import option_overrides, parse_set
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.runner import finished_run, preflight
 
-    loaded = load_recipe(recipe)
-    console.print(*_plan_tables(loaded))
-    problems = preflight(loaded)
+    overrides = option_overrides(limit, tasks, batch_size, output) + [parse_set(text) for text in set_ or []]
+    loaded = load_recipe(recipe, overrides)
+    problems = preflight(loaded, str(recipe))  # a task lm-eval lacks here is named before the plan lists it
+    console.print(*_plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
     if problems:
-        raise EnvironmentFault("; ".join(problems))
+        raise several(EnvironmentFault, problems)
     if dry_run:
         return
 
@@ -179,7 +254,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
 
 
 @app.command()
-def select(runs: list[Path] = typer.Argument(..., help="finished run directories (results/<recipe>/<run id>)"),
+def select(runs: list[Path] = typer.Argument(..., help="finished runs, or results/<recipe> folders (their newest run)"),
            max_models: int = typer.Option(3, min=1, help="Most models to choose."),
            gap: float = typer.Option(0.10, min=0.0, max=1.0, help="Largest score gap to the best model (0.10 = 10 points)."),
            length_ratio: float = typer.Option(2.0, min=1.0, help="Largest ratio of mean response lengths."),
@@ -193,10 +268,11 @@ def select(runs: list[Path] = typer.Argument(..., help="finished run directories
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
+    from ensemble_bench.report.tables import resolve_run
 
     get_method(method)
     [out] = checked_files(user_path(out), [""])
-    decisions = select_models(load_candidates(runs), max_models, gap, length_ratio,
+    decisions = select_models(load_candidates([resolve_run(run) for run in runs]), max_models, gap, length_ratio,
                               [t for t in tasks.split(",") if t] or None)
     table = Table(title=f"determine-then-ensemble (gap <= {gap:.2f}, length ratio <= {length_ratio:g}, "
                         f"at most {max_models})")
@@ -263,18 +339,18 @@ def regress(current: Path = typer.Argument(..., help="finished run, or results/<
 
 @app.command()
 def table(runs: list[Path] = typer.Argument(..., help="finished runs, or results/<recipe> folders (their newest run)"),
-          layout: str = typer.Option(..., help="paper table: gac_table3, unite_table4, deepen_table1, ..."),
+          layout: str = typer.Option(None, help="a paper's table: gac_table3, unite_table4, deepen_table1, ... "
+                                               "(default: every row by every benchmark of the runs)"),
           paper: bool = typer.Option(False, "--paper", help="add the paper's published numbers and the differences"),
           block: str = typer.Option(None, help="only this block of the paper's table"),
           out: Path = typer.Option(None, help="write <out>.md, <out>.tex and <out>.csv (default: print Markdown)")):
-    """Our results in the layout of a paper's table (rows the runs lack are marked 'not run')."""
+    """The runs' rows by their benchmarks, or our results in the layout of a paper's table."""
     from ensemble_bench.report.out_files import checked_files, user_path
-    from ensemble_bench.report.tables import build_table, get_layout, render
+    from ensemble_bench.report.tables import make_table, render
 
-    chosen = get_layout(layout)
     formats = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
     targets = checked_files(user_path(out), list(formats)) if out is not None else []
-    frame = build_table(chosen, runs, with_paper=paper, block=block)
+    frame, chosen = make_table(runs, layout, with_paper=paper, block=block)
     if not targets:
         print(render(frame, chosen, "markdown"))
         return
@@ -321,46 +397,83 @@ def list_things(details: bool = typer.Option(False, "--details", help="add lm-ev
     methods.add_column("parameters")
     for name, cls in sorted(METHODS.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
-        methods.add_row(name, "1 per row" if name == "single" else count, ", ".join(p.name for p in describe_params(name)) or "-")
+        methods.add_row(name, "1 per row" if cls.alone else count, ", ".join(p.name for p in describe_params(name)) or "-")
     models = Table(title="packaged offline models (fetched from PyPI on first use)")
     models.add_column("name", no_wrap=True)
     models.add_column("what")
     for model in PACKAGED.values():
         models.add_row(model.name, model.description)
-    for table in (methods, models, _benchmark_table(details)):
+    for table in (methods, models):
         console.print(table)
+    console.print(*(_benchmark_blocks() if details else [_benchmark_table()]), sep="\n")
     for number, (name, needs) in enumerate(_missing(), 1):
         console.print(f"[{number}] {name}: {needs}", markup=False)
 
 
+def _label(bench) -> str:
+    return bench.name if bench.variant == "default" else f"{bench.name}/{bench.variant}"
+
+
+def _offline_missing(bench) -> str | None:
+    """What this machine lacks to build the benchmark's offline copy (BBH: its folder), unless built."""
+    from ensemble_bench.tasks.data_store import data_root, is_complete
+    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
+
+    spec = LOCAL_DATASETS.get(bench.name) if bench.offline else None
+    needs = spec.missing() if spec is not None else None
+    return needs if needs and not is_complete(spec, data_root()) else None
+
+
 def _missing() -> list[tuple[str, str]]:
-    """(benchmark, what it needs) of the benchmarks that cannot run yet, one note each."""
-    return [(b.name if b.variant == "default" else f"{b.name}/{b.variant}", b.needs) for b in list_benchmarks() if b.needs]
+    """(benchmark, what it needs) of the benchmarks that cannot run yet, or not with data: offline, one
+    note each (naming no path of this machine)."""
+    notes = []
+    for b in list_benchmarks():
+        if b.needs:
+            notes.append((_label(b), b.needs))
+        elif needs := _offline_missing(b):
+            notes.append((_label(b), f"for data: offline, {needs}"))
+    return notes
 
 
-def _benchmark_table(details: bool) -> Table:
+def _status(bench, notes: list[str]) -> str:
+    """ready, or the note that says what is missing: ``needs [n]``, or ``hub only [n]`` (no offline copy here)."""
+    if _label(bench) not in notes:
+        return "ready"
+    return f"{'needs' if bench.needs else 'hub only'} [{notes.index(_label(bench)) + 1}]"
+
+
+def _benchmark_table() -> Table:
     """Short columns; a benchmark that cannot run points at its numbered note below the table."""
     from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
 
-    benches = Table(title="benchmarks" + (" (data: hub reads the hub dataset, data: offline a local copy built from the offline source)"
-                                          if details else " (--details: where the data comes from)"))
-    columns = ("name", "variant", "shots", "metric", "offline", "status") if not details else \
-        ("name", "variant", "lm-eval task", "shots", "metric key", "hub dataset", "offline source", "status")
-    for column in columns:
+    benches = Table(title="benchmarks (--details: where the data comes from)")
+    for column in ("name", "variant", "shots", "metric", "offline", "status"):
         benches.add_column(column, no_wrap=True, overflow="fold")
     notes = [name for name, _ in _missing()]
     for b in list_benchmarks():
-        label = b.name if b.variant == "default" else f"{b.name}/{b.variant}"
-        status = f"needs [{notes.index(label) + 1}]" if b.needs else "ready"
-        metric = b.primary_metric if details else b.primary_metric.split(",")[0]
         spec = LOCAL_DATASETS.get(b.name) if b.offline else None
         offline = "no" if spec is None else "fixture" if "fixture" in spec.source else "yes"
-        cells = [b.name, b.variant, str(b.default_shots), metric, spec.source if details and spec else offline, status]
-        if details:
-            cells.insert(2, b.task)
-            cells.insert(5, spec.hub_id if spec else "lm-eval's stock task")
-        benches.add_row(*cells)
+        benches.add_row(b.name, b.variant, str(b.default_shots), b.primary_metric.split(",")[0], offline,
+                        _status(b, notes))
     return benches
+
+
+def _benchmark_blocks() -> list[Text]:
+    """One block per benchmark, a fact per line (readable at 80 columns, long values wrap at words)."""
+    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
+
+    blocks = [Text("benchmarks (data: hub reads the hub dataset; data: offline a local copy built from the "
+                   "offline source)", style="italic")]
+    notes = [name for name, _ in _missing()]
+    for b in list_benchmarks():
+        spec = LOCAL_DATASETS.get(b.name) if b.offline else None
+        block = Text.assemble((_label(b), "bold"), f"  {_status(b, notes)}\n")
+        block.append(f"  lm-eval task: {b.task}, shots: {b.default_shots}, metric key: {b.primary_metric}\n")
+        block.append(f"  hub dataset: {spec.hub_id if spec else 'the stock lm-eval task'}\n")
+        block.append(f"  offline source: {spec.source if spec else 'none'}")
+        blocks.append(block)
+    return blocks
 
 
 @app.command()
@@ -445,7 +558,8 @@ def _exit_code(err: BaseException) -> int:
         err.show()
         return err.exit_code
     if isinstance(err, (UserError, EnvironmentFault)):
-        _say(str(err))
+        for line in lines_of(err):  # several mistakes of a recipe: one `error:` line each
+            _say(line)
         return err.exit_code
     if isinstance(err, USAGE_ERRORS):
         _say(f"{err.format_message()} (ensbench --help)")

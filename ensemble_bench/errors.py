@@ -21,6 +21,19 @@ class EnvironmentFault(Exception):
     exit_code = 1
 
 
+def several(kind: type[Exception], lines: list[str]) -> Exception:
+    """One fault made of several lines (every mistake of a recipe at once, like torchtune's
+    ConfigError): ``str`` joins them; the command line prints each as its own ``error:`` line."""
+    fault = kind("\n".join(lines))
+    fault.lines = tuple(lines)
+    return fault
+
+
+def lines_of(fault: Exception) -> tuple[str, ...]:
+    """The lines to print for ``fault``: those of ``several``, or its message as one line."""
+    return getattr(fault, "lines", None) or (str(fault),)
+
+
 NETWORK_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "gaierror", "OfflineModeIsEnabled",
                    "LocalEntryNotFoundError"}
 DISK_FULL = "disk full{where}: free space on that disk (or set output: to another disk) and run the same command again"

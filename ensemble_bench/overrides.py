@@ -76,22 +76,25 @@ def _as_mapping(value: Any) -> Any:
     return {"name": value} if isinstance(value, str) else value
 
 
-def _set(node: Any, path: tuple[str | int, ...], value: Any, shown: str) -> Any:
-    """``node`` with the field at ``path`` set to ``value`` (mappings created on the way)."""
+SHORTHAND = ("method", "methods", "tasks")  # fields whose entries may be written as a bare name
+
+
+def _set(node: Any, path: tuple[str | int, ...], value: Any, shown: str, shorthand: bool = False) -> Any:
+    """``node`` with the field at ``path`` set to ``value`` (mappings created on the way; ``shorthand``:
+    ``node`` may be a method's or task's bare name, edited as ``{name: ...}``)."""
     if not path:
         return value
     head, rest = path[0], path[1:]
-    node = _as_mapping(node) if isinstance(head, str) else node
     if isinstance(head, int):
         if not isinstance(node, list) or not -len(node) <= head < len(node):
             size = f"a list of {len(node)}" if isinstance(node, list) else "not a list"
             raise UserError(f"{shown}: index {head} is out of range ({size} there)")
-        return [_set(item, rest, value, shown) if k == head % len(node) else item for k, item in enumerate(node)]
-    if node is None:
-        node = {}
+        return [_set(item, rest, value, shown, shorthand) if k == head % len(node) else item
+                for k, item in enumerate(node)]
+    node = {} if node is None else _as_mapping(node) if shorthand else node
     if not isinstance(node, dict):
         raise UserError(f"{shown}: '{head}' cannot be set inside a {type(node).__name__}")
-    return {**node, head: _set(node.get(head), rest, value, shown)}
+    return {**node, head: _set(node.get(head), rest, value, shown, head in SHORTHAND)}
 
 
 def _select_tasks(data: dict, names: list[str]) -> list[Any]:

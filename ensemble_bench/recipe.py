@@ -13,14 +13,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ensemble_bench.errors import UserError, lines_of, several
 from ensemble_bench.methods import get_method
-from ensemble_bench.tasks import Benchmark, get_benchmark
+from ensemble_bench.overrides import Override, blame
+from ensemble_bench.overrides import apply as apply_overrides
+from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
+from ensemble_bench.tasks.lm_eval_tasks import task_benchmarks
 
 # every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -145,12 +148,52 @@ class MethodSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
-class TaskSpec(BaseModel):
+# a task or group name as lm-eval writes them (it names files after it): no path separators, no spaces
+TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+:()=-]*$"
+IncludePath = Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None
+
+
+class GenKwargs(BaseModel):
+    """A task's generation settings, named as lm-eval's ``--gen_kwargs`` names them. They update the
+    task's own ``generation_kwargs`` in the task config the run writes."""
+
     model_config = STRICT
-    name: str = Field(min_length=1)
+    until: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = None
+    max_gen_toks: int | None = Field(default=None, gt=0)
+    do_sample: bool | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        """The settings the recipe gives (lm-eval's names)."""
+        return self.model_dump(exclude_none=True)
+
+    def sampling(self) -> list[str]:
+        """The settings that ask for sampling rather than greedy decoding."""
+        asked = {"do_sample": self.do_sample, "temperature": (self.temperature or 0) > 0,
+                 "top_p": self.top_p is not None and self.top_p < 1, "top_k": bool(self.top_k)}
+        return [name for name, on in asked.items() if on]
+
+
+class TaskSpec(BaseModel):
+    """A recipe task: a built-in benchmark, or any lm-eval task or group (``include_path``: folders
+    with task YAML of one's own)."""
+
+    model_config = STRICT
+    name: str = Field(pattern=TASK_NAME, max_length=200)
     variant: str | None = None
-    shots: int | None = Field(default=None, ge=0)
+    shots: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("shots", "num_fewshot"))
     limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
+    gen_kwargs: GenKwargs | None = None
+    include_path: IncludePath = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shot_count(cls, value):
+        if isinstance(value, dict) and "shots" in value and "num_fewshot" in value:
+            raise ValueError("give shots or num_fewshot (two names of one field), not both")
+        return value
 
 
 class Recipe(BaseModel):
@@ -162,6 +205,7 @@ class Recipe(BaseModel):
     methods: list[MethodSpec] | None = Field(default=None, min_length=1)  # several (e.g. a paper table)
     singles: bool = False
     tasks: list[TaskSpec] = Field(min_length=1)
+    include_path: IncludePath = None  # folders of lm-eval task YAML, for every task (tasks[i].include_path: one)
     limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
     batch_size: int = Field(default=1, gt=0)
     seed: int = Field(default=1234, ge=0, le=SEED_MAX)
@@ -270,13 +314,13 @@ def plan_rows(recipe: Recipe) -> list[Row]:
 
 
 def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
-    """(benchmark, shots, limit) per recipe task; refuses benchmarks that cannot run yet."""
+    """(benchmark, shots, limit) per recipe task; refuses built-in benchmarks that cannot run yet. A task
+    that is not built in is looked up in lm-eval's task index (seconds, once a process: tasks.lm_eval_tasks)."""
     chosen = []
-    for task in recipe.tasks:
-        bench = get_benchmark(task.name, task.variant)
+    for task, bench in zip(recipe.tasks, task_benchmarks(recipe)):
         if bench.needs:
             raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
-        if recipe.data == "offline" and not bench.offline:
+        if recipe.data == "offline" and bench.builtin and not bench.offline:
             raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
         chosen.append((bench, task.shots, recipe.task_limit(task)))
     return chosen
@@ -382,26 +426,62 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     return recipe
 
 
-def check_tasks(recipe: Recipe, source: str) -> None:
-    """Each task names a known benchmark once, with no more shots than its few-shot pool holds."""
-    listed: dict[str, int] = {}
+def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
+    """What is wrong with a task that names a built-in benchmark (``tasks[i].field: message`` lines)."""
+    try:
+        bench = get_benchmark(task.name, task.variant)
+    except UserError as err:
+        return [f"tasks[{i}].{'name' if task.variant is None else 'variant'}: {err}"]
+    lines = []
+    if bench.runs_code and not recipe.allow_code_execution:
+        lines.append(f"tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
+                     "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
+    shots, most = bench.default_shots if task.shots is None else task.shots, bench.max_shots(recipe.data)
+    if most is not None and shots > most:
+        lines.append(f"tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
+                     f"(its few-shot pool), got {shots}")
+    if task.gen_kwargs is not None and bench.primary_metric.startswith("acc,"):
+        lines.append(f"tasks[{i}].gen_kwargs: benchmark '{task.name}' is scored by log-likelihood and generates "
+                     "no text: remove gen_kwargs")
+    return lines
+
+
+def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
+    """Every problem of the recipe's tasks, one ``<source>: tasks[i].<field>: <message>`` line each, read
+    from the recipe alone. A name that is not built in is taken as an lm-eval task or group: the preflight
+    looks it up (``tasks.lm_eval_tasks.task_preflight``), since indexing lm-eval's tasks takes seconds."""
+    lines: list[str] = []
+    listed: dict[str, int] = {}  # the lm-eval task or group -> the first task naming it
     for i, task in enumerate(recipe.tasks):
-        try:
-            bench = get_benchmark(task.name, task.variant)
-        except UserError as err:
-            raise UserError(f"{source}: tasks[{i}].name: {err}") from None
-        if task.name in listed:  # results and tables hold one score per benchmark name
-            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' is listed already "
-                            f"(tasks[{listed[task.name]}]): list each benchmark once (another variant: a recipe of "
-                            "its own)")
-        listed[task.name] = i
-        if bench.runs_code and not recipe.allow_code_execution:
-            raise UserError(f"{source}: tasks[{i}].name: benchmark '{task.name}' runs the generated programs: set "
-                            "allow_code_execution: true (each runs in a subprocess with time and memory limits)")
-        shots, most = bench.default_shots if task.shots is None else task.shots, bench.max_shots(recipe.data)
-        if most is not None and shots > most:
-            raise UserError(f"{source}: tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
-                            f"(its few-shot pool), got {shots}")
+        if is_builtin(task.name):
+            lines += _builtin_problems(recipe, i, task)
+            key = get_benchmark(task.name).name  # arc_challenge is arc_c; mmlu's two variants share one name
+        elif task.variant is not None:
+            lines.append(f"tasks[{i}].variant: only built-in benchmarks have variants; '{task.name}' is an lm-eval "
+                         "task or group as named")
+            key = task.name
+        else:
+            key = task.name
+        if key in listed:  # results and tables hold one score per benchmark
+            lines.append(f"tasks[{i}].name: benchmark '{task.name}' is listed already (tasks[{listed[key]}]): list "
+                         "each benchmark once (another variant: a recipe of its own)")
+        listed.setdefault(key, i)
+    return [f"{source}: {line}" for line in lines]
+
+
+def check_tasks(recipe: Recipe, source: str) -> None:
+    """Every problem of task_problems at once (one UserError of one line each), or nothing."""
+    lines = task_problems(recipe, source)
+    if lines:
+        raise several(UserError, lines)
+
+
+def task_notes(recipe: Recipe) -> list[str]:
+    """Lines to show beside the plan: gen_kwargs that ask for sampling (written into the task config, but
+    ensbench's methods decode greedily: a method that samples takes its own parameters)."""
+    return [f"tasks[{i}].gen_kwargs: {', '.join(asked)} asks for sampling: written into the task config, but "
+            "ensbench's methods decode greedily, so the answers do not change"
+            for i, task in enumerate(recipe.tasks) if task.gen_kwargs and (asked := task.gen_kwargs.sampling())]
 
 
 def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = "method",
@@ -524,8 +604,18 @@ def _read_text(path: Path) -> str:
                         "save the recipe as UTF-8") from None
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def load_recipe(path: str | Path, overrides: list[Override] | None = None) -> Recipe:
+    """The recipe in the YAML file ``path``, with command-line ``overrides`` applied before it is
+    validated (a line about a field an override set names the override)."""
     path = Path(path)
+    data = apply_overrides(_read_yaml(path), overrides or [])
+    try:
+        return parse_recipe(data, str(path))
+    except UserError as err:
+        raise blame(err, str(path), overrides or []) from None
+
+
+def _read_yaml(path: Path) -> Any:
     text = _read_text(path)
     try:
         data = yaml.load(text, Loader=RecipeLoader)  # noqa: S506 - a SafeLoader
@@ -537,4 +627,4 @@ def load_recipe(path: str | Path) -> Recipe:
         raise UserError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}") from None
     except ValueError as err:  # a value YAML reads but Python cannot hold (an int of 5000 digits, 2024-13-01)
         raise UserError(f"{path}: not valid YAML: {err}") from None
-    return parse_recipe(data, str(path))
+    return data

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -30,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -37,15 +39,23 @@ import yaml
 from ensemble_bench import settings
 from ensemble_bench.build import MemberPool, build_method, row_params
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError
-from ensemble_bench.methods import current_params
+from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
+from ensemble_bench.members.sources import model_problem
+from ensemble_bench.methods import current_params, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
+from ensemble_bench.row_store import (LENT_NOTE, REUSED_NOTE, RowKey, RowStore, copy_row, record_reuse, row_keys,
+                                      seed_cache)
 from ensemble_bench.run_lock import hold_run_lock, lock_path
+from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
 from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
-from ensemble_bench.tasks.offline import ensure_offline_data, include_defaults_needed, write_task_configs
+from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
+
+if TYPE_CHECKING:
+    from lm_eval.tasks import TaskManager
 
 PARAMS = "params.json"
+log = logging.getLogger(__name__)
 HUB = ("huggingface.co", 443)
 
 
@@ -113,13 +123,80 @@ def _cache_problem() -> str | None:
     return None
 
 
-def preflight(recipe: Recipe) -> list[str]:
-    """What would stop the run on this machine, found before any model is loaded: the output folder,
-    the cache folder, the members' devices, the network for ``data: hub``. One line each; empty when
-    all is well. A bad environment variable is a UserError first (``settings.check_environment``)."""
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
+
+
+def _package_problems(recipe: Recipe) -> list[str]:
+    """Optional packages the recipe needs that this machine lacks: ray (placement), bitsandbytes
+    (quantization in this process), and what a method's parameters need (``Method.packages``)."""
+    lines = []
+    if recipe.placement.kind == "ray" and not _installed("ray"):
+        lines.append("placement.kind: ray needs the ray package (pip install 'ensemble-bench[ray]')")
+    for i, member in enumerate(recipe.members):
+        if member.quantization and recipe.placement.kind != "ray" and not _installed("bitsandbytes"):
+            lines.append(f"members[{i}].quantization: '{member.quantization}' needs the bitsandbytes package "
+                         "(pip install bitsandbytes)")
+    for row in plan_rows(recipe):
+        for package, install in get_method(row.method).packages(row_params(recipe, row)).items():
+            if not _installed(package):
+                lines.append(f"row {row.label}: method '{row.method}' needs the {install} package with these "
+                             f"parameters (pip install {install})")
+    return lines
+
+
+def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:
+    """Members (and models a method loads, such as a scorer) that cannot be loaded here (sources.model_problem)."""
+    named = [(f"members[{i}].model", member.model) for i, member in enumerate(recipe.members)]
+    named += [(f"row {row.label}", model) for row in plan_rows(recipe)
+              for model in get_method(row.method).models(row_params(recipe, row))]
+    fields: dict[str, str] = {}  # model -> the first field naming it
+    for field, model in named:
+        fields.setdefault(model, field)
+    found = []
+    for model, field in fields.items():
+        if problem := model_problem(model):
+            kind, line = problem
+            found.append((kind, f"{field}: {line}"))
+    return found
+
+
+def _data_problems(recipe: Recipe) -> list[str]:
+    """Benchmarks whose offline copy is not built and cannot be built here (BBH without its folder)."""
+    if recipe.data != "offline":
+        return []
+    from ensemble_bench.tasks.data_store import data_root, is_complete
+    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
+
+    lines = []
+    for i, task in enumerate(recipe.tasks):  # built-in benchmarks only: any other task brings its own data
+        spec = LOCAL_DATASETS.get(get_benchmark(task.name, task.variant).name) if is_builtin(task.name) else None
+        if spec is not None and (needs := spec.missing()) and not is_complete(spec, data_root()):
+            lines.append(f"tasks[{i}].name: benchmark '{task.name}' has no offline data on this machine: {needs}")
+    return lines
+
+
+def preflight(recipe: Recipe, source: str = "recipe") -> list[str]:
+    """What would stop the run on this machine, found before any model is loaded, every problem at
+    once: members' models (missing files, hub models not cached while offline), optional packages,
+    benchmark data, the output folder, the cache folder, the members' devices, the network for
+    ``data: hub``. A mistake in the recipe for this machine (a missing model file or package) raises
+    one UserError of one line each (with the environment's lines); the environment's problems alone
+    are returned, one line each (empty when all is well). A bad environment variable is a UserError
+    first (``settings.check_environment``)."""
     settings.check_environment()
-    problems = (_output_problem(recipe), _cache_problem(), *_device_problems(recipe), _network_problem(recipe))
-    return [p for p in problems if p]
+    models = _model_problems(recipe)
+    mistakes = [f"{source}: {line}" for line in (*[line for kind, line in models if kind is UserError],
+                                                 *_package_problems(recipe), *_data_problems(recipe),
+                                                 *lm_eval_tasks.task_preflight(recipe))]
+    problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe),
+                _cache_problem(), *_device_problems(recipe), _network_problem(recipe)]
+    problems = [p for p in problems if p]
+    if mistakes:
+        raise several(UserError, mistakes + problems)
+    return problems
 
 
 # --- run directories ---------------------------------------------------------------------------
@@ -133,21 +210,29 @@ def inside(folder: Path, name: str) -> Path:
     return path
 
 
-def _runs_of(recipe: Recipe) -> list[Path]:
+def _runs_of(recipe: Recipe, passed: list[tuple[Path, str]] | None = None) -> list[Path]:
     """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
     runs stay findable when the fingerprint's own definition changes. A run whose rows were
     computed with other method parameters than this code gives the recipe (a default changed
-    since) is not this recipe's run: it is neither resumed nor reused."""
+    since) is not this recipe's run: it is neither resumed nor reused. Each folder passed over is
+    added to ``passed`` with the reason, in a few words."""
     base = output_root(recipe) / recipe.name
     fingerprint = recipe.fingerprint()
-    found = []
-    for folder in sorted(base.iterdir()) if base.is_dir() else []:
+    found: list[Path] = []
+    passed = [] if passed is None else passed
+    for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
         try:
             held = parse_recipe(yaml.safe_load((folder / "recipe.yaml").read_text()), str(folder))
-        except (OSError, UserError, yaml.YAMLError):
+        except (OSError, UserError, yaml.YAMLError) as err:
+            why = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
+            passed.append((folder, f"its recipe.yaml cannot be read ({why})"))
             continue
-        if (held.model_copy(update={"output": recipe.output}).fingerprint() == fingerprint
-                and _same_params(folder, recipe)):
+        if held.model_copy(update={"output": recipe.output}).fingerprint() != fingerprint:
+            passed.append((folder, "it ran another version of this recipe"))
+        elif not _same_params(folder, recipe):
+            passed.append((folder, "its rows used other method parameters than this code gives the recipe "
+                                   "(a default changed since)"))
+        else:
             found.append(folder)
     return found
 
@@ -175,10 +260,31 @@ def _same_params(folder: Path, recipe: Recipe) -> bool:
 
 def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
     """The unfinished run of this exact recipe to resume, or a new run directory's name; whether resumed."""
-    unfinished = [p for p in _runs_of(recipe) if not (p / DONE).exists()]
+    passed: list[tuple[Path, str]] = []
+    unfinished = _unfinished_runs(recipe, passed)
     if unfinished and not fresh:
         return unfinished[-1], True
+    for folder, why in passed if not fresh else []:  # never passed over silently
+        log.warning("%s: unfinished run not resumed: %s; a new run starts", folder, why)
     return _new_run_dir(recipe), False
+
+
+def _unfinished_runs(recipe: Recipe, passed: list[tuple[Path, str]]) -> list[Path]:
+    """The unfinished runs of this exact recipe, oldest first; the unfinished folders of the recipe's
+    name that are not its runs are added to ``passed`` with the reason."""
+    found: list[tuple[Path, str]] = []
+    runs = [p for p in _runs_of(recipe, found) if not (p / DONE).exists()]
+    passed += [(folder, why) for folder, why in found if not (folder / DONE).exists()]
+    return runs
+
+
+def planned_run_dir(recipe: Recipe, fresh: bool = False) -> tuple[Path, bool]:
+    """Where a run of the recipe will write, for its plan: the unfinished run it resumes (True), or
+    its new folder (False; named by the second the run starts, shown as <date>-<time>)."""
+    unfinished = _unfinished_runs(recipe, [])
+    if unfinished and not fresh:
+        return unfinished[-1], True
+    return output_root(recipe).resolve() / recipe.name / f"<date>-<time>-{recipe.fingerprint()}", False
 
 
 def _new_run_dir(recipe: Recipe) -> Path:
@@ -205,7 +311,8 @@ def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager) -> None:
+def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager,
+                  row_key: str | None = None) -> None:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
@@ -238,7 +345,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     timing = {"label": row.label, "method": row.method,
               "members": [recipe.members[i].label for i in row.members], **lm.method.info(),
-              "requests_computed": lm.requests_computed}
+              "requests_computed": lm.requests_computed, **lm.scoring.summary(), "row_key": row_key}
     atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
@@ -350,9 +457,37 @@ def check_cache(db: Path) -> None:
                                "are recomputed) and run the same command again")
 
 
-def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row) -> list[Row]:
+def _reused(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> bool:
+    """Copy in the row finished under the same key in another run of the output folder, if any."""
+    found = store.finished(key)
+    if found is None:
+        return False
+    source, name = found
+    partial = inside(run_dir, f".{row.label}.partial")
+    copy_row(source, partial, name)
+    record_reuse(run_dir, row.label, {"from": name, "key": key.key, "note": REUSED_NOTE})
+    os.replace(partial, inside(run_dir, row.label))
+    on_row and on_row(row, f"reused from {name}")
+    return True
+
+
+def _lend_cache(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> None:
+    """A row about to be computed for the first time starts from the response cache of a finished row
+    of its lineage (same members, method and parameters; other tasks or limits): only new requests run."""
+    db = cache_db(run_dir, row.label)
+    source = None if db.exists() else store.lineage_cache(key)
+    if source is not None and seed_cache(source, db):
+        name = source.relative_to(store.root).as_posix()
+        record_reuse(run_dir, row.label, {"cache_from": name, "note": LENT_NOTE})
+        on_row and on_row(row, f"answers cached in {name} are reused")
+
+
+def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, store: RowStore | None = None,
+                     keys: dict[str, RowKey] | None = None) -> list[Row]:
     """Validate the finished rows of a resumed run before computing anything: a damaged one is moved
-    aside (to .<row>.damaged) and recomputed from its response cache; every cache to be read must open."""
+    aside (to .<row>.damaged) and recomputed from its response cache; every cache to be read must open.
+    With a store of finished rows, a row finished under the same key is copied instead of computed,
+    and one computed anew starts from the response cache of its lineage (``row_store``)."""
     todo = []
     for row in rows:
         row_dir = inside(run_dir, row.label)
@@ -365,6 +500,10 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row) 
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(row_dir, aside)
             on_row and on_row(row, f"damaged ({why}): recomputed from the response cache")
+        if store and keys and _reused(run_dir, row, store, keys[row.label], on_row):
+            continue
+        if store and keys:
+            _lend_cache(run_dir, row, store, keys[row.label], on_row)
         check_cache(cache_db(run_dir, row.label))
         todo.append(row)
     return todo
@@ -387,18 +526,30 @@ def _quiet_git_hash() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[str, list[tuple[int | None, str]]]:
-    """Task configs for the run: one lm-eval group per distinct limit, all in one folder."""
+def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple[int | None, str]]]:
+    """Task configs for the run: one lm-eval group per distinct limit, all in one folder; and the TaskManager
+    reading them (lm-eval's tasks, the recipe's include_path folders, then that folder). A task's gen_kwargs
+    update its own generation_kwargs on its member of the group, as lm-eval's --gen_kwargs does."""
+    if problems := lm_eval_tasks.task_preflight(recipe):
+        raise several(UserError, problems)
     chosen = selected_benchmarks(recipe)
-    if recipe.data == "offline":
-        ensure_offline_data([b for b, _, _ in chosen])
+    builtin = [bench for bench, _, _ in chosen if bench.builtin]
+    if recipe.data == "offline" and builtin:
+        ensure_offline_data(builtin)
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
     dest = run_dir / "tasks"
-    groups = [(limit, write_task_configs(selection, dest, recipe.data, suffix=f"_{k}"))
-              for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
-    return str(dest), groups
+
+    def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
+        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra))
+                for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
+
+    groups, folders = write(), [*lm_eval_tasks.include_folders(recipe), dest]
+    extra = lm_eval_tasks.generation_overrides(recipe, [bench for bench, _, _ in chosen],
+                                               lm_eval_tasks.task_index(folders))
+    groups = write(extra) if extra else groups
+    return lm_eval_tasks.task_manager(folders), groups
 
 
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
@@ -415,7 +566,6 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     import lm_eval.evaluator  # lm-eval loads here, not for --dry-run / --reuse (about a second)
-    from lm_eval.tasks import TaskManager
 
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
@@ -427,8 +577,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     _write_recipe(run_dir, recipe)
     if not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
-    include_path, groups = _task_groups(recipe, run_dir)
-    task_manager = TaskManager(include_path=include_path, include_defaults=include_defaults_needed(recipe.data))
+    task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]
     inside(run_dir, "cache").mkdir(exist_ok=True)
 
@@ -436,13 +585,16 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
     rows = plan_rows(recipe)
-    for row in _rows_to_compute(run_dir, rows, group_names, on_row):
+    store = RowStore(output_root(recipe), lambda row_dir: _damage(row_dir, group_names) is None)
+    keys = row_keys(recipe, rows, [run_dir / "tasks", *lm_eval_tasks.include_folders(recipe)], groups)
+    for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
         lm = LM_CLASSES[row.method](method, row.label,
-                                    progress=(lambda n, label=row.label: progress(label, n, None)) if progress else None)
+                                    progress=(lambda n, total, label=row.label: progress(label, n, total)) if progress else None)
         on_row and on_row(row, "evaluating")
-        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager)
+        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
+        store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
     _check_complete(run_dir, rows, group_names)
     write_summary(run_dir, recipe)
     return run_dir

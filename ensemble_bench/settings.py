@@ -71,6 +71,12 @@ def hub_offline() -> str | None:
     return next((name for name in HUB_OFFLINE if (raw(name) or "").lower() in YES), None)
 
 
+def hub_models_offline() -> bool:
+    """Whether HF_HUB_OFFLINE is switched on (models then load only from the local hub cache); read
+    leniently, as huggingface_hub reads it."""
+    return (raw(HUB_OFFLINE[1]) or "").lower() in YES
+
+
 def bbh_dir() -> Path | None:
     """``$ENSBENCH_BBH_DIR`` expanded, None when unset; UserError when it is set but not a folder."""
     value = raw(BBH_DIR)

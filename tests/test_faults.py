@@ -385,18 +385,6 @@ def test_an_unavailable_device_is_refused_up_front(device, gpus, mps, expected, 
     assert code == 1 and expected in one_line(out)
 
 
-def test_dry_run_reports_every_machine_problem_at_once(tmp_path, monkeypatch, capsys):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    (tmp_path / "file").write_text("x")
-    text = (ONE_MEMBER.format(name="a", output=tmp_path / "file").replace("data: offline\n", "")
-            .replace("    name: a\n", "    name: a\n    device: cuda\n"))
-    code, out = dry_run(monkeypatch, capsys, tmp_path, text)
-    line = one_line(out)
-    assert code == 1 and "is a file, not a folder" in line and "'cuda' is not available" in line and "data: hub" in line
-
-
 def test_a_model_folder_without_a_model_is_one_complete_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     text = ONE_MEMBER.format(name="a", output=tmp_path).replace("model: smollm2-135m", f"model: {tmp_path / 'empty'}")

