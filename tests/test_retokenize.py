@@ -8,7 +8,7 @@ models; Llama-3, Qwen2, Llama-2 vocabulary files) run when they are in the cache
 """
 
 import random
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -41,7 +41,7 @@ class Side:
         return [self.view.pieces[i] for i in self.encode(text)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def real_side(name: str) -> Side:
     """A real tokenizer, or a skip when it is not in the cache (nothing is downloaded)."""
     from ensemble_bench.cache import cache_dir

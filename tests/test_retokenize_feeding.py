@@ -124,7 +124,8 @@ def test_unite_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tok
 
 
 @pytest.mark.parametrize("emitter", [0, 1])
-def test_deepen_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, emitter, monkeypatch):
+def test_deepen_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, emitter,
+                                                 monkeypatch):
     members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
     fast = Deepen(members, DeepenParams(support=None, main=emitter, eta=0.3), batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
@@ -180,12 +181,12 @@ def test_span_methods_hold_a_fixed_point_of_re_encoding(method, bpe_tokenizer, b
         took, checks = [], []
         choose, take = instance.choose, instance._take
 
-        def recording_take(v, state, info, winner, committed, take=take):
+        def recording_take(v, state, info, winner, committed, take=take, took=took):
             if not info["own"][v][winner]:
                 took.append((v, state))
             return take(v, state, info, winner, committed)
 
-        def checked_choose(dists, states, choose=choose, instance=instance):
+        def checked_choose(dists, states, choose=choose, instance=instance, took=took, checks=checks):
             out = choose(dists, states)
             rows = [member.row_ids() for member in instance.members]
             for v, state in took:

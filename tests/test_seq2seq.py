@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from ensemble_bench.members import Prompt
-from ensemble_bench.members.seq2seq import (SOURCE_END, Seq2SeqMember, find_translation, language_token,
-                                            split_row)
+from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember, find_translation, language_token, split_row
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, get_method
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
@@ -151,7 +150,8 @@ METHODS = [(Gac, GacParams()), (Gac, GacParams(threshold=0.5, gate=1)), (Unite, 
            (Deepen, DeepenParams(support=16, retokenize="local")), *((cls, cls.Params()) for cls in SPAN_METHODS)]
 
 
-@pytest.mark.parametrize("method,params", METHODS, ids=["gac", "gac-gated", "unite", "deepen", "sweetspan", "coolfusion"])
+@pytest.mark.parametrize("method,params", METHODS,
+                         ids=["gac", "gac-gated", "unite", "deepen", "sweetspan", "coolfusion"])
 def test_seq2seq_member_with_itself_is_the_member_alone(model, tokenizer, method, params):
     def make(name):
         return Seq2SeqMember(model, tokenizer, name)
@@ -161,7 +161,8 @@ def test_seq2seq_member_with_itself_is_the_member_alone(model, tokenizer, method
 
 
 def test_seq2seq_scoring_with_itself_keeps_greedy_flags(model, tokenizer):
-    requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n]) for i in range(3) for n in (1, 8)]
+    requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n])
+                for i in range(3) for n in (1, 8)]
     alone = Single([Seq2SeqMember(model, tokenizer, "solo")], Single.Params(), batch_size=3).loglikelihood(requests)
     pair = Gac([Seq2SeqMember(model, tokenizer, "a"), Seq2SeqMember(model, tokenizer, "b")], GacParams(),
                batch_size=3).loglikelihood(requests)
@@ -169,11 +170,13 @@ def test_seq2seq_scoring_with_itself_keeps_greedy_flags(model, tokenizer):
     assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
 
 
-@pytest.mark.parametrize("method,params", [(Gac, GacParams()), (Unite, UniteParams()), (Deepen, DeepenParams(support=16))],
+@pytest.mark.parametrize("method,params",
+                         [(Gac, GacParams()), (Unite, UniteParams()), (Deepen, DeepenParams(support=16))],
                          ids=["gac", "unite", "deepen"])
 def test_causal_and_seq2seq_members_together(bpe_model, bpe_tokenizer, tokenizer, method, params):
     from ensemble_bench.members import LocalMember
-    members = [LocalMember(bpe_model, bpe_tokenizer, "causal"), Seq2SeqMember(tiny_m2m100(tokenizer, 4), tokenizer, "nllb")]
+    members = [LocalMember(bpe_model, bpe_tokenizer, "causal"),
+               Seq2SeqMember(tiny_m2m100(tokenizer, 4), tokenizer, "nllb")]
     results = method(members, params, batch_size=2).generate(SEQ2SEQ_REQUESTS)
     assert len(results) == len(SEQ2SEQ_REQUESTS)
     assert all(0 < g.new_tokens <= r.max_new_tokens for g, r in zip(results, SEQ2SEQ_REQUESTS))

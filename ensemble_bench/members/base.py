@@ -182,7 +182,8 @@ def last(ids: Sequence[int], count: int) -> list[int]:
     return list(ids[len(ids) - count:]) if count > 0 else []
 
 
-def fit_window(context: Sequence[int], continuation: Sequence[int], max_length: int) -> tuple[list[int], list[int], bool]:
+def fit_window(context: Sequence[int], continuation: Sequence[int],
+               max_length: int) -> tuple[list[int], list[int], bool]:
     """(context, continuation, whether it was cut) fitting a window of ``max_length`` inputs, as
     lm-eval's HFLM fits a causal LM's input: ``context + continuation`` keep their last
     ``max_length + 1`` tokens (the last one is only predicted), so the context loses tokens from

@@ -87,7 +87,8 @@ class LocalMember(TokenizerSide, Member):
         scored: list[list[float]] = [[] for _ in tokens]
         return self._append(tokens, phase="decode", scored=scored), scored
 
-    def _append(self, tokens: Sequence[Sequence[int]], phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
+    def _append(self, tokens: Sequence[Sequence[int]], phase: str,
+                scored: list[list[float]] | None = None) -> torch.Tensor:
         batch = self.batch
         active = batch.take(tokens)
         if not active:

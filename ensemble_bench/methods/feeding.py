@@ -101,7 +101,9 @@ class FeedStats:
         self.waits += waited
 
     def summary(self, policy: str) -> dict:
-        per = (lambda n: n / self.row_steps if self.row_steps else None)
+        def per(count: int) -> float | None:
+            return count / self.row_steps if self.row_steps else None
+
         return {"retokenize": policy, "retokenize_row_steps": self.row_steps, "retokenize_crops": self.crops,
                 "retokenize_tokens_dropped": self.dropped, "retokenize_tokens_fed": self.fed,
                 "retokenize_waits": self.waits, "retokenize_crops_per_step": per(self.crops),
