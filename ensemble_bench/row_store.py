@@ -1,0 +1,220 @@
+"""Finished rows reused by later runs, in any recipe under the same output folder.
+
+A row's key is a hash of everything that decides its outputs (``row_keys``): its label, its members
+as they load (model, its files' sizes and times or its hub revision, dtype, device, chat template,
+kind, ...), the method, its version and its parameters with defaults filled in, the run's task
+configs (every file of its ``tasks/`` folder and of the recipe's include_path folders), shots,
+limits (the examples are the first ``limit`` of each task), data, seed, and the versions of this
+package, lm-eval, transformers and torch. The batch size and the placement are left out: outputs
+do not depend on them (docs/invariants.md). The row's *lineage* is the same hash without the label,
+tasks and limits: rows of one lineage answer any request alike, so one's lm-eval response cache
+answers the other's requests (a raised limit computes only the new examples).
+
+Layout, under the output folder::
+
+    .rows/<key>.json      {"key", "lineage", "run": "<recipe>/<run id>", "row": <label>, "cache": <db>}
+    <recipe>/<run id>/reused.json   the rows this run copied, and from where
+
+Sources are only read: a reused row's files are copied, a response cache is copied with sqlite's
+backup (a consistent copy even while another process writes it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ensemble_bench import __version__
+from ensemble_bench.build import row_params
+from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.members.sources import PACKAGED
+from ensemble_bench.methods import get_method
+from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
+
+INDEX = ".rows"
+REUSED = "reused.json"
+TIMING = "timing.json"
+REUSED_NOTE = "files copied: scores, latency, tokens and requests_computed are the original row's"
+LENT_NOTE = "its response cache answered the requests it holds: requests_computed counts only the new ones"
+# member fields that do not change a row's outputs: weights reach an ensemble through its method's
+# parameters; the others name the member's paper row or size its Ray actor
+NOT_OUTPUTS = {"weight", "paper_row", "num_gpus", "num_cpus", "resources"}
+LIBRARIES = ("lm_eval", "transformers", "torch")
+
+
+@dataclass(frozen=True)
+class RowKey:
+    key: str  # everything that decides the row's outputs
+    lineage: str  # the same without tasks, shots and limits
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"ensemble_bench": __version__}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _hub_revision(model: str) -> str | None:
+    """The commit of a hub model's cached snapshot (its folder name), or None when it is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a hub id
+        return None
+    return Path(found).parent.name if isinstance(found, str) else None
+
+
+def _model_files(model: str) -> Any:
+    """What identifies the model's weights: a packaged model's checksum, a local file's or folder's
+    files with their sizes and modification times, or a hub model's cached revision."""
+    if model in PACKAGED:
+        return PACKAGED[model].sha256
+    path = Path(model).expanduser()
+    if path.is_file() or path.is_dir():
+        files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+        return [str(path.resolve()), *[(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]]
+    return _hub_revision(model)
+
+
+def _member(member: MemberSpec) -> dict[str, Any]:
+    fields = member.model_dump(mode="json", exclude=NOT_OUTPUTS)
+    return {**fields, "label": member.label, "files": _model_files(member.model)}
+
+
+def _folders_digest(folders: list[Path]) -> str:
+    """Every file of the run's task folder and of the recipe's include_path folders (each folder's own
+    path written as ``<folder k>``, so that the same configs in another run folder hash alike)."""
+    digest = hashlib.sha256()
+    for k, folder in enumerate(folders):
+        here = str(folder).encode()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            digest.update(f"{k}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
+            digest.update(path.read_bytes().replace(here, f"<folder {k}>".encode()) + b"\0")
+    return digest.hexdigest()
+
+
+def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
+             groups: list[tuple[int | None, str]]) -> dict[str, RowKey]:
+    """The key and lineage of every row of a run, by label. ``task_folders``: the run's task configs
+    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits."""
+    shared = {"versions": _versions(), "seed": recipe.seed, "fewshot_as_multiturn": recipe.fewshot_as_multiturn,
+              "allow_code_execution": recipe.allow_code_execution}
+    tasks = {"files": _folders_digest(task_folders), "groups": groups, "data": recipe.data,
+             "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
+    keys = {}
+    for row in rows:
+        lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
+                   "params": row_params(recipe, row).model_dump(mode="json"),
+                   "members": [_member(recipe.members[i]) for i in row.members]}
+        keys[row.label] = RowKey(_digest({**lineage, "label": row.label, "tasks": tasks}), _digest(lineage))
+    return keys
+
+
+class RowStore:
+    """The index of finished rows under one output folder. ``is_sound(row_dir)`` says whether a row
+    folder has every file it must have (the runner's own check of a finished row)."""
+
+    def __init__(self, root: Path, is_sound: Callable[[Path], bool]):
+        self.root = root
+        self.folder = root / INDEX
+        self.is_sound = is_sound
+
+    def _entry(self, path: Path) -> dict | None:
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return entry if isinstance(entry, dict) and isinstance(entry.get("run"), str) else None
+
+    def _inside(self, relative: str) -> Path | None:
+        """``root / relative`` when it stays inside the output folder (an index file is never trusted further)."""
+        path = self.root / relative
+        return path if path.resolve().is_relative_to(self.root.resolve()) else None
+
+    def finished(self, key: RowKey) -> tuple[Path, str] | None:
+        """A finished row with this key, sound, whose timing.json records the same key; and how to name it."""
+        entry = self._entry(self.folder / f"{key.key}.json")
+        if entry is None or not is_safe_label(str(entry.get("row"))):
+            return None
+        run = self._inside(entry["run"])
+        row_dir = run / entry["row"] if run else None
+        try:
+            recorded = json.loads((row_dir / TIMING).read_text()).get("row_key") if row_dir else None
+        except (OSError, ValueError, AttributeError):
+            return None
+        if recorded != key.key or not self.is_sound(row_dir):
+            return None
+        return row_dir, f"{entry['run']}/{entry['row']}"
+
+    def lineage_cache(self, key: RowKey) -> Path | None:
+        """The largest response cache of a finished row of the same lineage, if any."""
+        found = []
+        for path in self.folder.glob("*.json") if self.folder.is_dir() else []:
+            entry = self._entry(path)
+            if entry and entry.get("lineage") == key.lineage and isinstance(entry.get("cache"), str):
+                db = self._inside(entry["cache"])
+                if db is not None and db.is_file():
+                    found.append(db)
+        return max(found, key=lambda db: db.stat().st_size, default=None)
+
+    def remember(self, key: RowKey, row_dir: Path, db: Path) -> None:
+        """Point the key at a row just finished in this output folder."""
+        relative = row_dir.relative_to(self.root)
+        entry = {"key": key.key, "lineage": key.lineage, "run": relative.parent.as_posix(), "row": row_dir.name,
+                 "cache": db.relative_to(self.root).as_posix()}
+        atomic_write_text(self.folder / f"{key.key}.json", json.dumps(entry, indent=1))
+
+
+def copy_row(source: Path, target: Path, reused_from: str) -> None:
+    """Copy a finished row's files into ``target`` (a fresh partial folder); its timing.json gains
+    ``reused_from`` (latency and counts stay the original's). The source is only read."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target, symlinks=True)
+    timing = json.loads((target / TIMING).read_text())
+    timing["reused_from"] = reused_from
+    atomic_write_text(target / TIMING, json.dumps(timing, indent=2))
+
+
+def seed_cache(source: Path, target: Path) -> bool:
+    """Copy a response cache (sqlite's backup: consistent, the source opened read-only) to ``target``,
+    which must not exist yet; whether it was copied (an unreadable source is skipped: nothing reused)."""
+    partial = target.with_name(f".{target.name}.seeding")
+    partial.unlink(missing_ok=True)
+    try:
+        with closing(sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True)) as reading, \
+                closing(sqlite3.connect(partial)) as writing:
+            reading.backup(writing)
+    except sqlite3.Error:
+        partial.unlink(missing_ok=True)
+        return False
+    os.replace(partial, target)
+    return True
+
+
+def record_reuse(run_dir: Path, label: str, record: dict[str, str]) -> None:
+    """Note in the run's reused.json what one row took from another run (written atomically)."""
+    path = run_dir / REUSED
+    try:
+        reused = json.loads(path.read_text())
+    except (OSError, ValueError):
+        reused = {}
+    reused[label] = record
+    atomic_write_text(path, json.dumps(reused, indent=1, sort_keys=True))
