@@ -171,3 +171,10 @@ def test_a_first_round_of_a_span_counts_its_tokens():
     summary = timing.summary()
     assert summary["decode_ms_per_token"] is None
     assert summary["first_round_ms_per_token"] == pytest.approx(1000 * timing.first_token_seconds / 4.0)
+
+
+def test_a_parameter_stored_under_an_old_name_is_read_by_its_name(sweep_run):
+    """timing.json is read as RunStats: SweetSpan's `lambda`, once stored as `filter_ratio`, plots as lambda."""
+    with_params(sweep_run, {"sweetspan-span_words=1": {"span_words": 1, "filter_ratio": 0.25}})
+    values = {r["label"]: r["value"] for r in parameter_records([sweep_run], "lambda")}
+    assert values["sweetspan-span_words=1"] == 0.25 and values["a"] is None

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-OPTIONAL = ("ensembled_fraction", "tokens_manipulated_per_step", "label", "members", "requests_computed")
+OPTIONAL = ("ensembled_fraction", "tokens_manipulated_per_step", "label", "members", "requests_computed",
+            "loglikelihood_ms_per_request", "loglikelihood_ms_per_token", "requests_scored", "tokens_scored")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,10 @@ class RunStats:
     label: str | None = None                # the row, its members and its requests answered (written by the
     members: list[str] | None = None        # runner and the lm-eval adapter, not by the method)
     requests_computed: int | None = None
+    loglikelihood_ms_per_request: float | None = None  # multiple choice: time to score one option (lm-eval adapter),
+    loglikelihood_ms_per_token: float | None = None    # and per token of the options (the first member's tokens)
+    requests_scored: int | None = None
+    tokens_scored: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The flat dict of the results files (an optional key only when it has a value)."""

@@ -37,15 +37,16 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
         rows = run_rows(run_dir, recipe)
         intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
         for row in rows:
-            fraction = row.timing.get("ensembled_fraction")
+            stats = row.stats
+            fraction = stats.ensembled_fraction
             records.append({
                 "label": row.plan.label, "method": row.plan.method,
-                "value": row.timing.get("params", {}).get(param) if param and not is_alone(row.plan.method) else None,
+                "value": stats.params.get(param) if param and not is_alone(row.plan.method) else None,
                 "scores": {name: 100 * v for name, (v, _) in row.scores.items()},
                 "intervals": {name: (100 * i.low, 100 * i.high) for (label, name), i in intervals.items()
                               if label == row.plan.label},
-                "ms_per_token": ms_per_token(row.timing),
-                "ms_per_request": row.timing.get("loglikelihood_ms_per_request"),
+                "ms_per_token": ms_per_token(stats),
+                "ms_per_request": stats.loglikelihood_ms_per_request,
                 "ensembled_pct": 100 * fraction if fraction is not None else None})
     return records
 

@@ -86,7 +86,7 @@ def recipe_difference(current, baseline) -> str | None:
 
 
 def load_rows(run_dir: Path) -> dict[str, RowFacts]:
-    return {row.plan.label: RowFacts(row.plan.method, row.scores, row.timing.get("decode_ms_per_token"))
+    return {row.plan.label: RowFacts(row.plan.method, row.scores, row.stats.decode_ms_per_token)
             for row in run_rows(run_dir)}
 
 

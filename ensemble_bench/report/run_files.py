@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.errors import EnvironmentFault
+from ensemble_bench.methods import RunStats, read_stats
 from ensemble_bench.recipe import Row
 
 # lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
@@ -22,6 +23,11 @@ class RunRow:
     plan: Row
     timing: dict
     scores: dict[str, tuple[float, int]]  # benchmark name -> (score 0..1, examples)
+
+    @property
+    def stats(self) -> RunStats:
+        """The row's timing.json as the typed run statistics (parameters named as this code names them)."""
+        return read_stats(self.timing)
 
 
 def leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
@@ -91,8 +97,7 @@ def run_hardware(run_dir: Path, recipe) -> str:
     return gpus or f"{'+'.join(devices)} (model not recorded)"
 
 
-def ms_per_token(timing: dict) -> float | None:
+def ms_per_token(stats: RunStats) -> float | None:
     """A row's ms/token: decode time per step, or, when every request finished in its first round
     (a SweetSpan row whose answers fit one span), the first round's time per token of it."""
-    decode = timing.get("decode_ms_per_token")
-    return decode if decode is not None else timing.get("first_round_ms_per_token")
+    return stats.decode_ms_per_token if stats.decode_ms_per_token is not None else stats.first_round_ms_per_token

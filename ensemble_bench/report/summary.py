@@ -9,6 +9,7 @@ import yaml
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods import RunStats
 from ensemble_bench.recipe import parse_recipe, plan_rows
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
 from ensemble_bench.report.run_files import (PERCENT_METRICS, RunRow, damaged, leaf_tasks, ms_per_token, read_json,
@@ -104,7 +105,7 @@ def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.Da
     intervals = intervals or {}
     records = []
     for row in run_rows(run_dir, recipe):
-        timing, scores = row.timing, row.scores
+        scores = row.scores
         record = {"model": row.plan.label, "method": row.plan.method}
         values = []
         for bench in benches:
@@ -118,7 +119,7 @@ def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.Da
             if value:
                 values.append(100 * value[0])
         record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
-        record.update(timing_cells(timing, run_dir / row.plan.label))
+        record.update(timing_cells(row.stats, run_dir / row.plan.label))
         records.append(record)
     return pd.DataFrame.from_records(records)
 
@@ -127,15 +128,15 @@ def _rounded(value: float | None, digits: int = 1) -> float | None:
     return round(value, digits) if value else None
 
 
-def timing_cells(timing: dict, row_dir: Path) -> dict:
+def timing_cells(stats: RunStats, row_dir: Path) -> dict:
     """A row's latency and counters: ms/token (generation), time to first token, ms per request
     and per scored token (multiple choice), the row's wall time, tokens, % ensembled, manipulated/step."""
-    fraction = timing.get("ensembled_fraction")
-    manipulated = timing.get("tokens_manipulated_per_step")
-    return {"ms/token": _rounded(ms_per_token(timing)), "ttft ms": _rounded(timing.get("time_to_first_token_ms")),
-            "ms/request": _rounded(timing.get("loglikelihood_ms_per_request")),
-            "ms/scored token": _rounded(timing.get("loglikelihood_ms_per_token")),
-            "wall s": _rounded(row_wall_seconds(row_dir)), "tokens": timing.get("tokens_generated", 0),
+    fraction = stats.ensembled_fraction
+    manipulated = stats.tokens_manipulated_per_step
+    return {"ms/token": _rounded(ms_per_token(stats)), "ttft ms": _rounded(stats.time_to_first_token_ms),
+            "ms/request": _rounded(stats.loglikelihood_ms_per_request),
+            "ms/scored token": _rounded(stats.loglikelihood_ms_per_token),
+            "wall s": _rounded(row_wall_seconds(row_dir)), "tokens": stats.tokens_generated,
             "ensembled %": round(100 * fraction, 1) if fraction is not None else None,
             "manipulated/step": round(manipulated, 1) if manipulated is not None else None}
 

@@ -26,6 +26,7 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods import RunStats
 from ensemble_bench.report.latex import latex_table
 from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
@@ -34,12 +35,12 @@ from ensemble_bench.report.summary import DONE_FILE, finished_recipe, recipe_ben
 HERE = Path(__file__).parent
 NOT_RUN = "not run"
 EXTRA_BLOCK = "(ours, not in the paper)"
-TIMING_COLUMNS = {  # layout column -> (timing.json key, scale)
+TIMING_COLUMNS = {  # layout column -> (RunStats field, scale)
     "latency_ms_per_token": ("decode_ms_per_token", 1.0),
     "ensembled_pct": ("ensembled_fraction", 100.0),
     "tokens_per_step": ("tokens_manipulated_per_step", 1.0),
 }
-RUN_TIMING_COLUMNS = {  # column of a table without a layout -> (timing.json key, scale)
+RUN_TIMING_COLUMNS = {  # column of a table without a layout -> (RunStats field, scale)
     "ms/token": ("decode_ms_per_token", 1.0),
     "ms/request": ("loglikelihood_ms_per_request", 1.0),
     "ms/scored token": ("loglikelihood_ms_per_token", 1.0),
@@ -150,7 +151,7 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
                 recipe.ensembles[plan.spec].paper_row
             merged = ours.rows.setdefault(plan.label, OurRow(plan.label, plan.method, declared))
             _add_scores(merged, row, intervals)
-            _add_timing(merged, row.timing, run_dir / plan.label)
+            _add_timing(merged, row.stats, run_dir / plan.label)
             if plan.spec is not None:
                 params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
                 if params.get("threshold") is not None:
@@ -167,11 +168,11 @@ def _add_scores(merged: OurRow, row, intervals: dict) -> None:
             merged.intervals[_column_key(name)] = (100 * interval.low, 100 * interval.high)
 
 
-def _add_timing(merged: OurRow, timing: dict, row_dir: Path) -> None:
-    timing = {**timing, "decode_ms_per_token": ms_per_token(timing)}  # a row of one round: that round's
+def _add_timing(merged: OurRow, stats: RunStats, row_dir: Path) -> None:
+    values = {**vars(stats), "decode_ms_per_token": ms_per_token(stats)}  # a row of one round: that round's
     for column, (key, scale) in {**TIMING_COLUMNS, **RUN_TIMING_COLUMNS}.items():
-        if timing.get(key) is not None:
-            merged.values[column] = scale * timing[key]
+        if values.get(key) is not None:
+            merged.values[column] = scale * values[key]
     wall = row_wall_seconds(row_dir)
     if wall is not None:
         merged.values[WALL_COLUMN] = wall
