@@ -61,3 +61,28 @@ def tiny_dirs(tmp_path_factory):
         tokenizer.save_pretrained(path)
         dirs.append(str(path))
     return dirs
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster on the CPU for the session (2 CPUs, no dashboard); skips without ray."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_members(ray_cluster, tiny_dirs):
+    """(local members, the same members in Ray actors) over the two ``tiny_dirs`` models."""
+    from ensemble_bench.members import load_member
+    from ensemble_bench.members.remote import RemoteMember, launch
+
+    loads = [{"model": path, "name": name} for path, name in zip(tiny_dirs, ("bpe", "sp"))]
+    actors = [launch(load, {"num_cpus": 1}) for load in loads]  # both load side by side
+    remote = [RemoteMember(load, actor=actor) for load, actor in zip(loads, actors)]
+    yield [load_member(**load) for load in loads], remote
+    for member in remote:
+        member.close()

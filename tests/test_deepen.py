@@ -1,5 +1,6 @@
-"""DeePEn: hand-checked relative matrix and inverse step, anchors, identity, the row cache, and
-fast == a naive dense implementation (exact and with a restricted support)."""
+"""DeePEn: hand-checked relative matrix and inverse step, anchors, the row cache, and fast == a
+naive dense implementation (exact and with a restricted support). Identity, batch invariance and
+Ray: tests/test_method_contract.py."""
 
 import math
 
@@ -7,16 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import LoglikelihoodRequest
+from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams, resolve_deepen_weights
 from ensemble_bench.methods.feeding import text_appender
-from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform, kl_divergence
 from tests.naive import feed_chosen
-from tests.tiny import CORPUS, REQUESTS, outputs
+from tests.tiny import REQUESTS
 
 
 # ------------------------------------------------------------------ hand-checked maths
@@ -64,26 +63,6 @@ def test_row_cache_returns_the_computed_rows_under_eviction():
         # equal up to float rounding: a row computed in another batch may differ in the last bit
         assert torch.allclose(space.rows(index), space.compute_rows(index), rtol=1e-6, atol=1e-9)
     assert space.fits(12) and not space.fits(13)
-
-
-# ------------------------------------------------------------------ generation invariants
-# identity is exact under local feeding (tests/test_retokenize_feeding.py: canonical)
-@pytest.mark.parametrize("params", [DeepenParams(retokenize="local"), DeepenParams(retokenize="local", support=None),
-                                    DeepenParams(retokenize="local", support=4, main=1),
-                                    DeepenParams(retokenize="local", eta=0.3, steps=8)])
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    assert outputs(Deepen([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
-
-
-def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
-    requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n])
-                for i in range(4) for n in (1, 6, 15)]
-    alone = Single([same_model("solo")], Single.Params(), batch_size=4).loglikelihood(requests)
-    pair = Deepen([same_model("a"), same_model("b")], DeepenParams(retokenize="local", support=16),
-                  batch_size=4).loglikelihood(requests)
-    assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
 
 
 # ------------------------------------------------------------------ naive dense reference

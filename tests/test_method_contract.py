@@ -16,7 +16,6 @@ guard test fails while it has none. Per-method test files keep only what is spec
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Sequence
 
@@ -105,12 +104,10 @@ def build(name: str, index: int, members: Sequence, batch_size: int) -> Method:
                batch_size=batch_size)
 
 
-def alone(cls: type[Method], member, batch_size: int) -> Method:
-    """The member by itself: under the method when it takes one member (CharED and byte-level decode
-    character- and byte-wise), else the member alone."""
-    if cls.min_members == 1 and not cls.alone:
-        return cls([member], cls.Params(), batch_size=batch_size)
-    return get_method(ALONE)([member], MethodParams(), batch_size=batch_size)
+def alone_name(cls: type[Method]) -> str:
+    """What the member by itself is for a method: the method over it when it takes one member
+    (CharED and byte-level decode character- and byte-wise), else the member alone."""
+    return cls.name if cls.min_members == 1 and not cls.alone else ALONE
 
 
 # Four questions, three continuations each (lengths 1, 6 and 15 characters).
@@ -130,6 +127,21 @@ def twins(request):
 def mixed(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     """Two members with different tokenizers."""
     return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+
+
+@pytest.fixture(scope="module")
+def by_itself(twins):
+    """The member's own outputs, per ``alone_name``: (generations, scores), each computed once."""
+    solo, _ = twins
+    found: dict[str, tuple] = {}
+
+    def outputs_of(cls: type[Method]) -> tuple:
+        name = alone_name(cls)
+        if name not in found:
+            method = get_method(name)([solo], get_method(name).Params(), batch_size=3)
+            found[name] = outputs(method), method.loglikelihood(SCORED)
+        return found[name]
+    return outputs_of
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -152,16 +164,14 @@ def test_every_registered_method_has_a_contract_entry():
 
 # ------------------------------------------------------------------ identity
 @pytest.mark.parametrize("name,index", cases(ensembles))
-def test_member_with_itself_is_the_member_alone(twins, name, index):
-    solo, pair = twins
-    assert outputs(build(name, index, pair, batch_size=3)) == outputs(alone(METHODS[name], solo, batch_size=3))
+def test_member_with_itself_is_the_member_alone(twins, by_itself, name, index):
+    assert outputs(build(name, index, twins[1], batch_size=3)) == by_itself(METHODS[name])[0]
 
 
 @pytest.mark.parametrize("name,index", cases(ensembles))
-def test_scoring_with_itself_keeps_the_members_scores(twins, name, index):
-    solo, pair = twins
-    expected = alone(METHODS[name], solo, batch_size=4).loglikelihood(SCORED)
-    got = build(name, index, pair, batch_size=4).loglikelihood(SCORED)
+def test_scoring_with_itself_keeps_the_members_scores(twins, by_itself, name, index):
+    expected = by_itself(METHODS[name])[1]
+    got = build(name, index, twins[1], batch_size=3).loglikelihood(SCORED)
     kind = SCORING_IDENTITY[name]
     if kind == "choice":
         best = [max(range(q, q + 3), key=lambda i: expected[i].logprob) for q in range(0, len(SCORED), 3)]
@@ -211,34 +221,17 @@ def test_a_lead_member_no_member_has_is_one_line(tiny_dirs, name):
 
 
 # ------------------------------------------------------------------ Ray placement
-@pytest.fixture(scope="module")
-def placed(tiny_dirs):
-    """(local members, the same members in Ray actors) over the two tiny model folders."""
-    ray = pytest.importorskip("ray")
-    from ensemble_bench.members import load_member
-    from ensemble_bench.members.remote import RemoteMember, launch
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        loads = [{"model": path, "name": name} for path, name in zip(tiny_dirs, ("bpe", "sp"))]
-        actors = [launch(load, {"num_cpus": 1}) for load in loads]  # both load side by side
-        remote = [RemoteMember(load, actor=actor) for load, actor in zip(loads, actors)]
-        yield [load_member(**load) for load in loads], remote
-        for member in remote:
-            member.close()
-    finally:
-        ray.shutdown()
-
-
 def counters(info: dict) -> dict:
     """``info()`` without its clock readings."""
     return {key: value for key, value in info.items() if "_ms" not in key and "seconds" not in key}
 
 
 @pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS])
-def test_ray_placement_equals_local(placed, name):
-    local, remote = placed
+def test_ray_placement_equals_local(ray_members, name):
+    """Each method with its first parameter set: a remote member answers every call as a local one."""
+    local, remote = ray_members
     near, far = build(name, 0, local, batch_size=2), build(name, 0, remote, batch_size=2)
     assert outputs(far, REQUESTS[:3]) == outputs(near, REQUESTS[:3])
     assert far.loglikelihood(SCORED[:3]) == near.loglikelihood(SCORED[:3])
     assert counters(far.info()) == counters(near.info())
+    assert getattr(far, "traces", None) == getattr(near, "traces", None)  # span_trace.jsonl (runner)

@@ -1,8 +1,8 @@
 """PackLLM: hand-checked weights (sim, opt's greedy grid, common segments), the MinED map on hand-made
-vocabularies and its cache, identity, fast == a naive uncached reference (union and mined), batch
-invariance, scoring, parameter errors, Ray placement."""
+vocabularies and its cache, fast == a naive uncached reference (union and mined), the prompt weights
+across batch sizes, scoring, parameter errors (identity, batch invariance and Ray:
+tests/test_method_contract.py)."""
 
-import logging
 import math
 
 import pytest
@@ -10,20 +10,19 @@ import torch
 from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import LocalMember, Prompt, load_member
+from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods import packllm
 from ensemble_bench.methods.feeding import text_appender, text_lookup
 from ensemble_bench.methods.packllm import (PackLLM, PackLLMParams, PromptScore, common_segments, opt_weights, sim_weights,
                                             token_chunks)
-from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.vocab import mined
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.mined import cached_mined_map, mined_map, nearest
 from tests.test_gac import naive_gac
-from tests.tiny import REQUESTS, outputs
+from tests.tiny import REQUESTS
 
 
 # ------------------------------------------------------------------ hand-checked weights
@@ -118,16 +117,7 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
     assert "damaged MinED cache" in caplog.text
 
 
-# ------------------------------------------------------------------ generation invariants
-@pytest.mark.parametrize("params", [PackLLMParams(), PackLLMParams(variant="opt"), PackLLMParams(ppl_unit="byte"),
-                                    PackLLMParams(alignment="union"), PackLLMParams(alignment="union", variant="opt")])
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    pair = PackLLM([same_model("a"), same_model("b")], params, batch_size=batch_size)
-    assert outputs(pair) == alone
-
-
+# ------------------------------------------------------------------ generation against a naive reference
 def naive_weights(members, models, request, params):
     """The prompt's lambda from full forwards, one member at a time (ends and segments by dicts)."""
     cumulative, totals = [], []
@@ -263,13 +253,14 @@ def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_mod
 
 
 @pytest.mark.parametrize("alignment", ["union", "mined"])
-def test_batch_invariant_and_weights_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, alignment):
+def test_prompt_weights_are_batch_invariant_and_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, alignment):
     def run(batch_size):
         method = PackLLM([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
                          PackLLMParams(variant="opt", alignment=alignment), batch_size=batch_size)
-        return outputs(method), method.info()
-    (one, info_one), (three, info_three) = run(1), run(3)
-    assert one == three
+        method.generate(REQUESTS)
+        return method.info()
+    info_one, info_three = run(1), run(3)
+
     def flat(info):
         return [x for w in sorted(info["packllm_prompt_weights"]) for x in w]
     assert flat(info_one) == pytest.approx(flat(info_three), abs=1e-5)
@@ -304,29 +295,3 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bp
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob
         assert score.logprob == pytest.approx(math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), abs=1e-5)
-
-
-# ------------------------------------------------------------------ Ray placement
-@pytest.fixture(scope="module")
-def remote_pair(tiny_dirs):
-    ray = pytest.importorskip("ray")
-    from ensemble_bench.members.remote import RemoteMember, launch
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    loads = [{"model": path, "name": name} for path, name in zip(tiny_dirs, ("bpe", "sp"))]
-    remote = [RemoteMember(load, actor=launch(load, {"num_cpus": 1})) for load in loads]
-    yield [load_member(**load) for load in loads], remote
-    for member in remote:
-        member.close()
-    ray.shutdown()
-
-
-def test_ray_placement_gives_identical_results(remote_pair):
-    local, remote = remote_pair
-    requests = REQUESTS[:3]
-    params = PackLLMParams(variant="opt")
-    fast, slow = PackLLM(remote, params, batch_size=2), PackLLM(local, params, batch_size=2)
-    assert outputs(fast, requests) == outputs(slow, requests)
-    assert fast.info()["packllm_prompt_weights"] == slow.info()["packllm_prompt_weights"]
-    scoring = [LoglikelihoodRequest(Prompt(text="The quick brown"), " fox")]
-    assert fast.loglikelihood(scoring) == slow.loglikelihood(scoring)

@@ -1,10 +1,11 @@
-"""Members in Ray actors (placement: ray) give exactly the tokens of local members; recipe fields.
+"""Members in Ray actors (placement: ray): the member interface equals a local member's, traffic,
+placement, recipe fields (every method's results under Ray: tests/test_method_contract.py).
 
-One local Ray cluster on the CPU for the module (2 CPUs, no dashboard); two tiny random members
-saved as model directories, each loaded once locally and once in an actor.
+The session's local Ray cluster on the CPU (``ray_cluster``: 2 CPUs, no dashboard) and its two tiny
+random members saved as model directories, each loaded once locally and once in an actor
+(``ray_members``), both from tests/conftest.py.
 """
 
-import logging
 import threading
 import time
 
@@ -13,46 +14,20 @@ import torch
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt, load_member
-from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.concurrent import each, overlaps
-from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
-from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
-from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams
-from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.recipe import parse_recipe
-from tests.tiny import CORPUS, REQUESTS, outputs
+from tests.tiny import CORPUS, REQUESTS
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def pairs(cluster, tiny_dirs):
-    """(local members, remote members) over the same two model directories."""
-    from ensemble_bench.members.remote import RemoteMember, launch
-
-    loads = [{"model": path, "name": name} for path, name in zip(tiny_dirs, ("bpe", "sp"))]
-    actors = [launch(load, {"num_cpus": 1}) for load in loads]  # both load side by side
-    remote = [RemoteMember(load, actor=actor) for load, actor in zip(loads, actors)]
-    local = [load_member(**load) for load in loads]
-    yield local, remote
-    for member in remote:
-        member.close()
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)))
 
 
-def test_remote_member_interface_equals_local(pairs):
-    local, remote = pairs
+def test_remote_member_interface_equals_local(ray_members):
+    local, remote = ray_members
     loc, rem = local[1], remote[1]
     clocks = [(m.clock.prefill_calls, m.clock.decode_calls) for m in (loc, rem)]
     assert (rem.name, rem.vocab, rem.stop_ids, rem.max_length, rem.prefix_token_id) == \
@@ -81,19 +56,15 @@ def test_remote_member_interface_equals_local(pairs):
     assert [(m.clock.prefill_calls - p, m.clock.decode_calls - d) for m, (p, d) in zip((loc, rem), clocks)] == [(1, 4)] * 2
 
 
-@pytest.mark.parametrize("params", [GacParams(), GacParams(gate=0, threshold=0.5)], ids=["average", "gate"])
-def test_gac_remote_equals_local(pairs, params):
-    local, remote = pairs
+def test_remote_members_step_side_by_side(ray_members):
+    """Every method's results under Ray equal local ones: tests/test_method_contract.py."""
+    local, remote = ray_members
     assert overlaps(remote) and not overlaps(local)  # remote: members step in threads; local: a plain loop
-    for batch_size in (1, 3):
-        assert outputs(Gac(remote, params, batch_size=batch_size)) == outputs(Gac(local, params, batch_size=batch_size))
-    requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), " the lazy dog") for i in range(3)]
-    assert Gac(remote, params).loglikelihood(requests) == Gac(local, params).loglikelihood(requests)
 
 
-def test_bytes_per_step(pairs):
+def test_bytes_per_step(ray_members):
     """Per step, each member sends back the float32 log-probs of the rows that took tokens only."""
-    _, remote = pairs
+    _, remote = ray_members
     before = [dict(m.traffic) for m in remote]
     Gac(remote, GacParams(), batch_size=1).generate(REQUESTS[:1])
     for member, old in zip(remote, before):
@@ -103,30 +74,7 @@ def test_bytes_per_step(pairs):
         assert calls >= 2 and rows == calls and sent == 4 * member.vocab.size * rows  # batch of one: one row a call
 
 
-@pytest.mark.parametrize("method", ["sweetspan", "coolfusion"])
-def test_span_level_remote_equals_local(pairs, method):
-    local, remote = pairs
-    requests = [REQUESTS[i] for i in (0, 2, 4)]
-
-    def build(members):
-        if method == "sweetspan":
-            return SweetSpan(members, SweetSpanParams(span_words=2), batch_size=3)
-        return CoolFusion(members, CoolFusionParams(), batch_size=3)
-    fast, slow = build(remote), build(local)
-    assert outputs(fast, requests) == outputs(slow, requests)
-    assert fast.traces == slow.traces
-
-
-@pytest.mark.parametrize("method", ["unite", "deepen"])
-def test_emitter_methods_remote_equal_local(pairs, method):
-    local, remote = pairs
-    requests = REQUESTS[:2]
-    build = (lambda m: Unite(m, UniteParams(), batch_size=2)) if method == "unite" else (
-        lambda m: Deepen(m, DeepenParams(), batch_size=2))
-    assert outputs(build(remote), requests) == outputs(build(local), requests)
-
-
-def test_member_pool_builds_remote_members(cluster, tiny_dirs):
+def test_member_pool_builds_remote_members(ray_cluster, tiny_dirs):
     from ensemble_bench.members.remote import RemoteMember
     from ensemble_bench.build import MemberPool
 
@@ -141,7 +89,7 @@ def test_member_pool_builds_remote_members(cluster, tiny_dirs):
         member.close()
 
 
-def test_actor_load_error_is_one_line(cluster):
+def test_actor_load_error_is_one_line(ray_cluster):
     from ensemble_bench.members.remote import RemoteMember
 
     with pytest.raises(UserError, match="^quantization '3bit' is not one of") as info:
@@ -149,7 +97,7 @@ def test_actor_load_error_is_one_line(cluster):
     assert "\n" not in str(info.value)
 
 
-def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(cluster, tiny_dirs, offline_data, tmp_path,
+def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_cluster, tiny_dirs, offline_data, tmp_path,
                                                                           monkeypatch, capsys):
     """A member asking for 2 GPUs of a cluster with none: `ensbench run` stops after
     placement.schedule_timeout_s with one line naming it, what it asked for and what the cluster has."""
@@ -186,11 +134,11 @@ def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(clust
     assert "member 'huge' within 3 s: it asks for CPU 1, GPU 2; the cluster has CPU 2, GPU 0" in line, line
 
 
-def test_placeable_members_pass_the_placement_wait(cluster, tiny_dirs):
+def test_placeable_members_pass_the_placement_wait(ray_cluster, tiny_dirs):
     from ensemble_bench.members.remote import RemoteMember, launch, wait_placed
 
     load = {"model": tiny_dirs[0], "name": "bpe"}
-    actor = launch(load, {"num_cpus": 0})  # the module's `pairs` may hold both CPUs
+    actor = launch(load, {"num_cpus": 0})  # the session's `ray_members` may hold both CPUs
     start = time.monotonic()
     wait_placed({"bpe": actor}, 30)
     member = RemoteMember(load, actor=actor)

@@ -1,5 +1,6 @@
 """VOTING and MBR (the DeePEn paper's baselines) and perplexity rerank: vote rules, answer keys,
-chrF MBR, perplexity against a direct computation, and the multiple-choice path on tiny members."""
+chrF MBR, perplexity against a direct computation, and the multiple-choice path on tiny members
+(identity, batch invariance and Ray: tests/test_method_contract.py)."""
 
 import math
 from types import SimpleNamespace
@@ -81,14 +82,6 @@ def test_multiple_choice_votes_per_question(bpe_tokenizer, bpe_model, sp_tokeniz
         assert [scores[i].is_greedy for i in block] == [i == pick for i in block]
 
 
-def test_member_with_itself_is_the_member_alone(bpe_tokenizer, bpe_model):
-    def member(name):
-        return LocalMember(bpe_model, bpe_tokenizer, name)
-    alone = [g.text for g in Single([member("s")], Single.Params()).generate(REQUESTS)]
-    for method in (Voting([member("a"), member("b")], VotingParams()), Mbr([member("a"), member("b")], SampleLevelParams())):
-        assert [g.text for g in method.generate(REQUESTS)] == alone
-
-
 def test_choices_of_one_question_stay_in_one_chunk(bpe_tokenizer, bpe_model):
     lm = EnsembleLM(Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params()), "s", chunk_size=2)
     contexts = ["q one", "q two!", "q one", "q three", "q one", "q two!"]
@@ -143,9 +136,3 @@ def test_rerank_picks_the_lowest_average_perplexity(bpe_tokenizer, bpe_model, sp
     for i, (request, generation) in enumerate(zip(REQUESTS, generated)):
         candidates = [a[i] for a in alone]
         assert generation.text == candidates[rerank._choose(candidates, request)]
-
-
-def test_rerank_member_with_itself_is_the_member_alone(bpe_tokenizer, bpe_model):
-    alone = [g.text for g in Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params()).generate(REQUESTS)]
-    pair = Rerank([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(bpe_model, bpe_tokenizer, "b")], RerankParams())
-    assert [g.text for g in pair.generate(REQUESTS)] == alone

@@ -1,5 +1,6 @@
 """Cool-Fusion and SweetSpan: word boundaries, the lambda filter, perplexity against a direct
-computation, identity at every span length, and fast == a naive uncached reference."""
+computation, the cost of agreeing rounds, and fast == a naive uncached reference (identity,
+batch invariance and Ray: tests/test_method_contract.py)."""
 
 import math
 
@@ -119,16 +120,7 @@ def test_a_proposers_own_scores_equal_a_direct_computation(bpe_tokenizer, bpe_mo
     assert read >= 2
 
 
-# ------------------------------------------------------------------ identity
-@pytest.mark.parametrize("params", [SweetSpanParams(span_words=n) for n in (1, 2, 4, 8, 16, 32)]
-                         + [CoolFusionParams(), CoolFusionParams(align=False), CoolFusionParams(rerank=True, main=1)])
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    method_cls = SweetSpan if isinstance(params, SweetSpanParams) else CoolFusion
-    assert outputs(method_cls([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
-
-
+# ------------------------------------------------------------------ the cost of agreeing rounds
 @pytest.mark.parametrize("same_model", ["bpe"], indirect=True)
 @pytest.mark.parametrize("span_words", [1, 2])
 def test_agreeing_rounds_cost_only_the_proposals(same_model, span_words):

@@ -1,19 +1,18 @@
-"""UniTE: hand-checked alignment rules, identity, scoring flags, and fast == a naive Algorithm 1."""
+"""UniTE: hand-checked alignment rules and fast == a naive Algorithm 1 (identity, scoring flags, batch
+invariance and Ray: tests/test_method_contract.py)."""
 
 import pytest
 import torch
 
-from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import LoglikelihoodRequest
+from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.feeding import text_appender
-from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.topk import (RULE_FIRST_SUBTOKEN, RULE_TOPK, RULE_VOCAB, STOP, TopKAligner,
                                        average_aligned, member_topk, union_keys)
 from tests.naive import feed_chosen
-from tests.tiny import CORPUS, REQUESTS, outputs
+from tests.tiny import REQUESTS
 
 # ------------------------------------------------------------------ hand-checked alignment (Alg. 1)
 # A has ' James' as one token; B only has ' Jam' + 'es' (the paper's example). A lacks ' a' and
@@ -67,28 +66,6 @@ def test_stop_tokens_share_one_key_and_each_member_uses_its_most_probable_stop()
     assert top_a == {STOP: 0}
     aligned = b.align(STOP, PB, member_topk(b, [1], PB))
     assert (aligned.token, aligned.prob, aligned.rule) == (0, pytest.approx(0.10), RULE_VOCAB)
-
-
-# ------------------------------------------------------------------ generation invariants
-# identity is exact under local feeding (the other copy takes the emitter's own ids); canonical
-# feeding gives the other copy its tokenizer's encoding, which a greedy path need not be
-# (tests/test_retokenize_feeding.py)
-@pytest.mark.parametrize("params", [UniteParams(retokenize="local"), UniteParams(retokenize="local", k=1),
-                                    UniteParams(retokenize="local", k=50, primary=1),
-                                    UniteParams(retokenize="local", weights=[0.2, 0.8])])
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_member_with_itself_is_the_member_alone(same_model, params, batch_size):
-    alone = outputs(Single([same_model("solo")], Single.Params(), batch_size=batch_size))
-    assert outputs(Unite([same_model("a"), same_model("b")], params, batch_size=batch_size)) == alone
-
-
-def test_scoring_with_itself_has_the_members_greedy_flags(same_model):
-    requests = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n])
-                for i in range(4) for n in (1, 6, 15)]
-    alone = Single([same_model("solo")], Single.Params(), batch_size=4).loglikelihood(requests)
-    pair = Unite([same_model("a"), same_model("b")], UniteParams(retokenize="local"), batch_size=4).loglikelihood(requests)
-    assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
-    assert all(s.logprob <= 1e-6 for s in pair)
 
 
 # ------------------------------------------------------------------ naive reference
