@@ -188,8 +188,8 @@ def test_plain_progress_writes_counts_and_rate():
     progress = PlainProgress(write=lambda text, flush=False: lines.append(text))
     progress.on_progress("gac", 8, None)
     progress.on_progress("gac", 8, 32)
-    assert lines[0].startswith("gac: 8 requests done") and lines[1].startswith("gac: 16 of 32 requests done")
-    assert "requests/s" in lines[1]
+    assert lines[0].startswith("gac: 8 examples done") and lines[1].startswith("gac: 16 of 32 examples done")
+    assert "examples/s" in lines[1]
 
 
 def test_list_reads_at_80_columns(monkeypatch, capsys):
