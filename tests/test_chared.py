@@ -11,7 +11,7 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, member_readers
-from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.feeding import member_continuation
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.covering import SortedVocab
@@ -64,7 +64,7 @@ def naive_chared(members, models, request, weights, window=4):
     appenders = [TextAppender(m.vocab.pieces, {p: i for i, p in reversed(list(enumerate(m.vocab.pieces)))
                                                if p and i not in m.vocab.special_ids and i not in m.stop_ids},
                               single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
-                              lambda text, m=m: encode_continuation(m, text), window) for m in members]
+                              member_continuation(m), window) for m in members]
     seqs = [m.render(request.prompt) for m in members]
     text, writer_ids, count = b"", [], 0
 

@@ -8,7 +8,7 @@ import torch
 
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
-from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.feeding import member_continuation
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.vocab import VocabView
@@ -51,7 +51,7 @@ def test_appending_bytes_to_a_member_hand_checked(bpe_tokenizer, bpe_model):
     union = build_union([member.vocab], [sorted(member.stop_ids)])
     appender = TextAppender(member.vocab.pieces, union.maps[0].by_bytes,
                             single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
-                            lambda text: encode_continuation(member, text), window=4)
+                            member_continuation(member), window=4)
     caf = member.encode("Caf", add_special_tokens=False)
     # bytes that are exactly one of the member's tokens: that token, nothing re-tokenised
     first = appender.plan(caf, b"\xc3")  # half of 'é' (a partial UTF-8 byte-level piece)
@@ -103,7 +103,7 @@ def naive_gac(members, models, request, weights, gate=None, threshold=None, wind
     appenders = [TextAppender(m.vocab.pieces, {p: i for i, p in reversed(list(enumerate(m.vocab.pieces)))
                                                if p and i not in m.vocab.special_ids and i not in m.stop_ids},
                               single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
-                              lambda text, m=m: encode_continuation(m, text), window) for m in members]
+                              member_continuation(m), window) for m in members]
     seqs = [m.render(request.prompt) for m in members]
     pending = [[] for _ in members]
     text = b""

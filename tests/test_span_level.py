@@ -10,7 +10,7 @@ import torch
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
-from ensemble_bench.methods.feeding import encode_continuation
+from ensemble_bench.methods.feeding import member_continuation
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity, text_of
 from ensemble_bench.methods.stopping import cut_at_until
@@ -76,7 +76,7 @@ def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model
     dists = [m.prefill(c) for m, c in zip(members, contexts)]
     segments = [[" the cat", " models"], [" 42 apples are", ""]]
     rounds = [{"keys": [(text, None) for text in row],
-               "tokens": [[tuple(encode_continuation(m, t)) if t else () for t in row] for m in members]}
+               "tokens": [[tuple(member_continuation(m)(t)) if t else () for t in row] for m in members]}
               for row in segments]
     rounds[1]["keys"][1] = ("", "stop_id")  # an empty final segment: only the stop is scored
     unread = [Proposal("", (), "length")] * 2  # nothing read while proposing: every candidate gets a forward
@@ -174,7 +174,7 @@ def naive_span(members, models, request, segment_end, choose, main=0):
         own = {}
         for u, p in enumerate(proposals):
             own.setdefault((p[0], p[2]), {})[u] = p[1]
-        tokens_for = [[own[key].get(v) or tuple(encode_continuation(members[v], key[0]) if key[0] else [])
+        tokens_for = [[own[key].get(v) or tuple(member_continuation(members[v])(key[0]) if key[0] else [])
                        for key in keys] for v in range(len(members))]
         if len(keys) == 1:
             winner = 0
