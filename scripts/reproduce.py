@@ -2,14 +2,16 @@
 
     python scripts/reproduce.py table3 --scale offline     # packaged models, small limits, CPU
     python scripts/reproduce.py table3                     # the paper's models (GPUs, model hub)
+    python scripts/reproduce.py table3 --dry-run --limit 5 --output /tmp/r   # preview; small; elsewhere
 
-Writes results/tables/<layout>[-<block>][_offline].{md,tex,csv} with the paper's numbers beside ours.
-The `make reproduce-*` targets call this.
+Writes results/tables/<layout>[-<block>][_offline].{md,tex,csv} with the paper's numbers beside ours
+(<output>/tables/... with --output). The `make reproduce-*` targets call this (DRY_RUN=1 LIMIT=n OUTPUT=dir).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -70,20 +72,28 @@ def main() -> None:
     parser.add_argument("target", choices=sorted(TARGETS))
     parser.add_argument("--scale", choices=("paper", "offline"), default="paper")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--dry-run", action="store_true", help="check each recipe and print its plan; run nothing")
+    parser.add_argument("--limit", type=int, help="at most this many examples per task (ensbench run --limit)")
+    parser.add_argument("--output", help="results folder instead of each recipe's output: (ensbench run --output)")
     args = parser.parse_args()
+    args.output = args.output and os.path.expanduser(os.path.expandvars(args.output))  # as ensbench reads it
     if args.scale not in TARGETS[args.target]:
         sys.exit(f"error: {args.target} has no {args.scale} stand-in; every method on the packaged models: "
                  "ensbench run recipes/offline/compare_all.yaml")
     folder = "offline" if args.scale == "offline" else "paper"
+    overrides = [*(["--dry-run"] if args.dry_run else []), *(["--limit", str(args.limit)] if args.limit else []),
+                 *(["--output", args.output] if args.output else [])]
     for layout, block, recipes in TARGETS[args.target][args.scale]:
         runs = []
         for name in recipes:
             path = ROOT / "recipes" / folder / f"{name}.yaml"
-            ensbench("run", str(path), "--reuse", "--threads", str(args.threads))
+            ensbench("run", str(path), "--reuse", "--threads", str(args.threads), *overrides)
             recipe = yaml.safe_load(path.read_text())
-            runs.append(str(ROOT / recipe.get("output", "results") / recipe["name"]))
+            runs.append(str(ROOT / (args.output or recipe.get("output", "results")) / recipe["name"]))
+        if args.dry_run:
+            continue
         stem = layout + (f"-{re.sub(r'[^a-z0-9]+', '_', block.lower()).strip('_')}" if block else "")
-        out = ROOT / "results" / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
+        out = ROOT / (args.output or "results") / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
         out.parent.mkdir(parents=True, exist_ok=True)
         ensbench("table", *runs, "--layout", layout, "--paper", "--out", str(out), *(["--block", block] if block else []))
         print(out.with_name(out.name + ".md").read_text())

