@@ -6,7 +6,7 @@ parameter sets per method (``CONTRACT_PARAMS``):
   method's equations make them equal, ``SCORING_IDENTITY``);
 - batch invariance: batch size 1 and 3 give the same outputs;
 - Ray placement gives the results of local members (skipped without ray);
-- ``info()`` holds the run statistics the reports read;
+- ``info()`` is a typed run-statistics record (``RunStats``), as the reports read it;
 - a lead member named by a label no member has is a one-line error.
 
 A new method gets all of this by one entry in ``CONTRACT_PARAMS`` (and ``SCORING_IDENTITY``); a
@@ -18,18 +18,22 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import fields
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import ALONE, METHODS, LoglikelihoodRequest, Method, MethodParams, get_method
+from ensemble_bench.methods.stats import RunStats
 from ensemble_bench.recipe import parse_recipe
 from tests.tiny import CORPUS, REQUESTS, outputs
 
-# Per method, the smallest parameter sets that exercise each of its modes; "lead" stands for the
-# method's lead-member field (``lead_field``). UniTE and DeePEn identity is exact under local feeding
-# only (canonical feeding gives the other copy its own tokenizer's encoding: test_retokenize_feeding).
+# Per method, the smallest parameter sets that exercise each of its modes ("lead": the lead member).
+# UniTE and DeePEn identity is exact under local feeding only (canonical feeding gives the other copy
+# its own tokenizer's encoding: test_retokenize_feeding).
 CONTRACT_PARAMS: dict[str, list[dict]] = {
     "single": [{}],
     "gac": [{}, {"weights": [0.3, 2.0]}, {"threshold": 0.5, "lead": 1}],
@@ -59,33 +63,36 @@ SCORING_IDENTITY: dict[str, str] = {
     "safe": "values", "byte_level": "values",
 }
 
-OLD_LEAD_NAMES = ("writer", "emitter", "reference", "primary", "main", "drafter", "gate")
+def params_of(cls: type[Method], entry: dict) -> MethodParams:
+    """Params from a table entry, as a recipe's ``method`` block gives them."""
+    return cls.Params.model_validate(entry)
 
 
-def lead_field(cls: type[Method]) -> str | None:
-    """The Params field that names the lead member (None: the method has none)."""
-    if getattr(cls, "lead_param", None):
-        return cls.lead_param
-    return next((name for name in OLD_LEAD_NAMES if name in cls.Params.model_fields), None)
-
-
-def params_of(cls: type[Method], fields: dict) -> MethodParams:
-    """Params from a table entry, its "lead" key given the method's own name for it."""
-    named = {(lead_field(cls) if key == "lead" else key): value for key, value in fields.items()}
-    return cls.Params.model_validate(named)
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether a JSON value is of a declared field type (float takes an int; bool is no number)."""
+    if hint is Any:
+        return True
+    if get_origin(hint) in (Union, UnionType):
+        return any(conforms(value, option) for option in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, get_origin(hint) or hint)
 
 
 def check_run_stats(info: dict) -> None:
-    """``info()`` as the reports read it (report/summary.py, tables.py, plots.py: ms/token, time to
-    first token, tokens, ensembled fraction, tokens manipulated per step, the parameters) and as
-    the runner writes it (timing.json)."""
-    assert json.loads(json.dumps(info)) is not None
-    for key in ("decode_ms_per_token", "time_to_first_token_ms", "ensembled_fraction", "tokens_manipulated_per_step"):
-        value = info.get(key)
-        assert value is None or (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0), (key, value)
-    assert info.get("ensembled_fraction") is None or info["ensembled_fraction"] <= 1
-    assert isinstance(info["tokens_generated"], int) and info["tokens_generated"] >= 0
-    assert isinstance(info["params"], dict)
+    """``info()`` is the JSON form of a ``RunStats`` record (what the reports read): read back whole,
+    every field of its declared type, JSON values only (the runner writes it to timing.json)."""
+    stats = RunStats.from_json(info)
+    assert stats.to_json() == info
+    json.dumps(info)
+    hints = get_type_hints(RunStats)
+    for field in fields(RunStats):
+        assert conforms(getattr(stats, field.name), hints[field.name]), (field.name, getattr(stats, field.name))
+    assert stats.ensembled_fraction is None or 0 <= stats.ensembled_fraction <= 1
+    assert all(x is None or (math.isfinite(x) and x >= 0) for x in (
+        stats.decode_ms_per_token, stats.time_to_first_token_ms, stats.tokens_manipulated_per_step))
 
 
 def cases(keep=lambda cls: True) -> list:
@@ -158,8 +165,8 @@ def test_every_registered_method_has_a_contract_entry():
     assert set(SCORING_IDENTITY) == set(METHODS), "say what scoring with itself keeps in SCORING_IDENTITY"
     for name, sets in CONTRACT_PARAMS.items():
         assert sets, name
-        for fields in sets:
-            params_of(METHODS[name], fields)  # every entry is a valid parameter set
+        for entry in sets:
+            params_of(METHODS[name], entry)  # every entry is a valid parameter set
 
 
 # ------------------------------------------------------------------ identity
@@ -208,9 +215,9 @@ def test_info_holds_the_run_statistics_the_reports_read(mixed, name):
 
 
 # ------------------------------------------------------------------ a bad lead member
-@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS and lead_field(METHODS[name])])
+@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS and METHODS[name].lead_param])
 def test_a_lead_member_no_member_has_is_one_line(tiny_dirs, name):
-    field = lead_field(METHODS[name])
+    field = METHODS[name].lead_param
     members = [{"model": path, "name": label} for path, label in zip(tiny_dirs, ("a", "b"))]
     recipe = {"name": "r", "members": members, "method": {"name": name, field: "nobody"}, "tasks": ["piqa"],
               "data": "offline"}
@@ -221,7 +228,7 @@ def test_a_lead_member_no_member_has_is_one_line(tiny_dirs, name):
 
 
 # ------------------------------------------------------------------ Ray placement
-def counters(info: dict) -> dict:
+def without_clocks(info: dict) -> dict:
     """``info()`` without its clock readings."""
     return {key: value for key, value in info.items() if "_ms" not in key and "seconds" not in key}
 
@@ -233,5 +240,5 @@ def test_ray_placement_equals_local(ray_members, name):
     near, far = build(name, 0, local, batch_size=2), build(name, 0, remote, batch_size=2)
     assert outputs(far, REQUESTS[:3]) == outputs(near, REQUESTS[:3])
     assert far.loglikelihood(SCORED[:3]) == near.loglikelihood(SCORED[:3])
-    assert counters(far.info()) == counters(near.info())
+    assert without_clocks(far.info()) == without_clocks(near.info())
     assert getattr(far, "traces", None) == getattr(near, "traces", None)  # span_trace.jsonl (runner)
