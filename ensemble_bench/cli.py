@@ -241,7 +241,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     done = finished_run(loaded) if reuse and not fresh else None
     if done is not None:
         print((done / "summary.md").read_text())
-        console.print(f"results (reused): {done}")
+        console.print(f"results (reused): {done}", soft_wrap=True)
         return
     _quiet_libraries()
     import torch
@@ -250,7 +250,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
         torch.set_num_threads(threads)
     run_dir = _run_with_progress(loaded, fresh)
     print((run_dir / "summary.md").read_text())  # scores with intervals, then what the ensemble changed
-    console.print(f"results: {run_dir}")
+    console.print(f"results: {run_dir}", soft_wrap=True)
 
 
 @app.command()
