@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install demo test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
@@ -35,6 +35,10 @@ install: $(STAMP)
 demo: install
 	$(BIN)/ensbench run recipes/offline/demo.yaml --threads $(THREADS)
 	$(BIN)/ensbench compare results/demo --show 2
+
+# ruff, configured in pyproject.toml ([tool.ruff]); CI runs it before the tests.
+lint: install
+	$(BIN)/ruff check .
 
 test: install
 	$(BIN)/python -m pytest -q

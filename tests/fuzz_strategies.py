@@ -336,8 +336,8 @@ class Outcome:
     limit_s: float = CALL_LIMIT_S
 
     def problems(self) -> list[str]:
-        """What breaks the contract: a hang, exit 70 or an unexpected code, a traceback, more than one
-        error line, a file written outside the allowed paths."""
+        """What breaks the contract: a hang, exit 70 or an unexpected code, a traceback, a refusal without
+        an `error:` line (several mistakes: one `error:` line each), a file written outside the allowed paths."""
         found = []
         if self.hung:
             found.append(f"ran past {self.limit_s} s")
@@ -347,8 +347,11 @@ class Outcome:
             found.append("traceback")
         lines = [line for line in self.err.splitlines() if line.strip()]
         verdict = self.code == 1 and not lines and "checks regressed" in self.out  # regress's own exit 1
-        if self.code not in (0, None) and not verdict and (len(lines) != 1 or len(self.err) > MAX_ERROR_CHARS):
-            found.append(f"{len(lines)} error lines, {len(self.err)} characters")
+        errors = [line for line in lines if line.startswith("error: ")]
+        if self.code not in (0, None) and not verdict and (not errors or len(self.err) > MAX_ERROR_CHARS):
+            found.append(f"{len(errors)} error lines, {len(self.err)} characters")
+        if self.code not in (0, None) and len(errors) > 1 and len(errors) != len(lines):
+            found.append("several mistakes, but not one 'error:' line each")
         if self.outside:
             found.append(f"wrote outside the output: {self.outside[:5]}")
         return found

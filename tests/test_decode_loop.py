@@ -41,7 +41,7 @@ def letter(i: int) -> Advance:
 class Scripted(Steps):
     """Request r takes ``script[r][round]``; ``by_span`` rounds advance by several tokens."""
 
-    writer = 0
+    lead = 0
 
     def __init__(self, script, by_span=False):
         self.members, self.script, self.by_span, self.fed = [FakeMember()], script, by_span, []

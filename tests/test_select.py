@@ -82,4 +82,4 @@ def test_unfinished_run_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         main()
     assert stopped.value.code == 2
-    assert "not a finished ensbench run" in capsys.readouterr().err
+    assert "neither a finished ensbench run nor a folder holding one" in capsys.readouterr().err

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
-from ensemble_bench.report.summary import finished_recipe, read_json_lines, row_scores
-from ensemble_bench.tasks import get_benchmark
+from ensemble_bench.report.summary import finished_recipe, read_json_lines, recipe_benchmarks, row_scores
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ def load_candidates(run_dirs: list[Path]) -> list[Candidate]:
     found: dict[str, Candidate] = {}
     for run_dir in run_dirs:
         recipe = finished_recipe(run_dir)
-        benches = [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+        benches = recipe_benchmarks(run_dir, recipe)
         for spec in recipe.members:
             row_dir = run_dir / spec.label
             if not (row_dir / "timing.json").exists():

@@ -12,9 +12,17 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.methods import RunStats
 from ensemble_bench.recipe import parse_recipe, plan_rows
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
-from ensemble_bench.report.run_files import (PERCENT_METRICS, RunRow, damaged, leaf_tasks, ms_per_token, read_json,
-                                             read_json_lines, row_wall_seconds)
-from ensemble_bench.tasks import Benchmark
+from ensemble_bench.report.run_files import (
+    PERCENT_METRICS,
+    RunRow,
+    damaged,
+    leaf_tasks,
+    ms_per_token,
+    read_json,
+    read_json_lines,
+    row_wall_seconds,
+)
+from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
@@ -47,8 +55,13 @@ def _metric_value(results: dict, bench: Benchmark) -> tuple[float, int] | None:
 
 def recipe_benchmarks(run_dir: Path, recipe) -> list[Benchmark]:
     """The recipe's tasks as Benchmarks: built-in ones from the registry, any other lm-eval task with the
-    primary metric its results files in ``run_dir`` record (first metric, or the group's aggregate)."""
-    results = [read_json(path) for path in sorted(run_dir.rglob("results_*.json"))]
+    primary metric its results files in ``run_dir`` record (first metric, or the group's aggregate).
+    Folders set aside (``.<row>.damaged``) are not read."""
+    if all(is_builtin(t.name) for t in recipe.tasks):
+        return [get_benchmark(t.name, t.variant) for t in recipe.tasks]
+    paths = sorted(p for p in run_dir.rglob("results_*.json")
+                   if not any(part.startswith(".") for part in p.relative_to(run_dir).parts))
+    results = [read_json(path) for path in paths]
     return [benchmark_from_results(t.name, t.variant, results) for t in recipe.tasks]
 
 

@@ -14,6 +14,7 @@ It only runs when the recipe opts in (``allow_code_execution: true``, which sets
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -45,10 +46,8 @@ def _limits(memory_mb: int, cpu_s: int):
 
 def _kill_group(process: subprocess.Popen) -> None:
     """SIGKILL the program's process group (children it left in the group too)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_in(folder: str, program: str, timeout_s: float = TIMEOUT_S, memory_mb: int = MEMORY_MB,
