@@ -216,7 +216,8 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
                                                               "load nothing."),
         fresh: bool = typer.Option(False, "--fresh", help="Start a new run even if an unfinished one exists, and "
                                                           "compute every row (no finished row of another run reused)."),
-        reuse: bool = typer.Option(False, "--reuse", help="If this exact recipe has a finished run, show it; run nothing."),
+        reuse: bool = typer.Option(False, "--reuse",
+                                   help="If this exact recipe has a finished run, show it; run nothing."),
         threads: int = typer.Option(settings.threads, help="torch CPU threads (0: default; $ENSBENCH_THREADS)."),
         limit: int = typer.Option(None, min=1, help="Override: at most this many examples of every task."),
         tasks: str = typer.Option(None, help="Override: only these benchmarks, comma-separated (e.g. piqa,nq)."),
@@ -305,7 +306,8 @@ def _with_interval(check, which: str) -> str:
 @app.command()
 def regress(current: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
             baseline: Path = typer.Option(..., help="finished run of the same recipe (or a folder holding one)"),
-            confidence: float = typer.Option(0.95, min=0.5, max=0.9999, help="one-sided confidence of the accuracy check"),
+            confidence: float = typer.Option(0.95, min=0.5, max=0.9999,
+                                             help="one-sided confidence of the accuracy check"),
             latency_tolerance: float = typer.Option(0.25, min=0.0, help="allowed growth of ms/token / sum(members)")):
     """Fail (exit 1) when accuracy drops beyond a binomial interval or the latency ratio grows."""
     from ensemble_bench.report.regress import compare, load_rows, recipe_difference
@@ -326,8 +328,9 @@ def regress(current: Path = typer.Argument(..., help="finished run, or results/<
         table.add_column(column, no_wrap=True)
     for c in checks:
         scale = 1 if c.what == "latency ratio" else 100
+        allowed = f"{c.allowed:.3f}" if scale == 1 else f"{max(0.0, 100 * c.allowed):.1f}"
         table.add_row(c.row, c.what, _with_interval(c, "baseline"), _with_interval(c, "current"),
-                      ("<= " if c.what == "latency ratio" else ">= ") + (f"{c.allowed:.3f}" if scale == 1 else f"{max(0.0, 100 * c.allowed):.1f}"),
+                      ("<= " if c.what == "latency ratio" else ">= ") + allowed,
                       "ok" if c.passed else "[bold red]REGRESSED[/]")
     console.print(table)
     failed = [c for c in checks if not c.passed]
@@ -380,7 +383,8 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
 
 @app.command("list")
 def list_things(details: bool = typer.Option(False, "--details", help="add lm-eval task names and metric keys"),
-                method: str | None = typer.Option(None, "--method", help="one method's parameters: type, default, meaning")):
+                method: str | None = typer.Option(None, "--method",
+                                                  help="one method's parameters: type, default, meaning")):
     """Methods, packaged offline models and benchmarks (what is missing as notes below the table)."""
     from ensemble_bench.members.sources import PACKAGED
     from ensemble_bench.methods import METHODS, describe_params
@@ -397,7 +401,8 @@ def list_things(details: bool = typer.Option(False, "--details", help="add lm-ev
     methods.add_column("parameters")
     for name, cls in sorted(METHODS.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
-        methods.add_row(name, "1 per row" if cls.alone else count, ", ".join(p.name for p in describe_params(name)) or "-")
+        param_names = ", ".join(p.name for p in describe_params(name)) or "-"
+        methods.add_row(name, "1 per row" if cls.alone else count, param_names)
     models = Table(title="packaged offline models (fetched from PyPI on first use)")
     models.add_column("name", no_wrap=True)
     models.add_column("what")
@@ -481,7 +486,8 @@ def compare(run: Path = typer.Argument(..., help="finished run, or results/<reci
             row: list[str] = typer.Option(None, "--row", help="a row to compare (twice or more; default: all rows)"),
             benchmark: str = typer.Option(None, help="only this benchmark"),
             show: int = typer.Option(5, min=0, help="differing examples shown per benchmark"),
-            out: Path = typer.Option(None, help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
+            out: Path = typer.Option(None,
+                                     help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
     """What the rows of a run did differently: intervals, paired tests, oracle, differing examples."""
     from ensemble_bench.report.compare import build_report, render_csv, render_markdown
     from ensemble_bench.report.out_files import checked_files, user_path

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -402,9 +403,9 @@ def _method_problems(recipe: Recipe, source: str) -> list[str]:
     lines = []
     for i, spec in enumerate(recipe.ensembles):
         field = f"methods[{i}]" if recipe.methods is not None else "method"
-        lines += _problems(lambda: validate_method(recipe, spec, source, field))
+        lines += _problems(partial(validate_method, recipe, spec, source, field))
         for point in recipe.sweep_points() if recipe.sweep else []:
-            lines += _problems(lambda: validate_method(recipe, spec, f"{source}: sweep {point}", field, point))
+            lines += _problems(partial(validate_method, recipe, spec, f"{source}: sweep {point}", field, point))
     return lines
 
 

@@ -38,19 +38,24 @@ def write(tmp_path, text, name="recipe.yaml"):
 
 CASES = {
     "unknown method": (GOOD.replace("method: single", "method: blend"), "method.name: unknown method 'blend'"),
-    "missing model": (GOOD.replace("model: smollm2-135m", "model: no-such-model"), "members[0].model: unknown model 'no-such-model'"),
-    "missing model file": (GOOD.replace("model: smollm2-135m", "model: /nowhere/model.gguf"), "members[0].model: model file not found"),
+    "missing model": (GOOD.replace("model: smollm2-135m", "model: no-such-model"),
+                      "members[0].model: unknown model 'no-such-model'"),
+    "missing model file": (GOOD.replace("model: smollm2-135m", "model: /nowhere/model.gguf"),
+                           "members[0].model: model file not found"),
     "negative limit": (GOOD.replace("limit: 5", "limit: -3"), "tasks[0].limit: Input should be greater than 0"),
     "wrong type": (GOOD + "batch_size: eight\n", "batch_size: Input should be a valid integer"),
     "string number": (GOOD.replace("limit: 5", "limit: '5'"), "tasks[0].limit: Input should be a valid integer"),
-    "bad dtype": (GOOD.replace("- model: smollm2-135m", "- model: smollm2-135m\n    dtype: fp8"), "members[0].dtype: Input should be"),
+    "bad dtype": (GOOD.replace("- model: smollm2-135m", "- model: smollm2-135m\n    dtype: fp8"),
+                  "members[0].dtype: Input should be"),
     "unknown field": (GOOD + "temperature: 0.7\n", "temperature: unknown field"),
     "unknown benchmark": (GOOD.replace("name: piqa", "name: hellaswagz"), "tasks[0].name: unknown task 'hellaswagz'"),
     "missing members": (GOOD.replace("members:\n  - model: smollm2-135m\n", ""), "members: Field required"),
     "not a mapping": ("- just\n- a list\n", "a recipe must be a YAML mapping"),
     "malformed yaml": ("name: [unclosed\n", "not valid YAML"),
-    "bad method parameter": (GOOD.replace("method: single", "method:\n  name: single\n  k: 3"), "method.k: unknown field"),
-    "code without opt-in": (GOOD.replace("name: piqa", "name: mbpp"), "benchmark 'mbpp' runs the generated programs: set allow_code_execution: true"),
+    "bad method parameter": (GOOD.replace("method: single", "method:\n  name: single\n  k: 3"),
+                             "method.k: unknown field"),
+    "code without opt-in": (GOOD.replace("name: piqa", "name: mbpp"),
+                            "benchmark 'mbpp' runs the generated programs: set allow_code_execution: true"),
 }
 
 
@@ -195,7 +200,8 @@ SWEEP = ENSEMBLE.format(method="sweetspan", extra="main: big")
 
 
 @pytest.mark.parametrize("sweep,expected", [
-    ("sweep: {span_words: [1, 0]}", "sweep {'span_words': 0}: method.span_words: Input should be greater than or equal to 1"),
+    ("sweep: {span_words: [1, 0]}",
+     "sweep {'span_words': 0}: method.span_words: Input should be greater than or equal to 1"),
     ("sweep: {span_words: [1], lambda: [2.0]}", "sweep: sweep names exactly one method parameter"),
     ("sweep: {span_words: []}", "sweep: sweep names exactly one method parameter"),
     ("sweep: {window: [2]}", "sweep {'window': 2}: method.window: unknown field"),
