@@ -44,7 +44,8 @@ TARGETS = {
     "sweetspan": {"paper": [("sweetspan_table7", None, ["sweetspan_nq_4good", "sweetspan_gsm8k_4good",
                                                         "sweetspan_mbpp_4good"]),
                             ("sweetspan_table8", None, [f"sweetspan_flores_{d}_4good"
-                                                        for d in ("en_de", "de_en", "en_ro", "ro_en")])] + PAPER_SWEETSPAN,
+                                                        for d in ("en_de", "de_en", "en_ro", "ro_en")])]
+                           + PAPER_SWEETSPAN,
                   "offline": [("sweetspan_table7", None, ["sweetspan_nq", "sweetspan_gsm8k"])]},
     "safe": {"paper": [("safe_table2", None, [f"safe_table2_{pair}" for pair in (
                            "internlm3_qwen25", "qwen25_exaone35", "internlm3_exaone35", "three")]),
@@ -53,7 +54,8 @@ TARGETS = {
                        ("safe_table5", None, ["safe_table5_internlm3_qwen25_floor"]),
                        ("safe_table6", None, ["safe_table6_internlm3_qwen25_draft_len"])]},
     "coolfusion": {"paper": [("coolfusion_table3", None, ["coolfusion_table3_cool2", "coolfusion_table3_cool3",
-                                                          "coolfusion_table3_cool_align_off", "coolfusion_table3_cool_rerank",
+                                                          "coolfusion_table3_cool_align_off",
+                                                          "coolfusion_table3_cool_rerank",
                                                           "coolfusion_table3_rerank3"])],
                    "offline": [("coolfusion_table3", None, ["coolfusion_table3"])]},
 }
@@ -95,7 +97,8 @@ def main() -> None:
         stem = layout + (f"-{re.sub(r'[^a-z0-9]+', '_', block.lower()).strip('_')}" if block else "")
         out = ROOT / (args.output or "results") / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
         out.parent.mkdir(parents=True, exist_ok=True)
-        ensbench("table", *runs, "--layout", layout, "--paper", "--out", str(out), *(["--block", block] if block else []))
+        block_args = ["--block", block] if block else []
+        ensbench("table", *runs, "--layout", layout, "--paper", "--out", str(out), *block_args)
         print(out.with_name(out.name + ".md").read_text())
 
 

@@ -13,8 +13,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from functools import partial
 
 import click
 import pytest
@@ -77,7 +79,8 @@ def row_files(row_dir):
     """What a row wrote, keyed by file kind: results (without timing and dates) and samples."""
     found = {}
     for path in sorted(row_dir.glob("samples_*.jsonl")):
-        found[path.name.split("_")[1]] = [(r["doc_id"], r["resps"]) for r in map(json.loads, path.read_text().splitlines())]
+        records = map(json.loads, path.read_text().splitlines())
+        found[path.name.split("_")[1]] = [(r["doc_id"], r["resps"]) for r in records]
     [results] = row_dir.glob("results_*.json")
     found["results"] = json.loads(results.read_text())["results"]
     return found
@@ -149,11 +152,14 @@ class Unprintable(Exception):
 HANDLED = {
     "user error": (UserError("recipe.yaml: tasks[0].limit: bad"), 2, "error: recipe.yaml: tasks[0].limit: bad"),
     "environment fault": (EnvironmentFault("output: '/x' is a file"), 1, "error: output: '/x' is a file"),
-    "disk full": (OSError(errno.ENOSPC, "No space left on device", "/r/x.json"), 1, "error: disk full (/r/x.json): free space"),
-    "read-only": (OSError(errno.EROFS, "Read-only file system", "/r"), 1, "error: cannot write (/r): Read-only file system"),
+    "disk full": (OSError(errno.ENOSPC, "No space left on device", "/r/x.json"), 1,
+                  "error: disk full (/r/x.json): free space"),
+    "read-only": (OSError(errno.EROFS, "Read-only file system", "/r"), 1,
+                  "error: cannot write (/r): Read-only file system"),
     "permission": (PermissionError(errno.EACCES, "Permission denied", "/r"), 1, "cannot write (/r): Permission denied"),
     "sqlite full": (sqlite3.OperationalError("database or disk is full"), 1, "error: disk full: free space"),
-    "sqlite damaged": (sqlite3.DatabaseError("file is not a database"), 1, "response cache database of the run is damaged"),
+    "sqlite damaged": (sqlite3.DatabaseError("file is not a database"), 1,
+                       "response cache database of the run is damaged"),
     "network": (ConnectionError("Connection refused"), 1, "error: network unavailable (Connection refused)"),
     "out of memory": (MemoryError(), 1, "error: out of memory: lower batch_size"),
     "keyboard interrupt": (KeyboardInterrupt(), 130, "interrupted: run the same command again to resume"),
@@ -221,7 +227,8 @@ def test_command_line_help_and_success_still_work(monkeypatch, capsys):
 ROWS = {"a": ("single", {"arc_c": (0.30, 200)}, {"decode_ms_per_token": 100.0}),
         "b": ("single", {"arc_c": (0.40, 200)}, {"decode_ms_per_token": 200.0}),
         "gac": ("gac", {"arc_c": (0.42, 200)}, {"decode_ms_per_token": 310.0})}
-BASE_RECIPE = {"name": "reg", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
+BASE_RECIPE = {"name": "reg",
+               "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
                "method": "gac", "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
 
 
@@ -282,7 +289,8 @@ def test_a_damaged_recipe_of_a_run_is_named(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.usefixtures("offline_data")
-def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the_cache(tiny_dirs, tmp_path, monkeypatch, capfd):
+def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the_cache(tiny_dirs, tmp_path,
+                                                                                      monkeypatch, capfd):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.runner import run_recipe
 
@@ -343,8 +351,12 @@ def test_a_read_only_output_folder_is_refused_up_front(tmp_path, monkeypatch, ca
     folder.mkdir()
     folder.chmod(0o555)
     if os.geteuid() == 0:  # root writes through a read-only mode: fail the probe as a read-only mount would
-        def read_only(*_, **__):
-            raise OSError(errno.EROFS, "Read-only file system")
+        writable = tempfile.TemporaryFile
+
+        def read_only(*args, **kwargs):
+            if str(kwargs.get("dir", "")).startswith(str(folder)):
+                raise OSError(errno.EROFS, "Read-only file system")
+            return writable(*args, **kwargs)
         monkeypatch.setattr("ensemble_bench.runner.tempfile.TemporaryFile", read_only)
     try:
         code, out = dry_run(monkeypatch, capsys, tmp_path, ONE_MEMBER.format(name="a", output=folder))
@@ -357,7 +369,8 @@ def test_a_read_only_output_folder_is_refused_up_front(tmp_path, monkeypatch, ca
 def test_hub_data_without_network_is_refused_up_front(tmp_path, monkeypatch, capsys):
     text = ONE_MEMBER.format(name="a", output=tmp_path).replace("data: offline\n", "")
     code, out = dry_run(monkeypatch, capsys, tmp_path, text)  # the tests run with HF_DATASETS_OFFLINE=1
-    assert code == 1 and "data: hub needs the network but HF_DATASETS_OFFLINE is set: use data: offline" in one_line(out)
+    expected = "data: hub needs the network but HF_DATASETS_OFFLINE is set: use data: offline"
+    assert code == 1 and expected in one_line(out)
     for variable in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(variable, raising=False)
 
@@ -380,7 +393,8 @@ def test_an_unavailable_device_is_refused_up_front(device, gpus, mps, expected, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
-    text = ONE_MEMBER.format(name="a", output=tmp_path).replace("    name: a\n", f"    name: a\n    device: '{device}'\n")
+    text = ONE_MEMBER.format(name="a", output=tmp_path).replace("    name: a\n",
+                                                                f"    name: a\n    device: '{device}'\n")
     code, out = dry_run(monkeypatch, capsys, tmp_path, text)
     assert code == 1 and expected in one_line(out)
 
@@ -435,7 +449,8 @@ def test_invalid_model_args_json_in_the_lm_eval_cli_is_one_line(monkeypatch, cap
 
 # --- 6. silent surprises ----------------------------------------------------------------------------------------
 def test_a_duplicate_yaml_key_is_refused_with_its_line(tmp_path, monkeypatch, capsys):
-    text = ONE_MEMBER.format(name="a", output=tmp_path).replace("method: single\n", "method: {name: gac, gate: a}\nmethod: single\n")
+    text = ONE_MEMBER.format(name="a", output=tmp_path).replace("method: single\n",
+                                                                "method: {name: gac, gate: a}\nmethod: single\n")
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--dry-run")
@@ -488,7 +503,8 @@ def uninterrupted(tiny_dirs, tmp_path_factory):
 
 
 @pytest.mark.usefixtures("offline_data")
-@pytest.mark.parametrize("sig,point", [(signal.SIGINT, "first answers cached"), (signal.SIGINT, "inside the ensemble row"),
+@pytest.mark.parametrize("sig,point", [(signal.SIGINT, "first answers cached"),
+                                       (signal.SIGINT, "inside the ensemble row"),
                                        (signal.SIGKILL, "first row finished")])
 def test_an_interrupted_run_resumes_to_identical_files(sig, point, tiny_dirs, uninterrupted, tmp_path):
     for attempt in range(3):  # on a loaded machine the tiny run can finish while the signal is on its way
@@ -499,7 +515,7 @@ def test_an_interrupted_run_resumes_to_identical_files(sig, point, tiny_dirs, un
         command = [sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe)]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                    preexec_fn=default_sigint)
-        wait_for(lambda: POINTS[point](folder / "results" / "tiny-faults"), process)
+        wait_for(partial(POINTS[point], folder / "results" / "tiny-faults"), process)
         process.send_signal(sig)
         stderr = process.communicate(timeout=60)[1]
         if not (process.returncode == 0 and any((folder / "results" / "tiny-faults").glob("*/summary.md"))):
