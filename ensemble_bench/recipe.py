@@ -20,7 +20,7 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ensemble_bench.errors import UserError, lines_of, several
-from ensemble_bench.methods import get_method
+from ensemble_bench.methods import ALONE, get_method, is_alone
 from ensemble_bench.overrides import Override, blame
 from ensemble_bench.overrides import apply as apply_overrides
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
@@ -294,10 +294,10 @@ class Row:
 def plan_rows(recipe: Recipe) -> list[Row]:
     """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
     and sweep point. Labels are unique (a recipe that repeats one is refused)."""
-    singles = [Row(m.label, "single", (i,)) for i, m in enumerate(recipe.members)]
+    singles = [Row(m.label, ALONE, (i,)) for i, m in enumerate(recipe.members)]
     ensembles = []
     for index, spec in enumerate(recipe.ensembles):
-        if spec.name == "single":
+        if is_alone(spec.name):
             continue
         for point in recipe.sweep_points():
             label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
@@ -509,8 +509,8 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
     except UserError as err:
         raise UserError(f"{source}: {err}") from None
     count = len(members)
-    if method.name != "single" and (count < method.min_members or
-                                    (method.max_members is not None and count > method.max_members)):
+    if not method.alone and (count < method.min_members or
+                             (method.max_members is not None and count > method.max_members)):
         raise UserError(f"{source}: members: method '{method.name}' takes {method.min_members}"
                         f"{'+' if method.max_members is None else f'-{method.max_members}'} members, got {count}")
     return method, params

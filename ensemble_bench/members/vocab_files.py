@@ -4,7 +4,7 @@ The llama-cpp-python source distribution on PyPI carries ``vendor/llama.cpp/mode
 (vocabularies without weights). On first use the sdist is downloaded into the cache, the wanted
 file is extracted, converted to a transformers tokenizer and saved (reloads in 1-2 s). Used for
 vocabulary-scale measurements (union and anchor sizes, alignment cost) and the GPU timing script.
-Known conversion faults (shared/offline.md): Llama-3 gains a stray id 128256 and adds no BOS;
+Known conversion faults: Llama-3 gains a stray id 128256 and adds no BOS;
 DeepSeek-LLM's BOS is wrong. Neither matters for vocabulary sizes by bytes.
 """
 
