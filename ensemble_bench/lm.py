@@ -112,7 +112,7 @@ class EnsembleLM(LM):
         return CHAT_MARK + json.dumps(self.rendered.record(self.method.members, chat_history), ensure_ascii=False)
 
     def get_model_info(self) -> dict:
-        return {"ensbench": {"label": self.label, **self.method.info(),
+        return {"ensbench": {"label": self.label, **self.method.info(), **self.scoring.summary(),
                              "members": [m.name for m in self.method.members], **self.rendered.info()}}
 
     # --- requests -------------------------------------------------------------------------------

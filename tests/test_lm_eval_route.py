@@ -101,3 +101,7 @@ def test_the_documented_route_runs_offline_and_ensbench_reads_its_run(tiny_dirs,
     assert code == 0 and "| gac" in out.out and "piqa" in out.out, out
     code, out = run_cli(monkeypatch, capsys, "compare", str(run))  # it reads the run: one row, nothing to compare
     assert code == 2 and "compare needs two rows or more" in one_line(out)
+    timing = json.loads((run / "gac" / "timing.json").read_text())
+    assert timing["requests_scored"] == 4 and timing["loglikelihood_ms_per_request"] > 0  # 2 questions x 2 choices
+    code, out = run_cli(monkeypatch, capsys, "plot", str(run), "--out", str(tmp_path / "plot"))
+    assert code == 0 and "warning" not in out.err and (tmp_path / "plot.png").exists(), out
