@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
 from ensemble_bench import cli, runner
 from ensemble_bench.row_store import REUSED
@@ -128,8 +129,6 @@ def test_a_stock_lm_eval_task_by_name_runs_on_the_packaged_copy(first):
 
 def test_the_overrides_are_the_recipe_as_run(first):
     run_dir, out, _ = first
-    import yaml
-
     as_run = yaml.safe_load((run_dir / "recipe.yaml").read_text())
     assert [t["limit"] for t in as_run["tasks"]] == [LIMIT, LIMIT]
     assert as_run["method"]["weights"] == [2, 1]
