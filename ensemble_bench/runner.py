@@ -43,9 +43,18 @@ from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, s
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import current_params, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
-from ensemble_bench.report.summary import DONE_FILE as DONE, write_summary
-from ensemble_bench.row_store import (LENT_NOTE, REUSED_NOTE, RowKey, RowStore, copy_row, record_reuse, row_keys,
-                                      seed_cache)
+from ensemble_bench.report.summary import DONE_FILE as DONE
+from ensemble_bench.report.summary import write_summary
+from ensemble_bench.row_store import (
+    LENT_NOTE,
+    REUSED_NOTE,
+    RowKey,
+    RowStore,
+    copy_row,
+    record_reuse,
+    row_keys,
+    seed_cache,
+)
 from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
 from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
@@ -349,7 +358,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
-        atomic_write_text(partial / "span_trace.jsonl", "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces))
+        lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
+        atomic_write_text(partial / "span_trace.jsonl", lines)
     missing = _damage(partial, [group for _, group in groups])
     if missing:  # lm-eval logs a failed write of its files as a warning and goes on
         raise EnvironmentFault(f"{partial}: the files of row {row.label} were not all written ({missing}): check "
@@ -517,7 +527,7 @@ def _check_complete(run_dir: Path, rows: list[Row], groups: list[str]) -> None:
                                    "again to recompute it from the response cache")
 
 
-def _quiet_git_hash() -> str | None:
+def quiet_git_hash() -> str | None:
     """lm-eval's git hash of the working folder, without git's "fatal: not a git repository" per row."""
     try:
         done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
@@ -569,7 +579,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
 
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
-    lm_eval.evaluator.get_git_commit_hash = _quiet_git_hash
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
     run_dir, _ = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
@@ -590,8 +600,8 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
-        lm = LM_CLASSES[row.method](method, row.label,
-                                    progress=(lambda n, total, label=row.label: progress(label, n, total)) if progress else None)
+        row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
+        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress)
         on_row and on_row(row, "evaluating")
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
         store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))

@@ -111,7 +111,8 @@ def test_another_method_computes_no_member_alone_request(tiny_dirs, tmp_path, mo
         assert timing(run_b, row)["decode_ms_per_token"] == timing(run_a, row)["decode_ms_per_token"]
         assert samples(run_b / row) == samples(run_a / row)
     assert timing(run_b, "unite")["requests_computed"] == 3 * PIQA_CHOICES
-    assert "| x" in (run_b / "summary.md").read_text()
+    summary = (run_b / "summary.md").read_text()
+    assert "| x" in summary and f"- x: copied from `{source}/x`" in summary
     assert {p: p.read_bytes() for p in sorted(run_a.rglob("*")) if p.is_file()} == before  # the source: untouched
 
 
@@ -127,6 +128,8 @@ def test_a_raised_limit_computes_only_the_new_examples(tiny_dirs, tmp_path, monk
         assert first == samples(run_a / row)
     reused = json.loads((run_c / REUSED).read_text())
     assert reused["x"]["cache_from"] == f"tiny-gac/{run_a.name}/cache/x_rank0.db"
+    assert f"- x: answers already in `tiny-gac/{run_a.name}/cache/x_rank0.db`'s response cache were reused" in \
+        (run_c / "summary.md").read_text()
 
 
 def test_a_changed_member_or_fresh_run_is_not_reused(tiny_dirs, tmp_path, monkeypatch, capsys, output):

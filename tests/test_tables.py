@@ -11,8 +11,17 @@ import pandas as pd
 import pytest
 
 from ensemble_bench.cli import main
-from ensemble_bench.report.tables import (EXTRA_BLOCK, NOT_RUN, build_run_table, build_table, get_layout, layouts,
-                                          paper_numbers, paper_rows, render)
+from ensemble_bench.report.tables import (
+    EXTRA_BLOCK,
+    NOT_RUN,
+    build_run_table,
+    build_table,
+    get_layout,
+    layouts,
+    paper_numbers,
+    paper_rows,
+    render,
+)
 from tests.fake_runs import fake_run
 
 RECIPE = {"name": "t3", "members": [{"model": "smollm2-135m", "name": "small", "paper_row": "openchat_3.5"},
@@ -172,3 +181,21 @@ def test_every_score_carries_its_95_interval(run, tmp_path, monkeypatch):
     assert "[4.3, 21.4]" in render(frame, layout, "latex")
     with_paper = render(build_table(layout, [run], with_paper=True, block="openchat and SOLAR"), layout, "markdown")
     assert "10.0 / 33.82 (-23.82)" in with_paper and "[4.3, 21.4]" in with_paper
+
+
+def test_one_label_measured_by_two_runs_is_shown_apart_never_mixed(tmp_path):
+    """Two runs that both hold 'gac' on nq: two rows, each with its own run's score and latency, and a
+    note; a label whose runs measured different benchmarks is still one row."""
+    first = fake_run(tmp_path / "results" / "t3" / "20260101-000000-abc", ROWS, RECIPE)
+    again = {"small": ("single", {"arc_c": (0.5, 50)}, {"decode_ms_per_token": 100.0}),
+             "big": ("single", {"arc_c": (0.6, 50)}, {"decode_ms_per_token": 250.0}),
+             "gac": ("gac", {"nq": (0.30, 50)}, {"decode_ms_per_token": 90.0})}
+    recipe = {**RECIPE, "name": "t4", "methods": [{"name": "gac", "label": "gac"}]}
+    second = fake_run(tmp_path / "results" / "t4" / "20260102-000000-def", again, recipe)
+    frame, layout = build_run_table([first, second])
+    rows = frame.set_index("row")
+    apart = "gac (t4/20260102-000000-def)"
+    assert (rows.loc["gac", "nq"], rows.loc["gac", "ms/token"]) == (10.0, 340.0)
+    assert (rows.loc[apart, "nq"], rows.loc[apart, "ms/token"]) == (30.0, 90.0)
+    assert (rows.loc["small", "nq"], rows.loc["small", "arc_c"]) == (4.0, 50.0)  # disjoint benchmarks: one row
+    assert f"'gac' is in several runs with the same benchmarks: shown apart, as '{apart}'" in frame.attrs["notes"]

@@ -200,5 +200,20 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
               "evaluation time.\n\n")
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
-                      + paired_section(comparisons))
+                      + reuse_section(run_dir) + paired_section(comparisons))
     return frame
+
+
+def reuse_section(run_dir: Path) -> str:
+    """What the run took from earlier runs (``reused.json``): rows copied whole, whose scores and
+    latency are the original's, and rows that started from another run's response cache."""
+    path = run_dir / "reused.json"
+    if not path.exists():
+        return ""
+    lines = []
+    for label, entry in read_json(path).items():
+        if "from" in entry:
+            lines.append(f"- {label}: copied from `{entry['from']}` (its scores and latency are that run's)")
+        if "cache_from" in entry:
+            lines.append(f"- {label}: answers already in `{entry['cache_from']}`'s response cache were reused")
+    return "\n## Reused from earlier runs\n\n" + "\n".join(lines) + "\n" if lines else ""

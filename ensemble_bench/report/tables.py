@@ -69,6 +69,17 @@ class OurRuns:
     rows: dict[str, OurRow] = field(default_factory=dict)
     benchmarks: list[str] = field(default_factory=list)
     hardware: set[str] = field(default_factory=set)
+    kept_apart: list[str] = field(default_factory=list)  # one line per label two runs measured on one benchmark
+
+    def row_for(self, label: str, method: str, declared: str | None, run_dir: Path, columns: list[str]) -> OurRow:
+        """The merged row a run's row goes into: the row of its label, unless an earlier run already
+        holds one of its benchmarks; then a row of its own, labelled with its run (never mixed)."""
+        merged = self.rows.get(label)
+        if merged is not None and any(column in merged.examples for column in columns):
+            apart = f"{label} ({run_dir.parent.name}/{run_dir.name})"
+            self.kept_apart.append(f"'{label}' is in several runs with the same benchmarks: shown apart, as '{apart}'")
+            label = apart
+        return self.rows.setdefault(label, OurRow(label, method, declared))
 
 
 @dataclass(frozen=True)
@@ -149,7 +160,7 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
             plan = row.plan
             declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
                 recipe.ensembles[plan.spec].paper_row
-            merged = ours.rows.setdefault(plan.label, OurRow(plan.label, plan.method, declared))
+            merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(_column_key, row.scores)))
             _add_scores(merged, row, intervals)
             _add_timing(merged, row.stats, run_dir / plan.label)
             if plan.spec is not None:
@@ -256,7 +267,7 @@ def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_ap
         paper = layout.hardware or "hardware this layout does not record"
         notes.append(f"latency: no difference to the paper's, which was timed on {paper}; these runs: "
                      f"{', '.join(sorted(ours.hardware))}")
-    return [note for note in notes if note]
+    return [note for note in notes if note] + ours.kept_apart
 
 
 def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
@@ -305,7 +316,7 @@ def build_run_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, Layout]:
                 record.update(_interval_cells(column, row.intervals))
         records.append(record)
     frame = pd.DataFrame.from_records(records)
-    frame.attrs["notes"] = _run_notes(layout)
+    frame.attrs["notes"] = _run_notes(layout) + ours.kept_apart
     return frame, layout
 
 
