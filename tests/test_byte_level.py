@@ -17,7 +17,6 @@ from ensemble_bench.vocab.covering import END, SortedVocab, branch_at, next_byte
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from tests.tiny import CORPUS, REQUESTS
 
-
 # ------------------------------------------------------------------ hand-checked covering tree
 PIECES = (b"a", b"b", b"ab", b"abc", b"bc", None, b"<s>", b"c")  # id 6 special, id 5 padded head row
 
@@ -103,7 +102,8 @@ def naive_next_byte(member, model, prompt, tail, x):
 
 
 def naive_byte_level(members, models, request, weights, main=0):
-    tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(lambda t, m=m: m.encode(t, add_special_tokens=False)))
+    tails = [CanonicalTail.from_view(m.vocab,
+                                     continuation_encoder(lambda t, m=m: m.encode(t, add_special_tokens=False)))
              for m in members]
     prompts = [m.render(request.prompt) for m in members]
     x, budget = b"", 0

@@ -117,7 +117,7 @@ def naive_gac(members, models, request, weights, gate=None, threshold=None, wind
         if reference_ids is not None:
             return members[reference].decode(reference_ids)
         return text.decode("utf-8", errors="replace")
-    for count in range(1, request.max_new_tokens + 1):
+    for _ in range(1, request.max_new_tokens + 1):
         def probs(k):
             with torch.no_grad():
                 return models[k](torch.tensor([seqs[k]])).logits[0, -1].float().log_softmax(-1).exp()

@@ -11,11 +11,17 @@ from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import METHODS, LoglikelihoodRequest
-from ensemble_bench.methods import packllm
+from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm
 from ensemble_bench.methods.feeding import text_appender, text_lookup
-from ensemble_bench.methods.packllm import (PackLLM, PackLLMParams, PromptScore, common_segments, opt_weights, sim_weights,
-                                            token_chunks)
+from ensemble_bench.methods.packllm import (
+    PackLLM,
+    PackLLMParams,
+    PromptScore,
+    common_segments,
+    opt_weights,
+    sim_weights,
+    token_chunks,
+)
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.vocab import mined
@@ -138,7 +144,8 @@ def naive_weights(members, models, request, params):
         exp = [math.exp(-x / params.tau) for x in log_ppl]
         return [e / sum(exp) for e in exp]
     cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
-    segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in zip([None] + cuts[:-1], cuts)] for run in cumulative]
+    bounds = list(zip([None] + cuts[:-1], cuts))
+    segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
     first, second = sorted(range(2), key=lambda k: log_ppl[k])
     best = min(range(params.grid, -1, -1), key=lambda s: -sum(
         math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
@@ -148,7 +155,8 @@ def naive_weights(members, models, request, params):
     return weights
 
 
-@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"), PackLLMParams(variant="opt", alignment="union")],
+@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"),
+                                    PackLLMParams(variant="opt", alignment="union")],
                          ids=["sim", "opt"])
 def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params):
     def pair():
@@ -201,7 +209,7 @@ def naive_mined(members, models, request, weights, window=4):
         for model, seq in zip(models, seqs):
             with torch.no_grad():
                 logprobs.append(model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).tolist())
-        def fused(x):
+        def fused(x, logprobs=logprobs):
             total = 0.0
             for k, lp in enumerate(logprobs):
                 if weights[k] > 0:

@@ -40,7 +40,8 @@ def test_generate_until_matches_hflm(models):
     tokenizer, model = models
     hflm, ours = pair(tokenizer, model)
     contexts = [CORPUS[i][: 10 + 7 * i] for i in range(6)]
-    free = ours.generate_until(instances("generate_until", [(c, {"until": ["@@"], "max_gen_toks": 24}) for c in contexts]))
+    free = ours.generate_until(instances("generate_until",
+                                         [(c, {"until": ["@@"], "max_gen_toks": 24}) for c in contexts]))
     stop_inside = free[2][len(free[2]) // 2: len(free[2]) // 2 + 2]  # a string the greedy output contains
     requests = [(c, {"until": ["@@"] if i % 2 else [stop_inside], "max_gen_toks": 12 + 4 * i})
                 for i, c in enumerate(contexts)]
@@ -53,7 +54,8 @@ def test_generate_until_matches_hflm(models):
 def test_loglikelihood_matches_hflm(models):
     tokenizer, model = models
     hflm, ours = pair(tokenizer, model)
-    requests = [("Question: What is 12 plus 30?\nAnswer:", " 42"), ("Question: What is 12 plus 30?\nAnswer:", " forty two"),
+    question = "Question: What is 12 plus 30?\nAnswer:"
+    requests = [(question, " 42"), (question, " forty two"),
                 ("The quick brown ", "fox jumps"), ("", "Café 東京"), ("James and Jamie", " went to the market")]
     expected = hflm.loglikelihood(instances("loglikelihood", requests))
     got = ours.loglikelihood(instances("loglikelihood", requests))

@@ -53,7 +53,8 @@ def test_remote_member_interface_equals_local(ray_members):
     pairs_ = [(loc.encode("The quick"), loc.encode(" brown fox", add_special_tokens=False)), ([1], [5, 6])]
     assert rem.score(pairs_) == loc.score(pairs_)
     assert torch.equal(rem.input_embeddings(), loc.input_embeddings())
-    assert [(m.clock.prefill_calls - p, m.clock.decode_calls - d) for m, (p, d) in zip((loc, rem), clocks)] == [(1, 4)] * 2
+    calls = [(m.clock.prefill_calls - p, m.clock.decode_calls - d) for m, (p, d) in zip((loc, rem), clocks)]
+    assert calls == [(1, 4)] * 2
 
 
 def test_remote_members_step_side_by_side(ray_members):
@@ -75,8 +76,8 @@ def test_bytes_per_step(ray_members):
 
 
 def test_member_pool_builds_remote_members(ray_cluster, tiny_dirs):
-    from ensemble_bench.members.remote import RemoteMember
     from ensemble_bench.build import MemberPool
+    from ensemble_bench.members.remote import RemoteMember
 
     recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "bpe", "num_cpus": 0}],
                            "method": "single", "tasks": ["piqa"], "placement": {"kind": "ray"}})
@@ -97,8 +98,8 @@ def test_actor_load_error_is_one_line(ray_cluster):
     assert "\n" not in str(info.value)
 
 
-def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_cluster, tiny_dirs, offline_data, tmp_path,
-                                                                          monkeypatch, capsys):
+def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_cluster, tiny_dirs, offline_data,
+                                                                          tmp_path, monkeypatch, capsys):
     """A member asking for 2 GPUs of a cluster with none: `ensbench run` stops after
     placement.schedule_timeout_s with one line naming it, what it asked for and what the cluster has."""
     import sys
@@ -185,9 +186,12 @@ BASE = {"name": "r", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0
 BAD = {
     "unknown placement field": ({"placement": {"kind": "ray", "adress": "auto"}}, "placement.adress: unknown field"),
     "unknown placement kind": ({"placement": {"kind": "slurm"}}, "placement.kind: Input should be 'local' or 'ray'"),
-    "bad address": ({"placement": {"kind": "ray", "address": "not an address"}}, "placement.address: String should match"),
-    "address when local": ({"placement": {"address": "auto"}}, "placement: address, num_cpus and num_gpus need kind: ray"),
-    "schedule timeout when local": ({"placement": {"schedule_timeout_s": 30}}, "placement: schedule_timeout_s needs kind: ray"),
+    "bad address": ({"placement": {"kind": "ray", "address": "not an address"}},
+                    "placement.address: String should match"),
+    "address when local": ({"placement": {"address": "auto"}},
+                           "placement: address, num_cpus and num_gpus need kind: ray"),
+    "schedule timeout when local": ({"placement": {"schedule_timeout_s": 30}},
+                                    "placement: schedule_timeout_s needs kind: ray"),
     "zero schedule timeout": ({"placement": {"kind": "ray", "schedule_timeout_s": 0}},
                               "placement.schedule_timeout_s: Input should be greater than 0"),
     "size with address": ({"placement": {"kind": "ray", "address": "auto", "num_cpus": 4}},
@@ -202,10 +206,11 @@ BAD = {
                          "members[0].quantization: Input should be '8bit' or '4bit'"),
     "bad device_map": ({"members": [{"model": "smollm2-135m", "device_map": "everywhere"}, {"model": "qwen2.5-0.5b"}]},
                        "members[0].device_map"),
-    "max_memory alone": ({"members": [{"model": "smollm2-135m", "max_memory": {0: "10GiB"}}, {"model": "qwen2.5-0.5b"}]},
-                         "members[0]: max_memory needs a device_map"),
+    "max_memory alone": ({"members": [{"model": "smollm2-135m", "max_memory": {0: "10GiB"}},
+                                      {"model": "qwen2.5-0.5b"}]}, "members[0]: max_memory needs a device_map"),
     "device and device_map": ({"members": [{"model": "smollm2-135m", "device": "cuda", "device_map": "auto"},
-                                           {"model": "qwen2.5-0.5b"}]}, "members[0]: set device or device_map, not both"),
+                                           {"model": "qwen2.5-0.5b"}]},
+                              "members[0]: set device or device_map, not both"),
     "cuda without gpus": ({"placement": {"kind": "ray"}, "members": [{"model": "smollm2-135m", "device": "cuda"},
                                                                       {"model": "qwen2.5-0.5b"}]},
                           "members[0].num_gpus: device 'cuda' under placement ray needs num_gpus > 0"),
@@ -248,6 +253,7 @@ def test_load_member_quantization_needs_bitsandbytes(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(UserError, match="^quantization '8bit' needs the bitsandbytes package"):
         load_member("unused", quantization="8bit")

@@ -230,7 +230,8 @@ def peaked_bpe_model(bpe_model):
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, peaked_bpe_model,
                                                     drafter, draft_tokens, sharpen, floor, gate, peaked):
     first = peaked_bpe_model if peaked else bpe_model
-    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor, gate_threshold=gate)
+    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor,
+                        gate_threshold=gate)
     fast = Safe(members_of(bpe_tokenizer, first, sp_tokenizer, sp_model), params, batch_size=3)
     generations = fast.generate(REQUESTS)
     if peaked:  # the comparison covers both skips beyond consensus
@@ -257,7 +258,8 @@ def test_loglikelihood_is_the_drafters(bpe_tokenizer, bpe_model, sp_tokenizer, s
 
 @pytest.mark.parametrize("fields", [{"draft_tokens": 0}, {"draft_tokens": 65}, {"sharpen": 1.5},
                                     {"sharpen": -0.1}, {"window": -1}, {"gate_threshold": 0}, {"gate_threshold": 1.5},
-                                    {"gate_threshold": "0.5"}, {"gate": 0.5}, {"candidate_floor": -0.1}, {"candidate_floor": 1.1},
+                                    {"gate_threshold": "0.5"}, {"gate": 0.5}, {"candidate_floor": -0.1},
+                                    {"candidate_floor": 1.1},
                                     {"lambda": 0.1}, {"draft_tokens": "5"}])
 def test_bad_parameters_are_rejected(fields):
     with pytest.raises(ValidationError):

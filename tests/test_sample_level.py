@@ -61,7 +61,8 @@ def trio(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
                                   lambda m: Mbr(m, SampleLevelParams(main=2), batch_size=2)])
 def test_agreeing_pair_outvotes_the_main_model(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, make):
     alone = [g.text for g in Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params()).generate(REQUESTS)]
-    main_alone = [g.text for g in Single([LocalMember(sp_model, sp_tokenizer, "s")], Single.Params()).generate(REQUESTS)]
+    main_member = Single([LocalMember(sp_model, sp_tokenizer, "s")], Single.Params())
+    main_alone = [g.text for g in main_member.generate(REQUESTS)]
     assert alone != main_alone
     method = make(trio(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model))
     assert [g.text for g in method.generate(REQUESTS)] == alone

@@ -9,8 +9,16 @@ from ensemble_bench.methods.feeding import text_appender
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
-from ensemble_bench.vocab.topk import (RULE_FIRST_SUBTOKEN, RULE_TOPK, RULE_VOCAB, STOP, TopKAligner,
-                                       average_aligned, member_topk, union_keys)
+from ensemble_bench.vocab.topk import (
+    RULE_FIRST_SUBTOKEN,
+    RULE_TOPK,
+    RULE_VOCAB,
+    STOP,
+    TopKAligner,
+    average_aligned,
+    member_topk,
+    union_keys,
+)
 from tests.naive import feed_chosen
 from tests.tiny import REQUESTS
 
