@@ -24,7 +24,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
-from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
@@ -257,7 +256,8 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
 @app.command()
 def select(runs: list[Path] = typer.Argument(..., help="finished runs, or results/<recipe> folders (their newest run)"),
            max_models: int = typer.Option(3, min=1, help="Most models to choose."),
-           gap: float = typer.Option(0.10, min=0.0, max=1.0, help="Largest score gap to the best model (0.10 = 10 points)."),
+           gap: float = typer.Option(0.10, min=0.0, max=1.0,
+                                     help="Largest score gap to the best model (0.10 = 10 points)."),
            length_ratio: float = typer.Option(2.0, min=1.0, help="Largest ratio of mean response lengths."),
            tasks: str = typer.Option("", help="Comma-separated benchmarks to judge on (default: all shared)."),
            method: str = typer.Option("unite", help="Method of the written recipe."),
@@ -370,8 +370,7 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
          title: str = typer.Option("", help="figure title")):
     """Accuracy vs latency per row, or accuracy vs a swept parameter (members' best as dashed lines)."""
     from ensemble_bench.report.out_files import checked_files, user_path
-    from ensemble_bench.report.plots import (PLOT_SUFFIXES, parameter_records, plot_accuracy_latency,
-                                             plot_parameter)
+    from ensemble_bench.report.plots import PLOT_SUFFIXES, parameter_records, plot_accuracy_latency, plot_parameter
 
     out = user_path(out)
     checked_files(out, PLOT_SUFFIXES)  # before the runs are read: a bad --out costs nothing

@@ -15,7 +15,7 @@ import pytest
 from tests.fake_runs import fake_run
 from tests.test_compare import RECIPE as PAIR_RECIPE
 from tests.test_compare import write_samples
-from tests.test_faults import BASE_RECIPE, ROWS, one_line, run_cli, tiny_recipe
+from tests.test_faults import one_line, run_cli, tiny_recipe
 
 # each report command with a user-chosen output stem (``{out}``) and what it writes there
 OUT_COMMANDS = {

@@ -214,8 +214,7 @@ def test_bad_sweeps(sweep, expected, tmp_path, monkeypatch, capsys):
 
 
 def test_a_sweep_plans_one_ensemble_row_per_value(tmp_path):
-    from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.recipe import plan_rows
+    from ensemble_bench.recipe import load_recipe, plan_rows
 
     recipe = load_recipe(write(tmp_path, SWEEP + "singles: true\nsweep: {span_words: [1, 4, 16]}\n"))
     rows = plan_rows(recipe)
@@ -253,8 +252,7 @@ def test_bad_method_lists(methods, expected, tmp_path, monkeypatch, capsys):
 
 
 def test_a_method_list_plans_labelled_rows_over_chosen_members(tmp_path):
-    from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.recipe import plan_rows
+    from ensemble_bench.recipe import load_recipe, plan_rows
 
     recipe = load_recipe(write(tmp_path, TABLE + "methods:\n  - {name: gac, members: [small, big]}\n"
                                                  "  - {name: gac, label: gac-t0.5, gate: small, threshold: 0.5}\n"))

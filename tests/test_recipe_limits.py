@@ -15,8 +15,15 @@ from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import METHODS
-from ensemble_bench.recipe import (LIMIT_MAX, MAX_RECIPE_BYTES, MAX_YAML_DEPTH, SEED_MAX, load_recipe, parse_recipe,
-                                   validate_method)
+from ensemble_bench.recipe import (
+    LIMIT_MAX,
+    MAX_RECIPE_BYTES,
+    MAX_YAML_DEPTH,
+    SEED_MAX,
+    load_recipe,
+    parse_recipe,
+    validate_method,
+)
 from ensemble_bench.tasks import get_benchmark, list_benchmarks
 from tests.test_faults import dry_run, one_line
 
@@ -246,7 +253,7 @@ def test_bbh_lists_as_many_examples_per_task_as_its_pool():
 def test_a_huge_limit_is_fine_up_to_what_lm_eval_can_slice(tmp_path, monkeypatch, capsys):
     from lm_eval.utils import create_iterator
 
-    assert LIMIT_MAX == sys.maxsize
+    assert sys.maxsize == LIMIT_MAX
     assert len(list(create_iterator(enumerate("abc"), limit=LIMIT_MAX))) == 3  # lm-eval caps it at the data
     with pytest.raises(ValueError):
         list(create_iterator(enumerate("abc"), limit=LIMIT_MAX + 1))

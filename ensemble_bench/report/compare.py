@@ -15,10 +15,18 @@ from pathlib import Path
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import is_alone
-from ensemble_bench.report.paired import (EnsembleComparison, Interval, aligned, compare_with_members,
-                                          examples_score, interval_of, member_rows, p_text)
-from ensemble_bench.report.samples import Example, require_examples
+from ensemble_bench.report.paired import (
+    EnsembleComparison,
+    Interval,
+    aligned,
+    compare_with_members,
+    examples_score,
+    interval_of,
+    member_rows,
+    p_text,
+)
 from ensemble_bench.report.run_files import RunRow
+from ensemble_bench.report.samples import Example, require_examples
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.tasks import Benchmark
 

@@ -16,7 +16,6 @@ from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.settings import expand_path
 
 
-
 def user_path(path: Path | str, option: str = "--out") -> Path:
     """``path`` expanded as ``settings.expand_path`` reads every user's path."""
     return expand_path(str(path), f"{option} {path}")
