@@ -106,7 +106,7 @@ def _results_line(recipe, fresh: bool) -> Text:
 def _plan_tables(recipe, fresh: bool = False) -> list:
     """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
     readable at 80 columns."""
-    from ensemble_bench.recipe import plan_rows, selected_benchmarks
+    from ensemble_bench.recipe import plan_rows, selected_benchmarks, task_notes
 
     heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
     rows = Table(title="rows")
@@ -120,7 +120,8 @@ def _plan_tables(recipe, fresh: bool = False) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    return [heading, _results_line(recipe, fresh), rows, benches]
+    notes = [Text(f"note: {line}") for line in task_notes(recipe)]
+    return [heading, _results_line(recipe, fresh), rows, benches, *notes]
 
 
 def _duration(seconds: float) -> str:

@@ -161,6 +161,15 @@ def test_sampling_settings_are_allowed_and_noted():
     assert note.startswith("tasks[0].gen_kwargs: do_sample, temperature asks for sampling")
 
 
+def test_the_dry_run_notes_sampling_settings(tiny_dirs, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "sampling.yaml"
+    sampling = "[{name: nq, gen_kwargs: {temperature: 0.7, do_sample: true}}]"
+    path.write_text(recipe(tiny_dirs, tmp_path / "results", sampling))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code == 0, out.err
+    assert "note: tasks[0].gen_kwargs: do_sample, temperature asks for sampling" in out.out
+
+
 def test_dry_run_names_close_matches_and_missing_folders(tiny_dirs, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("NO_SUCH_TASKS", raising=False)
     path = tmp_path / "typo.yaml"
