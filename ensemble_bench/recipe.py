@@ -420,7 +420,7 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
         raise several(UserError, _pydantic_lines(source, err)) from None
-    lines = [*_method_problems(recipe, source), *_problems(lambda: check_tasks(recipe, source)),
+    lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
              *check_placement(recipe, source), *_problems(lambda: plan_rows(recipe), f"{source}: ")]
     if lines:
         raise several(UserError, list(dict.fromkeys(lines)))
@@ -468,13 +468,6 @@ def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
                          "each benchmark once (another variant: a recipe of its own)")
         listed.setdefault(key, i)
     return [f"{source}: {line}" for line in lines]
-
-
-def check_tasks(recipe: Recipe, source: str) -> None:
-    """Every problem of task_problems at once (one UserError of one line each), or nothing."""
-    lines = task_problems(recipe, source)
-    if lines:
-        raise several(UserError, lines)
 
 
 def task_notes(recipe: Recipe) -> list[str]:
