@@ -76,44 +76,55 @@ class LocalMember(TokenizerSide, Member):
     # --- batched, KV-cached stepping --------------------------------------------------------
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
         self.batch.start(len(rows))
-        return self._append(rows, phase="prefill")
+        self._append(rows, phase="prefill")
+        return self.batch.last
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         self.batch.check(tokens)
-        return self._append(tokens, phase="decode")
+        self._append(tokens, phase="decode")
+        return self.batch.last
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
         self.batch.check(tokens)
+        reach = max((len(row) for row in tokens), default=1)
+        active, logprobs = self._append(tokens, phase="decode", reach=reach)
         scored: list[list[float]] = [[] for _ in tokens]
-        return self._append(tokens, phase="decode", scored=scored), scored
+        for k, r in enumerate(active):  # log p of each appended token after the first
+            row = list(tokens[r])
+            first = reach - len(row)
+            steps = torch.arange(first, first + len(row) - 1, device=logprobs.device)
+            targets = torch.tensor(row[1:], dtype=torch.long, device=logprobs.device)
+            scored[r] = logprobs[k, steps, targets].tolist()
+        return self.batch.last, scored
+
+    def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        at = self.batch.check_block(tokens, at)
+        reach = max((len(row) - wanted[0] for row, wanted in zip(tokens, at) if wanted), default=1)
+        active, logprobs = self._append(tokens, phase="decode", reach=reach)
+        return self.batch.blocks(logprobs, active, [[reach - len(tokens[r]) + i for i in at[r]] for r in active])
 
     def _append(self, tokens: Sequence[Sequence[int]], phase: str,
-                scored: list[list[float]] | None = None) -> torch.Tensor:
+                reach: int = 1) -> tuple[list[int], torch.Tensor | None]:
+        """Feed each row its tokens (left padded, one forward pass); (the rows that got tokens, their
+        log-probs at the block's last ``reach`` positions [rows, reach, V], None when no row did).
+        ``batch.last`` becomes each row's distribution after its last token."""
         batch = self.batch
         active = batch.take(tokens)
         if not active:
-            return batch.last
+            return active, None
         ids, new_mask = left_padded([tokens[r] for r in active], self.pad_id)
-        keep = ids.shape[1] if scored is not None else 1
         if phase == "decode" and 2 * len(active) <= len(tokens):
-            logprobs = self._forward_rows(active, ids, new_mask, phase, keep)
+            logprobs = self._forward_rows(active, ids, new_mask, phase, reach)
         else:
             full_ids = torch.full((len(tokens), ids.shape[1]), self.pad_id, dtype=torch.long)
             full_mask = torch.zeros_like(full_ids)
             full_ids[active], full_mask[active] = ids, new_mask
-            logprobs, batch.mask = self._forward(batch.cache, batch.mask, full_ids, full_mask, phase, keep)
+            logprobs, batch.mask = self._forward(batch.cache, batch.mask, full_ids, full_mask, phase, reach)
             if len(active) < len(tokens):
                 logprobs = logprobs[active]
-        if scored is not None:
-            for k, r in enumerate(active):  # log p of each appended token after the first
-                row = list(tokens[r])
-                first = logprobs.shape[1] - len(row)
-                steps = torch.arange(first, first + len(row) - 1, device=logprobs.device)
-                targets = torch.tensor(row[1:], dtype=torch.long, device=logprobs.device)
-                scored[r] = logprobs[k, steps, targets].tolist()
         batch.set_last(active, logprobs[:, -1])
         batch.realign(evenly=len({len(row) for row in tokens}) == 1)
-        return batch.last
+        return active, logprobs
 
     def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,

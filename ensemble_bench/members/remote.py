@@ -8,9 +8,11 @@ interface in the driver by forwarding calls. What crosses the wire:
   run in the driver on that copy and never reach the actor;
 - per step (``prefill`` / ``extend`` / ``extend_scored``): the new token ids in; out, the
   float32 next-token log-probs of the rows that received tokens only (4 x head size bytes per
-  such row) plus four clock numbers. Rows given no tokens keep their previous distribution,
-  which the driver mirrors, as it mirrors each row's ids (``row_ids`` costs no call) and the
-  NaN rows that ``crop`` leaves. An ``extend`` that gives no row a token makes no call;
+  such row) plus four clock numbers; ``read_block`` returns the positions asked for, plus each
+  such row's distribution after its last token when they do not name it. Rows given no tokens
+  keep their previous distribution, which the driver mirrors, as it mirrors each row's ids
+  (``row_ids`` costs no call) and the NaN rows that ``crop`` leaves. A step that gives no row a
+  token makes no call;
 - ``crop`` and ``keep`` are sent without waiting (an actor runs its calls in order); their
   errors are checked here first and any remote error surfaces at the next call that waits;
 - ``score`` sends token id pairs, already cut to the window, and gets (log-prob, greedy) pairs
@@ -81,6 +83,9 @@ class MemberServer:
     def extend_scored(self, tokens):
         logprobs, scored = self.member.extend_scored(tokens)
         return self._changed(logprobs, tokens), scored, self._clock()
+
+    def read_block(self, tokens, at):
+        return [block.cpu().numpy() for block in self.member.read_block(tokens, at)], self._clock()
 
     def crop(self, lengths) -> None:
         self.member.crop(lengths)
@@ -259,12 +264,14 @@ class RemoteMember(TokenizerSide, Member):
 
     def _apply(self, tokens: Sequence[Sequence[int]], changed: np.ndarray) -> torch.Tensor:
         active = self.batch.take(tokens)
-        # one copy out of Ray's read-only buffer (RowBatch.last is replaced, never written in place)
-        self.batch.set_last(active, torch.from_numpy(np.array(changed, dtype=np.float32, copy=True)))
-        self.traffic["step_calls"] += 1
-        self.traffic["step_bytes"] += changed.nbytes
-        self.traffic["rows_returned"] += len(active)
+        self.batch.set_last(active, _tensor(changed))
+        self._count(changed.nbytes, len(active))
         return self.batch.last
+
+    def _count(self, nbytes: int, rows: int) -> None:
+        self.traffic["step_calls"] += 1
+        self.traffic["step_bytes"] += nbytes
+        self.traffic["rows_returned"] += rows
 
     @staticmethod
     def _plain(rows: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -295,6 +302,23 @@ class RemoteMember(TokenizerSide, Member):
         changed, scored, clock = self._wait(self.actor.extend_scored.remote(tokens))
         self._tick(clock)
         return self._apply(tokens, changed), scored
+
+    def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One actor call; each row that gets tokens also asks for the distribution after its last
+        one (unless ``at`` names it already), which the mirrored batch keeps as ``last``."""
+        at = self.batch.check_block(tokens, at)
+        if not any(tokens):
+            return self.batch.blocks(None, [], [])
+        tokens = self._plain(tokens)
+        asked = [wanted + [len(row) - 1] if row and wanted[-1:] != [len(row) - 1] else wanted
+                 for row, wanted in zip(tokens, at)]
+        arrays, clock = self._wait(self.actor.read_block.remote(tokens, asked))
+        self._tick(clock)
+        active = self.batch.take(tokens)
+        blocks = [_tensor(array) for array in arrays]
+        self.batch.set_last(active, torch.stack([blocks[r][-1] for r in active]))
+        self._count(sum(array.nbytes for array in arrays), sum(len(array) for array in arrays))
+        return [block[:len(wanted)] for block, wanted in zip(blocks, at)]
 
     def crop(self, lengths: Sequence[int]) -> None:
         lengths = [int(n) for n in lengths]
@@ -329,3 +353,9 @@ class RemoteMember(TokenizerSide, Member):
         import ray
 
         ray.kill(self.actor)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A float32 tensor of its own from an array in Ray's read-only buffer (one copy: ``RowBatch.last``
+    is replaced, never written in place)."""
+    return torch.from_numpy(np.array(array, dtype=np.float32, copy=True))

@@ -31,6 +31,18 @@ class RowBatch:
         if len(tokens) != len(self.ids):
             raise ValueError(f"extend got {len(tokens)} rows, the batch has {len(self.ids)}")
 
+    def check_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[list[int]]:
+        """A ``read_block`` call's positions as plain lists, after checking them: one list per row,
+        ascending indices into that row's block."""
+        self.check(tokens)
+        if len(at) != len(tokens):
+            raise ValueError(f"read_block got positions for {len(at)} rows, the batch has {len(tokens)}")
+        picks = [[int(i) for i in row] for row in at]
+        for r, (row, wanted) in enumerate(zip(tokens, picks)):
+            if any(not 0 <= i < len(row) for i in wanted) or any(a >= b for a, b in zip(wanted, wanted[1:])):
+                raise ValueError(f"row {r}: positions {wanted} are not ascending indices into its {len(row)} tokens")
+        return picks
+
     def take(self, tokens: Sequence[Sequence[int]]) -> list[int]:
         """The rows that receive tokens (in order); their ids are recorded."""
         active = [r for r, row in enumerate(tokens) if row]
@@ -70,6 +82,23 @@ class RowBatch:
         self.last = self.last.index_select(0, index)
         return index
 
+    def blocks(self, logprobs: torch.Tensor | None, active: Sequence[int],
+               columns: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``read_block``'s answer: per row, the positions ``columns[k]`` of ``logprobs[k]`` ([active
+        rows, positions, V]) for the k-th row in ``active``; an empty [0, V] tensor for the other
+        rows. One gather, into a new tensor (never a view of ``logprobs``)."""
+        out = [torch.empty((0, self.vocab_size), device=self.device)] * len(self.ids)
+        if logprobs is None or not active:
+            return out
+        device = logprobs.device
+        which = torch.tensor([k for k, cols in enumerate(columns) for _ in cols], dtype=torch.long, device=device)
+        where = torch.tensor([c for cols in columns for c in cols], dtype=torch.long, device=device)
+        picked = logprobs[which, where].to(self.device).split([len(cols) for cols in columns])
+        for r, block in zip(active, picked):
+            out[r] = block
+        return out
+
     def row_ids(self) -> list[list[int]]:
         """A copy of each row's ids."""
         return [list(r) for r in self.ids]
+

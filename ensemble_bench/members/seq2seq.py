@@ -236,7 +236,8 @@ class Seq2SeqMember(TokenizerSide, Member):
         self._cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         self.batch.start(len(rows), self._cache.self_attention_cache)
         self._encoded, self._encoder_mask = self._encode([s for s, _ in split])
-        return self._append([d for _, d in split], phase="prefill")
+        self._append([d for _, d in split], phase="prefill")
+        return self.batch.last
 
     def _encode(self, sources: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the encoder once over right-padded sources; (hidden states, mask)."""
@@ -248,32 +249,40 @@ class Seq2SeqMember(TokenizerSide, Member):
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         self.batch.check(tokens)
-        return self._append(tokens, phase="decode")
+        self._append(tokens, phase="decode")
+        return self.batch.last
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
         self.batch.check(tokens)
+        active, logprobs = self._append(tokens, phase="decode")
         scored: list[list[float]] = [[] for _ in tokens]
-        return self._append(tokens, phase="decode", scored=scored), scored
+        for r in active:
+            steps = logprobs[r, :len(tokens[r]) - 1]
+            targets = torch.tensor([int(t) for t in tokens[r][1:]], dtype=torch.long, device=steps.device)
+            scored[r] = steps.gather(1, targets[:, None]).squeeze(1).tolist()
+        return self.batch.last, scored
 
-    def _append(self, tokens, phase: str, scored: list[list[float]] | None = None) -> torch.Tensor:
-        """Feed each row's new decoder tokens (all rows in one forward). The new block is right
-        padded, so a row's new tokens follow its old ones without a gap (relative-position models
-        such as T5 see true distances); the padding moves to the left afterwards."""
+    def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        at = self.batch.check_block(tokens, at)
+        _, logprobs = self._append(tokens, phase="decode")  # every row's block: a row without tokens asks for none
+        return self.batch.blocks(logprobs, range(len(tokens)), at)
+
+    def _append(self, tokens, phase: str) -> tuple[list[int], torch.Tensor | None]:
+        """Feed each row's new decoder tokens (all rows in one forward); (the rows that got tokens,
+        the log-probs of every row at every block position [rows, new, V], None when no row did).
+        The new block is right padded, so a row's new tokens follow its old ones without a gap
+        (relative-position models such as T5 see true distances); the padding moves to the left
+        afterwards."""
         active = self.batch.take(tokens)
         if not active:
-            return self.batch.last
+            return active, None
         rows = [[int(t) for t in row] for row in tokens]
         ids, new_mask = right_padded(rows, self.pad_id)
         logprobs = self._forward(ids, new_mask, phase)
-        if scored is not None:
-            for r in active:
-                steps = logprobs[r, :len(rows[r]) - 1]
-                targets = torch.tensor(rows[r][1:], dtype=torch.long, device=steps.device)
-                scored[r] = steps.gather(1, targets[:, None]).squeeze(1).tolist()
         evenly = len({len(row) for row in rows}) == 1
         self.batch.set_last(active, self._next_logprobs(logprobs, rows, active, evenly))
         self.batch.realign(evenly)
-        return self.batch.last
+        return active, logprobs
 
     def _next_logprobs(self, logprobs: torch.Tensor, rows: list[list[int]], active: list[int],
                        evenly: bool) -> torch.Tensor:
