@@ -11,8 +11,9 @@ reduce them there and move only ids and a few values); a returned tensor is neve
 later call.
 
 Batched decoding state lives inside the member: ``prefill`` starts a batch of rows, ``extend``
-appends tokens to rows and returns each row's next-token log-probabilities, ``crop`` rolls rows
-back, ``keep`` drops finished rows. KV caches are kept across calls, never recomputed.
+appends tokens to rows and returns each row's next-token log-probabilities, ``read_block`` appends
+a block and returns the distributions at chosen positions inside it, ``crop`` rolls rows back,
+``keep`` drops finished rows. KV caches are kept across calls, never recomputed.
 """
 
 from __future__ import annotations
@@ -219,6 +220,16 @@ class Stepping(ABC):
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
         """``extend``, also returning per row the log-prob of each appended token after the first
         (the first one's comes from the distribution the previous call returned)."""
+
+    @abstractmethod
+    def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Append ``tokens[r]`` to row r (may be empty) in ONE forward pass for the whole batch and
+        return, per row, the next-token log-probs after the appended tokens named in ``at[r]``
+        (0-based indices into ``tokens[r]``, ascending): a float32 tensor [len(at[r]), head] on the
+        member's device. Afterwards the row holds all of ``tokens[r]`` and ``extend([[]...])`` gives
+        the distribution after its last one, exactly as a series of one-token ``extend`` calls would
+        leave it (within float tolerance). With ``crop`` it is how a method reads a draft and keeps
+        a prefix of it (methods/speculative.py, SAFE's verifier)."""
 
     @abstractmethod
     def crop(self, lengths: Sequence[int]) -> None:

@@ -203,8 +203,17 @@ class DecodingMethod(Method, Steps):
     """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``lead``,
     and may extend ``start`` (its own per-request state) and ``result``."""
 
+    speculation = None  # draft-and-verify decoding (methods/speculative.py), for the methods that offer it
+
     def start(self, request: GenerationRequest) -> RequestState:
         return RequestState.of(request)
+
+    def decode(self, prompts: list[list[list[int]]], states: list[RequestState]) -> None:
+        """Decode one batch: every token, or speculatively (the same outputs) when the method was asked to."""
+        if self.speculation is not None:
+            self.speculation.decode(prompts, states, self.timing)
+        else:
+            decode_batch(self, prompts, states, self.timing)
 
     def result(self, state: RequestState, request: GenerationRequest) -> Generation:
         text = text_of(self.members[self.lead], state)
@@ -220,7 +229,7 @@ class DecodingMethod(Method, Steps):
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         states = [self.start(r) for r in requests]
         try:
-            decode_batch(self, prompts, states, self.timing)
+            self.decode(prompts, states)
         except NonFiniteScore as err:
             if err.row is None:
                 raise

@@ -42,12 +42,13 @@ from ensemble_bench.methods.base import (
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
 
 
-class GacParams(WindowParams):
+class GacParams(WindowParams, SpeculativeParams):
     weights: Literal["score", "score_minus_ece"] | list[float] | None = Field(default=None, description=(
         "null or average: equal; score or score_minus_ece: from scores (and ece), Sec. 4.3; or one value per "
         "member (a zero weight keeps a member for the gate only, GaC Table 5)"))
@@ -90,6 +91,8 @@ class GacParams(WindowParams):
             raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
         if self.weights == "score_minus_ece" and self.ece is None:
             raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
+        if self.speculative and self.temperature > 0:
+            raise ValueError("speculative decoding is greedy only: set temperature 0 or speculative 0")
         return self
 
 
@@ -164,17 +167,20 @@ class Gac(DecodingMethod):
         self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
                                     [self.union.maps[i].by_bytes for i in range(len(members))])
         self.stats = GacStats()
+        self._entries: dict[bytes, int] | None = None
+        self.speculation = Speculation.of(self, params)
 
     @classmethod
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
         resolve_weights(params, len(labels))
-        resolve_lead(params, labels)
+        resolve_proposer(params, labels, resolve_lead(params, labels))
 
     def counters(self) -> dict:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
         return {"union_size": self.union.size, "gate_index": self.gate,
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
-                **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize)}
+                **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize),
+                **(self.speculation.summary() if self.speculation else {})}
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> GacState:
@@ -288,6 +294,30 @@ class Gac(DecodingMethod):
               direct: list[list[int]] | None = None) -> torch.Tensor:
         """Member ``index`` takes each row's pieces (or its own ids in ``direct``), by the retokenize policy."""
         return self.feeders[index].give(states, chunks, direct)
+
+    # --- speculative decoding (methods/speculative.py) ------------------------------------------------
+    def draft_advance(self, state: GacState, token: int, proposer: int, dist: torch.Tensor) -> GacPick | None:
+        """The pick a step would make if it chose the proposer's token: the gate's own token when the
+        proposer is the gate and is confident there (Eq. 5), else the union entry of its bytes (Eq. 3)."""
+        data = self.members[proposer].vocab.pieces[token]
+        if data is None:
+            return None
+        if proposer == self.gate and bool(dist.max().exp() > self.params.threshold):
+            return GacPick(data, (token,), 1, by_gate=True, chosen=token)
+        if self._entries is None:
+            self._entries = {entry: index for index, entry in enumerate(self.union.entries)}
+        entry = self._entries.get(data)
+        if entry is None:
+            return None
+        lead_token = int(self.union.maps[self.lead].to_member[entry])
+        return GacPick(data, (lead_token,) if lead_token >= 0 else None, 1, chosen=entry)
+
+    def rehearse(self, states: list[GacState], picks: list[GacPick]) -> None:
+        """What a step that took ``picks`` gives the members: the lazy catch-up before an ensembled
+        pick, then Eq. 4's feeding."""
+        nothing = [None] * len(self.members)
+        self._catch_up(states, torch.tensor([pick.by_gate for pick in picks], dtype=torch.bool), nothing)
+        self.feed(nothing, states, picks)
 
     def result(self, state: GacState, request: GenerationRequest) -> Generation:
         self.stats.steps += state.count + (state.finish == "stop_id")

@@ -45,8 +45,9 @@ from ensemble_bench.methods.base import (
     score_with_members,
 )
 from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round, decode_batch
+from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.methods.feeding import FeedStats, make_feeders, text_lookup
+from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.mined import cached_mined_map
@@ -57,7 +58,7 @@ PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distri
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
 
 
-class PackLLMParams(WindowParams):
+class PackLLMParams(WindowParams, SpeculativeParams):
     variant: Literal["sim", "opt"] = Field(default="sim", description="PackLLM-sim or PackLLM-opt (Sec. 3)")
     tau: float = Field(default=1.0, gt=0.0, description="PackLLM-sim temperature (paper: 1)")
     grid: int = Field(default=20, ge=1, le=1000, description="PackLLM-opt: a in steps of 1/grid (paper: 0.05)")
@@ -242,6 +243,7 @@ class UnionFusion:
         self.mixture = UnionMixture(self.union, [1.0] * len(members), [m.vocab.size for m in members])
         self.stop_entries = frozenset(self.union.stop_mask.nonzero().flatten().tolist())
         self.by_bytes = [m.by_bytes for m in self.union.maps]
+        self.entries = {entry: index for index, entry in enumerate(self.union.entries)}
 
     def info(self) -> dict:
         return {"union_size": self.union.size}
@@ -250,6 +252,11 @@ class UnionFusion:
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
         shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
         return [self._advance(u) for u in self.mixture.greedy(shifted)]
+
+    def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
+        """The advance for a drafted token's bytes (methods/speculative.py): its union entry."""
+        entry = self.entries.get(data)
+        return None if entry is None else self._advance(entry)
 
     def _advance(self, entry: int) -> Advance:
         if entry in self.stop_entries:
@@ -295,6 +302,7 @@ class MinedFusion:
                          for k, m in enumerate(members)] for r, ref in enumerate(members)]  # [expert][member]
         self.choosable = [choosable(m.vocab, m.stop_ids) for m in members]
         self.lead_ids = text_lookup(members[LEAD])
+        self.by_text: list[dict[bytes, int] | None] = [None] * len(members)  # made when a draft needs them
         self.by_bytes = None  # members take text by their own lowest id with the bytes
 
     def info(self) -> dict:
@@ -322,6 +330,19 @@ class MinedFusion:
             fused += torch.where(w > 0, w * aligned, 0.0)  # a member with lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
         return fused.argmax(dim=-1).tolist()  # ties: the lowest id
+
+    def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
+        """The advance for a drafted token (methods/speculative.py): the row's expert's token with
+        its bytes (the token itself when the proposer is the expert; none: the draft ends)."""
+        expert = state.expert
+        if expert != proposer:
+            if self.by_text[expert] is None:
+                self.by_text[expert] = text_lookup(self.members[expert])
+            token = self.by_text[expert].get(data, -1)
+            if token < 0:
+                return None
+        state.token = token
+        return self._advance(expert, token)
 
     def _advance(self, expert: int, token: int) -> Advance:
         member = self.members[expert]
@@ -356,10 +377,16 @@ class PackLLM(DecodingMethod):
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
         self.stats = PackStats()
+        self.speculation = Speculation.of(self, params)
+
+    @classmethod
+    def check_members(cls, params: PackLLMParams, labels: Sequence[str]) -> None:
+        resolve_proposer(params, labels, LEAD)
 
     def counters(self) -> dict:
         return {"alignment": self.params.alignment, **self.fusion.info(),
-                **self.feed_stats.summary("local"), **self.stats.summary()}
+                **self.feed_stats.summary("local"), **self.stats.summary(),
+                **(self.speculation.summary() if self.speculation else {})}
 
     def weights_for(self, prompts: list[list[list[int]]]) -> list[list[float]]:
         """lambda of each prompt ([row][member]); ``prompts[member][row]`` in each member's ids."""
@@ -372,7 +399,7 @@ class PackLLM(DecodingMethod):
         weights = self.weights_for(prompts)  # before the loop: it reuses the members' batch state
         self.stats.scoring_seconds += time.perf_counter() - start
         states = [PackState.of(r, weights=tuple(w)) for r, w in zip(requests, weights)]
-        decode_batch(self, prompts, states, self.timing)
+        self.decode(prompts, states)
         return [self.result(s, r) for s, r in zip(states, requests)]
 
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> Round:
@@ -383,6 +410,11 @@ class PackLLM(DecodingMethod):
             return self.feeders[k].give(states, *self.fusion.chunks(states, advances, k))
 
         return each(self.members, give, list(range(len(self.members))))
+
+    def draft_advance(self, state: PackState, token: int, proposer: int, dist: torch.Tensor) -> Advance | None:
+        """What the fusion would take if it chose the proposer's token (methods/speculative.py)."""
+        data = self.members[proposer].vocab.pieces[token]
+        return None if data is None else self.fusion.draft(state, data, token, proposer)
 
     def result(self, state: PackState, request: GenerationRequest) -> Generation:
         self.stats.weights.append(list(state.weights))

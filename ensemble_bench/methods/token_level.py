@@ -25,11 +25,12 @@ from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
-from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders, text_appender
+from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
+from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.methods.stopping import StopRule
 
 
-class EmitterParams(WindowParams):
+class EmitterParams(WindowParams, SpeculativeParams):
     retokenize: Retokenize = Field(default="canonical", description=(
         "how the other members take the lead's token (docs/retokenize.md): canonical re-encodes the text every "
         "step, as the UniTE and DeePEn reference code do; local encodes the new bytes on their own"))
@@ -69,10 +70,12 @@ class EmitterMethod(DecodingMethod):
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, params.retokenize, self.feed_stats, params.window,
                                     skip=frozenset({self.lead}))
+        self._lead_ids: dict[bytes, int] | None = None
+        self.speculation = Speculation.of(self, params)
 
     @classmethod
     def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
+        resolve_proposer(params, labels, resolve_member(params.lead, labels, params.lead_spelling))
 
     @abstractmethod
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
@@ -88,6 +91,17 @@ class EmitterMethod(DecodingMethod):
         return each(self.members, lambda member, index: member.extend([list(a.ids) for a in advances])
                     if index == self.lead else self.feeders[index].give(states, [[a.data] for a in advances]),
                     range(len(self.members)))
+
+    def draft_advance(self, state: RequestState, token: int, proposer: int, dist: torch.Tensor) -> Advance | None:
+        """The lead's token for the proposer's drafted token (methods/speculative.py): the token
+        itself, or the lead's own token with the same bytes (none: the draft ends)."""
+        lead = self.members[self.lead]
+        if proposer == self.lead:
+            return own_token(lead, token)
+        if self._lead_ids is None:
+            self._lead_ids = text_lookup(self.members[self.lead])
+        own = self._lead_ids.get(self.members[proposer].vocab.pieces[token] or b"")
+        return None if own is None else own_token(lead, own)
 
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
@@ -114,7 +128,8 @@ class EmitterMethod(DecodingMethod):
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
 
     def counters(self) -> dict:
-        return {"emitter_index": self.lead, **self.feed_stats.summary(self.params.retokenize)}
+        return {"emitter_index": self.lead, **self.feed_stats.summary(self.params.retokenize),
+                **(self.speculation.summary() if self.speculation else {})}
 
 
 class TeacherForced(Steps):

@@ -1,0 +1,94 @@
+"""Draft and verify (methods/speculative.py): speculative decoding gives exactly the every-token
+outputs of the same method and settings, on tiny models whose members disagree often (many
+rejected drafts) and on a member ensembled with itself (every draft taken)."""
+
+import pytest
+
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import LocalMember
+from ensemble_bench.methods.deepen import Deepen, DeepenParams
+from ensemble_bench.methods.gac import Gac, GacParams
+from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
+from ensemble_bench.methods.single import Single
+from ensemble_bench.methods.unite import Unite, UniteParams
+from tests.tiny import REQUESTS, outputs
+
+LONG = [r.__class__(r.prompt, r.until, 24) for r in REQUESTS]
+
+
+@pytest.fixture
+def pair(bpe_model, bpe_tokenizer, sp_model, sp_tokenizer):
+    return lambda: [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(sp_model, sp_tokenizer, "sp")]
+
+
+CASES = {
+    "gac": (Gac, GacParams, {}),
+    "gac-canonical": (Gac, GacParams, {"retokenize": "canonical"}),
+    "gac-gated": (Gac, GacParams, {"threshold": 0.5}),
+    "gac-weighted": (Gac, GacParams, {"weights": [1.0, 3.0]}),
+    "unite": (Unite, UniteParams, {"k": 5}),
+    "unite-local": (Unite, UniteParams, {"retokenize": "local"}),
+    "deepen": (Deepen, DeepenParams, {}),
+    "packllm-union": (PackLLM, PackLLMParams, {"alignment": "union"}),
+}
+
+
+def run(method_class, params_class, members, fields, batch_size=2, requests=LONG):
+    method = method_class(members, params_class(**fields), batch_size=batch_size)
+    return outputs(method, requests), method
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("proposer", [0, 1])
+def test_speculative_equals_every_token(pair, case, proposer):
+    method_class, params_class, fields = CASES[case]
+    expected, _ = run(method_class, params_class, pair(), fields)
+    got, method = run(method_class, params_class, pair(), {**fields, "speculative": 4, "proposer": proposer})
+    assert got == expected
+    info = method.info()
+    assert info["speculative_proposer"] == ["bpe", "sp"][proposer]
+    assert len(info["speculative_rows"]) == len(LONG)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
+    expected, _ = run(Gac, GacParams, pair(), {}, batch_size)
+    got, method = run(Gac, GacParams, pair(), {"speculative": 6, "proposer": "auto"}, batch_size)
+    assert got == expected
+    assert method.info()["speculative_proposer"] == "auto"
+
+
+def test_member_with_itself_takes_every_draft(same_model):
+    alone = outputs(Single([same_model("a")], Single.Params()), LONG)
+    got, method = run(Gac, GacParams, [same_model("a"), same_model("b")], {"speculative": 4})
+    assert got == alone
+    info = method.info()
+    assert info["speculative_acceptance_rate"] == 1.0
+    assert info["speculative_tokens_per_round"] > 2
+    # the second member reads each round's draft in one forward: fewer forwards than tokens
+    assert info["speculative_forwards_per_token"]["b"] < 0.6
+
+
+def test_unite_with_itself_equals_the_member(same_model):  # exact under local feeding (test_method_contract)
+    alone = outputs(Single([same_model("a")], Single.Params()), LONG)
+    got, _ = run(Unite, UniteParams, [same_model("a"), same_model("b")],
+                 {"speculative": 3, "retokenize": "local", "proposer": 1})
+    assert got == alone
+
+
+def test_draft_length_adapts_down_when_drafts_fail(pair):
+    _, method = run(Gac, GacParams, pair(), {"speculative": 8, "proposer": 0})
+    info = method.info()
+    assert info["speculative_draft_length_mean"] < 8
+    rows = info["speculative_rows"]
+    assert all(r["tokens"] >= r["rounds"] for r in rows)
+
+
+def test_sampling_is_every_token_only():
+    with pytest.raises(ValueError, match="greedy only"):
+        GacParams(speculative=2, temperature=0.7)
+
+
+def test_unknown_proposer_is_one_line():
+    with pytest.raises(UserError, match="method.proposer: 'nobody' is not a member"):
+        Gac.check_members(GacParams(speculative=2, proposer="nobody"), ["a", "b"])
