@@ -13,6 +13,7 @@ SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
@@ -70,6 +71,15 @@ bench-overhead: install
 bench-overhead-check: install
 	$(BIN)/python scripts/bench_overhead.py --threads 1 --methods gac --batch-sizes 8 --repeats 5 \
 		--modes peaked flat --check gac:8:1.5 --check gac:8:2.5:flat
+
+# Speculative decoding (speculative: N) against every-token decoding on the packaged pairs and the stress
+# members: ms/token, acceptance, identical outputs, and what bounds them (table; results/bench/speculative.json).
+bench-speculative: install
+	$(BIN)/python scripts/bench_speculative.py --threads $(THREADS)
+
+# CI's guard: speculative GaC (plain and gated) gives every-token GaC's outputs byte for byte on fixed prompts.
+bench-speculative-check: install
+	$(BIN)/python scripts/bench_speculative.py --check --threads 1
 
 # CI's regression guard: fixed examples of the packaged models against the committed baseline.
 # Latency is judged as ensemble ms/token over the members' sum in the same run, +50% allowed
