@@ -1,6 +1,6 @@
 """SAFE: hand-checked sharpening and stability, consensus with itself, fast == a naive uncached
-generate-verify-ensemble cycle, the recorded shares, parameters (identity, batch invariance and
-Ray: tests/test_method_contract.py)."""
+generate-verify-ensemble cycle, block verification == one-token extends and one verifier forward per
+cycle, the recorded shares, parameters (identity, batch invariance and Ray: tests/test_method_contract.py)."""
 
 import copy
 
@@ -12,7 +12,7 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.feeding import text_appender
-from ensemble_bench.methods.safe import Draft, Reading, Safe, SafeParams, sharpened_choice
+from ensemble_bench.methods.safe import END, Draft, Reading, Safe, SafeParams, sharpened_choice
 from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from ensemble_bench.vocab.union import STOP_KEY
@@ -245,6 +245,65 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
         slow = naive_safe(slow_members, [first, sp_model], request, draft_tokens, sharpen, drafter,
                           floor=floor, gate=gate)
         assert generation.text == cut_at_until(slow, request.until)
+
+
+# ------------------------------------------------------------------ the verifier's block read
+class OneTokenSafe(Safe):
+    """The reference verifier: every row is re-read from its prompt's last token with one-token
+    ``extend`` calls, keeping the distribution after each token (no block read)."""
+
+    def _verify(self, v, states, readings, drafts, positions):
+        member = self.members[v]
+        rows = [state.prompt[v] + list(reading.prefix + reading.ids) for state, reading in zip(states, readings)]
+        start = [len(state.prompt[v]) - 1 for state in states]
+        member.crop(start)
+        after: list[dict[int, torch.Tensor]] = [{} for _ in states]  # index of the last token read -> log-probs
+        for step in range(max(len(row) - first for row, first in zip(rows, start))):
+            fed = [[row[first + step]] if first + step < len(row) else [] for row, first in zip(rows, start)]
+            dist = member.extend(fed)
+            for k, tokens in enumerate(fed):
+                if tokens:
+                    after[k][start[k] + step] = dist[k]
+        found = []
+        for k, (state, reading, draft, stable) in enumerate(zip(states, readings, drafts, positions)):
+            base = len(state.prompt[v]) + len(reading.prefix) - 1
+            found.append({t: after[k][base + reading.count_to(draft.offsets[t])] for t in stable}
+                         | {END: after[k][len(rows[k]) - 1]})
+        return found
+
+
+@pytest.mark.parametrize("fields,batch_size", [({}, 3), ({}, 1), ({"drafter": 1, "draft_tokens": 3, "sharpen": 0.0}, 2),
+                                               ({"draft_tokens": 8, "gate_threshold": 0.9}, 5)])
+def test_block_verification_equals_one_token_extends(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, fields,
+                                                     batch_size):
+    """Same generations and the same decisions as a verifier reading the draft token by token."""
+    params = SafeParams(**fields)
+    block = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params, batch_size=batch_size)
+    reference = OneTokenSafe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params,
+                             batch_size=batch_size)
+    assert [(g.text, g.new_tokens) for g in block.generate(REQUESTS)] == [
+        (g.text, g.new_tokens) for g in reference.generate(REQUESTS)]
+    assert block.stats == reference.stats and block.stats.replaced > 0 and block.stats.stable > block.stats.rounds
+
+
+class CycleCounted(Safe):
+    cycles = 0
+
+    def choose(self, dists, states):
+        self.cycles += 1
+        return super().choose(dists, states)
+
+
+@pytest.mark.parametrize("drafter,batch_size", [(0, 3), (1, 1)])
+def test_a_verifier_makes_one_forward_pass_per_cycle(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, drafter,
+                                                     batch_size):
+    members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    safe = CycleCounted(members, SafeParams(drafter=drafter, draft_tokens=6), batch_size=batch_size)
+    safe.generate(REQUESTS)
+    verifier, drafter_member = members[1 - drafter], members[drafter]
+    assert safe.stats.stable > safe.stats.rounds > 0  # several positions verified per cycle, in one forward
+    assert verifier.clock.decode_calls == safe.cycles
+    assert drafter_member.clock.decode_calls > safe.cycles  # the drafter drafts token by token
 
 
 # ------------------------------------------------------------------ scoring, parameters

@@ -26,11 +26,14 @@
 
 A verifier whose vocabulary is the drafter's reads the drafter's own ids (there is nothing to
 re-tokenise: every position is stable for it), so a member ensembled with itself always agrees
-and equals the member alone. Every member's KV cache stays warm; each round moves every row of a
-member to its new ids with one crop and one extend (``move_rows``; App. D prunes and re-extends
-the caches too). The Member interface returns the next-token distribution after the last
-appended token only, so a verifier reads the draft in one extend per stable position (not the
-whole draft in one forward as the paper's verifier does).
+and equals the member alone. Every member's KV cache stays warm (App. D prunes and re-extends the
+caches too). As the paper's verifier, each verifier reads the committed text + the whole draft in
+ONE forward pass per cycle for the whole batch (``read_block``: it appends what the row lacks and
+returns the distributions at every stable position), after a crop to the longest prefix it still
+shares; after the decision it is cropped back to the committed text, and the next cycle's block
+reads the tokens it lacks. The drafter drafts token by token and then moves to the committed ids
+with one crop and one extend (``move_rows``). The decisions are those of one-token extends, within
+float tolerance (tests/test_safe.py compares them).
 
 Log-likelihood (multiple choice): the drafter's own score; SAFE ensembles only while generating.
 """
@@ -65,6 +68,7 @@ from ensemble_bench.vocab.mixture import UnionMixture
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
 SPACE = b" "        # never a sharpening candidate (authors' code: the bare space prefixes every word)
+END = -1            # a verifier's read after the whole of a row's reading (beside its stable positions)
 
 
 class SafeParams(WindowParams):
@@ -142,6 +146,12 @@ class SafeStats:
                 "ensembled_fraction": self.ensembled / self.tokens if self.tokens else None}
 
 
+def crop_rows(member: Member, held: Sequence[Sequence[int]], keep: Sequence[int]) -> None:
+    """Crop row r of ``member`` (holding ``held[r]``) to ``keep[r]`` tokens; no call when no row shrinks."""
+    if any(k < len(row) for k, row in zip(keep, held)):
+        member.crop(keep)
+
+
 def move_rows(member: Member, targets: Sequence[Sequence[int]]) -> torch.Tensor:
     """Bring each row of ``member`` to hold exactly ``targets[r]`` (whole rows, prompt included)
     with one crop and one extend; returns the next-token log-probs of every row. A row that must
@@ -151,8 +161,7 @@ def move_rows(member: Member, targets: Sequence[Sequence[int]]) -> torch.Tensor:
     for row, target in zip(held, targets):
         same = common_prefix(row, target)
         keep.append(same - 1 if same == len(target) < len(row) else same)
-    if any(k < len(row) for k, row in zip(keep, held)):
-        member.crop(keep)
+    crop_rows(member, held, keep)
     return member.extend([list(target[k:]) for k, target in zip(keep, targets)])
 
 
@@ -223,7 +232,7 @@ class Safe(DecodingMethod):
             v, states, readings[v], drafts, positions), self.verifiers)))
         outcomes = [self._decide(k, draft, positions[k], readings, seen) for k, draft in enumerate(drafts)]
         advances = [self._advance(state, draft, outcome) for state, draft, outcome in zip(states, drafts, outcomes)]
-        dists = self._commit(states, drafts, readings, outcomes)
+        dists = self._commit(states, drafts, readings, outcomes, seen)
         return Round(advances, dists, by_span=True)
 
     def feed(self, dists, states, advances) -> list[torch.Tensor]:
@@ -294,20 +303,26 @@ class Safe(DecodingMethod):
 
     def _verify(self, v: int, states: list[SafeState], readings: list[Reading], drafts: list[Draft],
                 positions: list[list[int]]) -> list[dict[int, torch.Tensor]]:
-        """Verifier ``v`` reads each row up to each stable position in turn, then to the end of its
-        reading; returns per row its log-probs at each stable position."""
-        plans = []
-        for reading, draft, stable in zip(readings, drafts, positions):
-            plans.append([(t, reading.prefix + reading.ids[:reading.count_to(draft.offsets[t])]) for t in stable]
-                         + [(None, reading.prefix + reading.ids)])
-        found: list[dict[int, torch.Tensor]] = [{} for _ in states]
-        for step in range(max(len(p) for p in plans)):
-            targets = [state.prompt[v] + list(p[min(step, len(p) - 1)][1]) for state, p in zip(states, plans)]
-            dist = move_rows(self.members[v], targets)
-            for k, p in enumerate(plans):
-                if step < len(p) and p[step][0] is not None:
-                    found[k][p[step][0]] = dist[k]
-        return found
+        """Verifier ``v`` reads every row's committed text + draft in ONE ``read_block`` (one forward
+        pass for the batch); returns per row its log-probs at each stable position and at ``END``."""
+        member = self.members[v]
+        targets = [state.prompt[v] + list(reading.prefix + reading.ids) for state, reading in zip(states, readings)]
+        wanted = [self._last_tokens(len(state.prompt[v]), reading, draft, stable, len(target))
+                  for state, reading, draft, stable, target in zip(states, readings, drafts, positions, targets)]
+        held = member.row_ids()
+        keep = [min(common_prefix(row, target), *ends.values()) for row, target, ends in zip(held, targets, wanted)]
+        crop_rows(member, held, keep)
+        at = [sorted({i - k for i in ends.values()}) for k, ends in zip(keep, wanted)]
+        read = member.read_block([target[k:] for k, target in zip(keep, targets)], at)
+        return [{t: rows[cols.index(i - k)] for t, i in ends.items()}
+                for rows, cols, k, ends in zip(read, at, keep, wanted)]
+
+    @staticmethod
+    def _last_tokens(prompt: int, reading: Reading, draft: Draft, stable: list[int], length: int) -> dict[int, int]:
+        """Per stable position (and ``END``), the index in the verifier's row of the token after
+        which its distribution is read (the block re-reads it when the row holds it already)."""
+        base = prompt + len(reading.prefix) - 1
+        return {**{t: base + reading.count_to(draft.offsets[t]) for t in stable}, END: length - 1}
 
     # 3. ensemble
     def _decide(self, k: int, draft: Draft, stable: list[int], readings: dict[int, list[Reading]],
@@ -392,8 +407,9 @@ class Safe(DecodingMethod):
         return Advance(data + entry, tuple(tokens) + (own,) if own >= 0 else None, len(tokens) + 1)
 
     def _commit(self, states: list[SafeState], drafts: list[Draft], readings: dict[int, list[Reading]],
-                outcomes: list[tuple[int, int | None]]) -> list[torch.Tensor]:
-        """Every member's rows move to the committed text; returns their next log-probs."""
+                outcomes: list[tuple[int, int | None]], seen: dict[int, list[dict[int, torch.Tensor]]]
+                ) -> list[torch.Tensor]:
+        """Every member's rows move to the committed text (``_move``); returns one log-prob tensor per member."""
         for k, (state, draft, (kept, chosen)) in enumerate(zip(states, drafts, outcomes)):
             base = state.held[self.lead]
             replaced = self.union.entries[chosen] if chosen is not None and chosen not in self.stop_entries else None
@@ -405,8 +421,19 @@ class Safe(DecodingMethod):
                 state.held[v], state.pending[v] = self._verifier_ids(v, readings[v][k], draft, kept, replaced)
             for v in [self.lead, *self.shared]:
                 state.held[v] = list(drafter_ids)
-        return each(self.members, lambda member, v: move_rows(member, [state.prompt[v] + state.held[v]
-                                                                      for state in states]), range(len(self.members)))
+        return each(self.members, lambda member, v: self._move(member, v, states, seen), range(len(self.members)))
+
+    def _move(self, member: Member, v: int, states: list[SafeState],
+              seen: dict[int, list[dict[int, torch.Tensor]]]) -> torch.Tensor:
+        """The drafter moves to its committed ids (its next log-probs); a verifier is only cropped
+        back to them (no forward: the next cycle's block reads what it lacks) and gives its read at
+        the end of each row's reading (checked by the loop, unused by SAFE)."""
+        targets = [state.prompt[v] + state.held[v] for state in states]
+        if v == self.lead:
+            return move_rows(member, targets)
+        held = member.row_ids()
+        crop_rows(member, held, [common_prefix(row, target) for row, target in zip(held, targets)])
+        return torch.stack([found[END] for found in seen[v]])
 
     def _verifier_ids(self, v: int, reading: Reading, draft: Draft, kept: int,
                       replaced: bytes | None) -> tuple[list[int], bytes]:
