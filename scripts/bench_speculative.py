@@ -18,7 +18,8 @@ are the ones after them. ``--limit N`` questions per task; a batch size B above 
 
     python scripts/bench_speculative.py [--pairs smollm2+qwen2.5 smollm2+gemma3 gemma3+qwen2.5 stress]
            [--tasks gsm8k nq] [--batch-sizes 1 8] [--methods gac unite safe] [--limit 1] [--draft 8]
-           [--proposer null|auto|LABEL|INDEX] [--threads 2] [--dtype float32] [--out results/bench/speculative.json]
+           [--proposer null|auto|LABEL|INDEX] [--max-new-tokens N] [--threads 2] [--dtype float32]
+           [--out results/bench/speculative.json]
     python scripts/bench_speculative.py --check   # CI: speculative GaC == every-token GaC, byte for byte
 
 ``--check`` decodes a few fixed prompts with the stress members, GaC plain and gated, every-token
@@ -34,7 +35,8 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -99,6 +101,12 @@ def task_prompts(task: str, count: int) -> list[str]:
     return [build(rows[:SHOTS], row["question"]) for row in rows[SHOTS:]]
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def proposer_value(text: str) -> int | str | None:
     """--proposer: null (the method's lead), auto, a member index or a member label."""
     if text == "null":
@@ -115,19 +123,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 8])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--limit", type=int, default=1, help="questions per task (a batch size above it: one batch)")
-    parser.add_argument("--draft", type=int, default=8, help="speculative: N, the longest draft")
+    parser.add_argument("--limit", type=positive, default=1, help="questions per task (more: one full batch)")
+    parser.add_argument("--draft", type=positive, default=8, help="speculative: N, the longest draft")
     parser.add_argument("--proposer", type=proposer_value, default=None,
                         help="null (the lead member), auto, or a member label or index")
+    parser.add_argument("--max-new-tokens", type=positive, default=None, help="default: the task's own (256)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", type=Path, default=Path("results/bench/speculative.json"))
     parser.add_argument("--check", action="store_true", help="the CI guard: speculative GaC == every-token GaC")
     args = parser.parse_args(argv)
-    if min(args.batch_sizes) < 1 or args.limit < 1 or args.draft < 1:
-        parser.error("--batch-sizes, --limit and --draft take positive numbers")
     return args
 
 
@@ -160,7 +167,7 @@ def speculative_figures(info: dict) -> dict:
     return {k: v for k, v in info.items() if k.startswith("speculative_")}
 
 
-def measured(method, requests) -> dict:
+def measured(method, requests, label: str) -> dict:
     for member in method.members:
         sync(member.device)
     start = time.perf_counter()
@@ -168,6 +175,7 @@ def measured(method, requests) -> dict:
     wall = time.perf_counter() - start
     info = method.info()
     ms = info["decode_ms_per_token"] if info["decode_ms_per_token"] is not None else info["first_round_ms_per_token"]
+    print(f"{label}: {ms:.1f} ms/token, {info['tokens_generated']} tokens in {wall:.0f}s", file=sys.stderr, flush=True)
     return {"ms_per_token": ms, "wall_s": wall, "tokens": info["tokens_generated"], "texts": texts,
             **speculative_figures(info)}
 
@@ -242,46 +250,39 @@ def warm_up(members, methods: list[str], args) -> None:
             build(name, members, speculative_params(args), 1).generate(request)
 
 
-def bench_pair(pair: str, pool: Members, args) -> list[dict]:
+def bench_pair(pair: str, pool: Members, args) -> Iterator[dict]:
+    """Each task and batch size of one pair, one row at a time."""
     members = pool.pair(pair)
     warm_up(members, args.methods, args)
-    rows = []
-    for task in args.tasks:
+    for name in args.tasks:
+        task = TASKS[name] if args.max_new_tokens is None else replace(TASKS[name], max_new_tokens=args.max_new_tokens)
         for batch in args.batch_sizes:
-            prompts = task_prompts(task, max(args.limit, batch))
-            rows.append(bench_config(pair, members, TASKS[task], batch, prompts, pool, args))
-            print(json.dumps(without_texts(rows[-1])), file=sys.stderr, flush=True)
-    return rows
+            yield bench_config(pair, members, task, batch, task_prompts(name, max(args.limit, batch)), pool, args)
 
 
 def bench_config(pair: str, members, task: Task, batch: int, prompts: list[str], pool: Members, args) -> dict:
     requests = requests_of(prompts, task)
+    head = f"{pair} {task.name} b{batch}"
     row = {"pair": pair, "task": task.name, "batch": batch, "questions": len(prompts), "draft": args.draft,
            "proposer": args.proposer, "members": {}, "methods": {}, "bounds": {}}
     for member in members:
         key = (member.name, task.name, batch)
         if key not in pool.alone:
-            pool.alone[key] = measured(build("single", [member], {}, batch), requests)
+            pool.alone[key] = measured(build("single", [member], {}, batch), requests, f"{head} {member.name} alone")
         row["members"][member.name] = pool.alone[key]
         row["bounds"][member.name] = block_cost(member, prompts[:batch], args.draft)
     for name in args.methods:
         if name in SPECULATIVE_METHODS:
-            every = measured(build(name, members, {}, batch), requests)
-            fast = measured(build(name, members, speculative_params(args), batch), requests)
+            every = measured(build(name, members, {}, batch), requests, f"{head} {name} every-token")
+            fast = measured(build(name, members, speculative_params(args), batch), requests,
+                            f"{head} {name} speculative")
             row["methods"][name] = compared(every, fast, prompts)
         else:
-            safe = measured(build(name, members, {}, batch), requests)
+            safe = measured(build(name, members, {}, batch), requests, f"{head} {name}")
             drafter = row["members"][members[0].name]
             row["methods"][name] = {"run": safe, "drafter": members[0].name,
                                     "ratio": safe["ms_per_token"] / drafter["ms_per_token"]}
     return row
-
-
-def without_texts(value):
-    """A row for the progress lines: generated texts left out."""
-    if isinstance(value, dict):
-        return {k: without_texts(v) for k, v in value.items() if k != "texts"}
-    return value
 
 
 # --- the tables ----------------------------------------------------------------------------------
@@ -395,10 +396,13 @@ def run(args) -> None:
         check(args)
         return
     pool = Members(args.dtype)
-    rows = [row for pair in args.pairs for row in bench_pair(pair, pool, args)]
-    print(table(rows))
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "check"}
-    write_json(args.out, settings, rows)
+    rows = []
+    for pair in args.pairs:
+        for row in bench_pair(pair, pool, args):
+            rows.append(row)
+            write_json(args.out, settings, rows)  # rows so far survive an interrupted run
+    print(table(rows))
     print(f"\nwritten: {args.out}")
 
 

@@ -42,7 +42,8 @@ def test_proposer_is_null_auto_an_index_or_a_label(bench, text, value):
         {"speculative": 5} if value is None else {"speculative": 5, "proposer": value})
 
 
-@pytest.mark.parametrize("argv", [["--pairs", "llama+mistral"], ["--limit", "0"], ["--draft", "-1"]])
+@pytest.mark.parametrize("argv", [["--pairs", "llama+mistral"], ["--limit", "0"], ["--draft", "-1"],
+                                  ["--max-new-tokens", "0"]])
 def test_a_bad_argument_is_one_line_and_exit_2(bench, capsys, argv):
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(argv)
