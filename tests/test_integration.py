@@ -194,3 +194,22 @@ def test_gac_across_byte_level_and_sentencepiece_members(smollm2):
     assert max(text_ids) < gac.union.size < sum(text_ids)  # the vocabularies share part of their tokens
     for generation in generations:
         assert generation.new_tokens > 0 and "\ufffd" not in generation.text
+
+
+def test_speculative_equals_every_token_on_real_members(smollm2):
+    """Draft and verify on the real SmolLM2 (byte-level BPE) + Gemma-3 (SentencePiece) pair: GaC
+    (every step ensembled) and UniTE, each proposer in turn, give the every-token outputs."""
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.gac import Gac, GacParams
+    from ensemble_bench.methods.unite import Unite, UniteParams
+
+    gemma = load_member("gemma3-270m", dtype="float32", name="gemma")
+    requests = [GenerationRequest(Prompt(text=t), ("\n\n",), 24) for t in
+                ("The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Caf\u00e9 culture in Tokyo")]
+    for cls, params in ((Gac, GacParams), (Unite, UniteParams)):
+        expected = [g.text for g in cls([smollm2, gemma], params(), batch_size=3).generate(requests)]
+        for proposer in (0, 1):
+            method = cls([smollm2, gemma], params(speculative=4, proposer=proposer), batch_size=3)
+            assert [g.text for g in method.generate(requests)] == expected, (cls.name, proposer)
+            assert method.info()["speculative_tokens_per_round"] > 1

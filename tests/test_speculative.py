@@ -92,3 +92,10 @@ def test_sampling_is_every_token_only():
 def test_unknown_proposer_is_one_line():
     with pytest.raises(UserError, match="method.proposer: 'nobody' is not a member"):
         Gac.check_members(GacParams(speculative=2, proposer="nobody"), ["a", "b"])
+
+
+def test_speculative_on_ray_members_equals_local_every_token(ray_members):
+    """Remote members read drafts with read_block too: the outputs stay the local every-token ones."""
+    local, remote = ray_members
+    expected = outputs(Gac(local, GacParams(), batch_size=2), REQUESTS[:3])
+    assert outputs(Gac(remote, GacParams(speculative=3, proposer=1), batch_size=2), REQUESTS[:3]) == expected
