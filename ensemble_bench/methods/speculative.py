@@ -21,11 +21,11 @@ Every decision is therefore the method's own, taken on the distributions of the 
 outputs are the every-token outputs up to the float differences between a block forward and
 one-token steps (docs/speculative.md lists the near-ties measured). Sampling stays every-token.
 
-The draft length adapts per row (Leviathan et al.'s fixed k made adaptive, as transformers'
-assisted generation does): all drafted tokens taken and the proposer right at the next position
-too -> two longer (up to N); otherwise the number it got right (0: no draft, a plain every-token
-round, until the proposer is right again). ``proposer: auto`` picks, each round, the member whose
-measured agreement with the ensemble and measured forward cost promise the most tokens per second.
+The draft length adapts per row: the length d <= N with the most tokens per second expected from
+the row's recent acceptance rate and the measured cost of a proposer step and of the verifiers'
+block (``_next_length``; 0: no draft, a plain every-token round, until the proposer is right again).
+``proposer: auto`` picks, each round, the member whose measured agreement with the ensemble and
+measured forward cost promise the most tokens per second.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, RequestState, advance_request, check_distributions, prefill
 
 AUTO = "auto"
+DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
 
 
 class SpeculativeParams(MethodParams):
@@ -218,6 +219,43 @@ def focus(members: Sequence[Focused], rows: list[int]) -> None:
 
 
 @dataclass
+class Rate:
+    """A row's recent rate of drafted tokens taken (each round's observations weigh DECAY times the last's)."""
+
+    taken: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, accepted: int, drafted: int, agreed_after: bool) -> None:
+        """Drafted tokens taken, the first one refused, and the proposer's agreement at the next position."""
+        self.taken = DECAY * self.taken + accepted + (accepted == drafted and agreed_after)
+        self.trials = DECAY * self.trials + accepted + 1
+
+    @property
+    def value(self) -> float:
+        return (self.taken + 1) / (self.trials + 2)
+
+
+@dataclass
+class Costs:
+    """Forward seconds of one proposer step and of one round's verifier blocks (their members' clocks),
+    averaged with the same decay; None until measured."""
+
+    step: float | None = None
+    block: float | None = None
+
+    @contextmanager
+    def timing(self, *members: StandIn, name: str) -> Iterator[None]:
+        before = sum(m.member.clock.decode_seconds for m in members)
+        calls = sum(m.calls for m in members)
+        yield
+        if sum(m.calls for m in members) == calls:
+            return  # nothing was read
+        spent = sum(m.member.clock.decode_seconds for m in members) - before
+        old = getattr(self, name)
+        setattr(self, name, spent if old is None else DECAY * old + (1 - DECAY) * spent)
+
+
+@dataclass
 class RowRecord:
     """One request's speculative decoding, for its results."""
 
@@ -263,6 +301,7 @@ class Speculation:
         self._members = list(method.members)
         self.all_states: list[RequestState] = []
         self.stats = SpeculationStats(agreed=[0] * len(method.members))
+        self.costs = Costs()
 
     @classmethod
     def of(cls, method, params: SpeculativeParams) -> Speculation | None:
@@ -282,6 +321,7 @@ class Speculation:
         live = list(range(len(states)))
         pending: list[Advance | None] = [None] * len(states)
         lengths = [0] * len(states)  # the first round drafts nothing: it is the first token
+        rates = [Rate() for _ in states]
         first = True
         while live:
             drafts = self._round(members, [states[i] for i in live], [pending[i] for i in live],
@@ -293,7 +333,8 @@ class Speculation:
                 record.tokens += tokens
                 record.drafted += drafted
                 record.accepted += accepted
-                lengths[i] = self._next_length(drafted, accepted, agreed_after)
+                rates[i].observe(accepted, drafted, agreed_after)
+                lengths[i] = self._next_length(drafted, accepted, agreed_after, rates[i].value)
             timing.tokens_generated += sum(d[0] for d in drafts)
             steps = sum(d[0] for d in drafts) / len(drafts)
             timing.first_token(steps) if first else timing.step(steps)
@@ -311,11 +352,20 @@ class Speculation:
                 member.prune()
         self.stats.rows.extend(records)
 
-    def _next_length(self, drafted: int, accepted: int, agreed_after: bool) -> int:
-        """All drafted tokens taken and the proposer right at the next position: longer; else what it got right."""
-        if accepted == drafted and agreed_after:
-            return min(self.longest, drafted + 2)
-        return accepted
+    def _next_length(self, drafted: int, accepted: int, agreed_after: bool, rate: float) -> int:
+        """The draft length with the most tokens per second expected, from the row's acceptance rate
+        a and the measured costs: (1 + a + ... + a^d) / ((d + 1) c_proposer + c_block), d <= N
+        (a round's proposer reads the last choice and d drafted tokens, each verifier one block).
+        Before any cost is measured: all taken and the proposer right next -> two longer, else
+        the number it got right."""
+        if self.costs.step is None or self.costs.block is None:
+            return min(self.longest, drafted + 2) if accepted == drafted and agreed_after else accepted
+
+        def promise(length: int) -> float:
+            gained = sum(rate ** k for k in range(length + 1))
+            return gained / ((length + 1) * self.costs.step + self.costs.block)
+
+        return max(range(self.longest + 1), key=promise)
 
     # --- one round ------------------------------------------------------------------------------
     def _round(self, members: list[StandIn], states: list[RequestState], pending: list[Advance | None],
@@ -341,12 +391,14 @@ class Speculation:
             drafter, rehearsal = members[proposer], rehearsals[proposer]
             going = [k for k in range(len(states)) if room[k] > 0]
             own = {k: list(rehearsal.virtual[k]) for k in going}  # the proposer's own greedy continuation
-            drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
+            with self.costs.timing(drafter, name="step"):
+                drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
             while going:
                 going = self._draft_step(drafter, rehearsals, copies, forced, own, going, room, proposer)
         vars(method.feed_stats).update(vars(saved))
-        each(members, lambda member, plan: member.fetch(plan),
-             [{k: (r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
+        with self.costs.timing(*(m for i, m in enumerate(members) if i != proposer), name="block"):
+            each(members, lambda member, plan: member.fetch(plan),
+                 [{k: (r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
         return forced
 
     def _draft_step(self, drafter: StandIn, rehearsals: list[Rehearsal], copies, forced, own: dict[int, list[int]],
@@ -365,7 +417,8 @@ class Speculation:
                 forced[k].append(advance)
                 own[k].append(token)
         self._feed(rehearsals, copies, taken, rehearse=True)
-        drafter.fetch({k: (own[k], [len(own[k])]) for k in taken})
+        with self.costs.timing(drafter, name="step"):
+            drafter.fetch({k: (own[k], [len(own[k])]) for k in taken})
         return [k for k in taken if len(forced[k]) < room[k]]
 
     def _feed(self, members: Sequence[Focused], states, advances: dict[int, Advance], rehearse: bool = False) -> None:
