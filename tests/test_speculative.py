@@ -2,6 +2,8 @@
 outputs of the same method and settings, on tiny models whose members disagree often (many
 rejected drafts) and on a member ensembled with itself (every draft taken)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from ensemble_bench.errors import UserError
@@ -10,6 +12,7 @@ from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.single import Single
+from ensemble_bench.methods.speculative import Costs, Speculation
 from ensemble_bench.methods.unite import Unite, UniteParams
 from tests.tiny import REQUESTS, outputs
 
@@ -99,3 +102,20 @@ def test_speculative_on_ray_members_equals_local_every_token(ray_members):
     local, remote = ray_members
     expected = outputs(Gac(local, GacParams(), batch_size=2), REQUESTS[:3])
     assert outputs(Gac(remote, GacParams(speculative=3, proposer=1), batch_size=2), REQUESTS[:3]) == expected
+
+
+def test_block_cost_grows_with_width_from_what_was_measured():
+    costs = Costs()
+    costs.blocks = {1: 0.1}
+    assert costs.block(1) == 0.1 and costs.block(11) == pytest.approx(0.2)  # the prior slope, 0.1 per token
+    costs.blocks = {1: 0.1, 5: 0.2}
+    assert costs.block(9) == pytest.approx(0.3)  # the line through the measured widths
+
+
+def test_draft_length_follows_acceptance_and_costs():
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
+    assert speculation._next_length(4, 0, False, rate=0.1) == 0  # drafts fail: plain every-token rounds
+    assert speculation._next_length(4, 4, True, rate=0.95) >= 4
+    speculation.costs.step = 1.0  # a proposer as costly as the verifier's block: drafting barely pays
+    assert speculation._next_length(4, 4, True, rate=0.5) == 0

@@ -45,6 +45,7 @@ from ensemble_bench.methods.decode import Advance, RequestState, advance_request
 
 AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
+BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
 
 
 class SpeculativeParams(MethodParams):
@@ -137,6 +138,7 @@ class StandIn(Focused):
         self.known: list[dict[int, torch.Tensor]] = [{len(r): dists[k]} for k, r in enumerate(real)]
         self.forwards = [0] * len(real)  # forward passes each row took part in
         self.calls = 0
+        self.width = 0  # the widest row of the last block read, in tokens
 
     def _after_extend(self, rows: list[int]) -> torch.Tensor:
         return self.current()
@@ -177,6 +179,7 @@ class StandIn(Focused):
                 self.known[r] = {m: d for m, d in self.known[r].items() if m <= n}
         dists = self.member.read_block(blocks, [[n - lengths[r] - 1 for n in wanted[r]] for r in range(len(blocks))])
         self.calls += 1
+        self.width = max(len(block) for block in blocks)
         for r, block in enumerate(blocks):
             if block:
                 self.real[r].extend(block)
@@ -237,22 +240,41 @@ class Rate:
 
 @dataclass
 class Costs:
-    """Forward seconds of one proposer step and of one round's verifier blocks (their members' clocks),
-    averaged with the same decay; None until measured."""
+    """Forward seconds (the members' clocks) of one proposer step, and of one round's verifier
+    blocks by their width in tokens, each averaged with the same decay; None / empty until measured."""
 
     step: float | None = None
-    block: float | None = None
+    blocks: dict[int, float] = field(default_factory=dict)
 
     @contextmanager
     def timing(self, *members: StandIn, name: str) -> Iterator[None]:
+        """Time the members' reads in the block: a proposer ``step`` or the verifiers' ``block``."""
         before = sum(m.member.clock.decode_seconds for m in members)
-        calls = sum(m.calls for m in members)
+        calls = [m.calls for m in members]
         yield
-        if sum(m.calls for m in members) == calls:
-            return  # nothing was read
+        read = [m for m, count in zip(members, calls) if m.calls > count]
+        if not read:
+            return
         spent = sum(m.member.clock.decode_seconds for m in members) - before
-        old = getattr(self, name)
-        setattr(self, name, spent if old is None else DECAY * old + (1 - DECAY) * spent)
+        if name == "step":
+            self.step = spent if self.step is None else DECAY * self.step + (1 - DECAY) * spent
+            return
+        width = max(m.width for m in read)
+        old = self.blocks.get(width)
+        self.blocks[width] = spent if old is None else DECAY * old + (1 - DECAY) * spent
+
+    def block(self, width: int) -> float:
+        """The verifiers' block of ``width`` tokens: measured, else a least-squares line through the
+        widths measured, else the one measured width grown by BLOCK_SLOPE per token."""
+        if width in self.blocks:
+            return self.blocks[width]
+        widths, seconds = list(self.blocks), list(self.blocks.values())
+        if len(widths) == 1:
+            return seconds[0] * max(0.1, 1 + BLOCK_SLOPE * (width - widths[0]))
+        mean_w, mean_s = sum(widths) / len(widths), sum(seconds) / len(seconds)
+        slope = (sum((w - mean_w) * (t - mean_s) for w, t in zip(widths, seconds))
+                 / sum((w - mean_w) ** 2 for w in widths))
+        return max(0.1 * min(seconds), mean_s + slope * (width - mean_w))
 
 
 @dataclass
@@ -358,12 +380,12 @@ class Speculation:
         (a round's proposer reads the last choice and d drafted tokens, each verifier one block).
         Before any cost is measured: all taken and the proposer right next -> two longer, else
         the number it got right."""
-        if self.costs.step is None or self.costs.block is None:
+        if self.costs.step is None or not self.costs.blocks:
             return min(self.longest, drafted + 2) if accepted == drafted and agreed_after else accepted
 
         def promise(length: int) -> float:
             gained = sum(rate ** k for k in range(length + 1))
-            return gained / ((length + 1) * self.costs.step + self.costs.block)
+            return gained / ((length + 1) * self.costs.step + self.costs.block(length + 1))
 
         return max(range(self.longest + 1), key=promise)
 
