@@ -33,6 +33,7 @@ CASES = {
     "unite-local": (Unite, UniteParams, {"retokenize": "local"}),
     "deepen": (Deepen, DeepenParams, {}),
     "packllm-union": (PackLLM, PackLLMParams, {"alignment": "union"}),
+    "packllm-mined": (PackLLM, PackLLMParams, {}),
 }
 
 
