@@ -212,4 +212,5 @@ def test_speculative_equals_every_token_on_real_members(smollm2):
         for proposer in (0, 1):
             method = cls([smollm2, gemma], params(speculative=4, proposer=proposer), batch_size=3)
             assert [g.text for g in method.generate(requests)] == expected, (cls.name, proposer)
-            assert method.info()["speculative_tokens_per_round"] > 1
+            # drafts were read and verified (the draft length may then fall to 0 where they do not pay)
+            assert sum(row["drafted"] for row in method.info()["speculative_rows"]) > 0
