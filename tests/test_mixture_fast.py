@@ -10,6 +10,7 @@ import ensemble_bench.vocab.mixture as mixture_module
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.vocab import VocabView, build_vocab_view
+from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw
 from ensemble_bench.vocab.union import build_union
 from tests.tiny import outputs
@@ -76,6 +77,40 @@ def test_full_and_fallback_equal_the_scatter_add_on_tiny_vocabularies(tiny_pair,
         assert mixture.greedy(logprobs) == expected.argmax(dim=-1).tolist()
     assert mixture.rows_decided < mixture.rows_total
 
+
+
+def test_the_bound_rests_after_deciding_nothing_and_outputs_stay_exact(tiny_pair, monkeypatch):
+    """A call where the bound decides no row makes the next 1, then 3, 7, 15 calls skip it; a
+    decided row resets that. Every call still returns the full projection's argmax."""
+    union, sizes = tiny_pair
+    mixture = UnionMixture(union, [1.0, 3.0], sizes)
+    bounded_calls = []
+    original = mixture._bounded
+    monkeypatch.setattr(mixture, "_bounded", lambda lps: bounded_calls.append(call) or original(lps))
+    generator = torch.Generator().manual_seed(2)
+    kinds = ["flat", "peaked", "peaked", "flat", "flat", "flat", "peaked", "peaked", "peaked", "peaked"]
+    for call, kind in enumerate(kinds):
+        logprobs = random_logprobs(4, sizes, 0.0 if kind == "flat" else 300.0, generator)  # flat: uniform
+        expected = scatter_add_full(union, [1.0, 3.0], logprobs).argmax(dim=-1).tolist()
+        decided_before = mixture.rows_decided
+        assert mixture.greedy(logprobs) == expected, call
+        if call in (2, 9):
+            assert mixture.rows_decided > decided_before, call
+    assert bounded_calls == [0, 2, 3, 5, 9]
+
+
+@pytest.mark.parametrize("size", [100, 1024, 1025, 5000, 128257])
+def test_block_argmax_is_torch_argmax_with_ties_nan_and_infinities(size):
+    generator = torch.Generator().manual_seed(size)
+    values = torch.randint(0, 7, (6, size), generator=generator).float()  # many ties at the maximum
+    values[1] = float("-inf")
+    values[2, size // 2] = float("nan")
+    values[2, size - 1] = float("nan")
+    values[3, size - 1] = 9.0  # the maximum in the last (partial) block
+    values[4] = torch.randn(size, generator=generator)
+    values[5, :] = 1.0
+    assert block_argmax(values).tolist() == values.argmax(dim=-1).tolist()
+    assert block_argmax(values[2:4]).tolist() == values[2:4].argmax(dim=-1).tolist()
 
 # ------------------------------------------------------------------ sampling
 def naive_sample(union, weights, logprobs, temperature, generator):

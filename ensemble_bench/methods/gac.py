@@ -44,6 +44,7 @@ from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, Request
 from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
 from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
+from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
 
@@ -242,7 +243,7 @@ class Gac(DecodingMethod):
         on the gate's device, each row with its own generator."""
         chosen = _rows(logprobs, rows)
         if self.params.temperature == 0:
-            return chosen.argmax(dim=-1).tolist()
+            return block_argmax(chosen).tolist()
         return draw(tempered(chosen, self.params.temperature), [generators[k] for k in rows]).tolist()
 
     def _mix_and_pick(self, logprobs, rows: list[int], generators) -> list[int]:

@@ -50,6 +50,7 @@ from ensemble_bench.methods.feeding import FeedStats, make_feeders, text_lookup
 from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
 
@@ -329,7 +330,7 @@ class MinedFusion:
             w = weights[:, k:k + 1]
             fused += torch.where(w > 0, w * aligned, 0.0)  # a member with lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
-        return fused.argmax(dim=-1).tolist()  # ties: the lowest id
+        return block_argmax(fused).tolist()  # ties: the lowest id
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token (methods/speculative.py): the row's expert's token with

@@ -63,6 +63,7 @@ from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState,
 from ensemble_bench.methods.feeding import canonical_tail, text_appender
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
+from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture
 
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
@@ -252,7 +253,7 @@ class Safe(DecodingMethod):
         drafts = [Draft() for _ in states]
         open_rows = [True] * len(states)
         while any(open_rows):
-            picks = dist.argmax(dim=-1).tolist()
+            picks = block_argmax(dist).tolist()
             grow: list[list[int]] = [[] for _ in states]
             for k, (state, draft) in enumerate(zip(states, drafts)):
                 if not open_rows[k]:

@@ -10,6 +10,7 @@ import torch
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import LoglikelihoodRequest, rolling_with_members, score_with_members
 from ensemble_bench.methods.decode import DecodingMethod, RequestState, Round, own_token
+from ensemble_bench.vocab.fast_topk import block_argmax
 
 
 class Single(DecodingMethod):
@@ -22,7 +23,7 @@ class Single(DecodingMethod):
         return self.members[0]
 
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
-        return Round([own_token(self.member, t) for t in dists[0].argmax(dim=-1).tolist()], dists)
+        return Round([own_token(self.member, t) for t in block_argmax(dists[0]).tolist()], dists)
 
     def feed(self, dists, states, advances) -> list[torch.Tensor]:
         return [self.member.extend([list(a.ids) for a in advances])]

@@ -49,6 +49,7 @@ from ensemble_bench.methods.feeding import FeedStats, Retokenize, cached_tail, m
 from ensemble_bench.methods.feeding import Held as TextHeld
 from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.vocab.append import split_valid_utf8
+from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends
 
 
@@ -163,7 +164,7 @@ class SpanMethod(DecodingMethod):
         seen: list[list[torch.Tensor]] = [[] for _ in rows]
         done: list[Proposal | None] = [None] * len(rows)
         while any(d is None for d in done):
-            picks = dist.argmax(dim=-1).tolist()
+            picks = block_argmax(dist).tolist()
             for k, row in enumerate(rows):
                 if done[k] is None:
                     seen[k].append(dist[k])

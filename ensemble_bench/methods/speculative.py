@@ -42,6 +42,7 @@ from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import MethodParams, Timing, resolve_member
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import Advance, RequestState, advance_request, check_distributions, prefill
+from ensemble_bench.vocab.fast_topk import block_argmax
 
 AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
@@ -430,7 +431,7 @@ class Speculation:
         rows that draft on."""
         dists = torch.stack([drafter.known[k][len(own[k])] for k in going])
         taken: dict[int, Advance] = {}
-        for index, (k, token) in enumerate(zip(going, dists.argmax(dim=-1).tolist())):
+        for index, (k, token) in enumerate(zip(going, block_argmax(dists).tolist())):
             if token in drafter.member.stop_ids:
                 continue
             advance = self.method.draft_advance(copies[k], token, proposer, dists[index])
@@ -494,7 +495,7 @@ class Speculation:
             member = self.method_members[index]
             agrees = [(token in member.stop_ids and advance.finish == "stop_id")
                       or (advance.finish is None and member.vocab.pieces[token] == advance.data)
-                      for token, advance in zip(dists[index].argmax(dim=-1).tolist(), advances)]
+                      for token, advance in zip(block_argmax(dists[index]).tolist(), advances)]
             self.stats.agreed[index] += sum(agrees)
             if index == proposer:
                 result = agrees

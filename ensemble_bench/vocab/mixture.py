@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ensemble_bench.vocab.fast_topk import block_topk
+from ensemble_bench.vocab.fast_topk import block_argmax, block_topk
 from ensemble_bench.vocab.union import MemberMap, UnionVocab
 
 BOUND_MARGIN = 1e-4  # relative: a decided row's best candidate beats the bound by more than rounding
@@ -43,6 +43,7 @@ CPU_BLOCK_BYTES = 16 << 20  # the full projection's working set per block of row
 # w_i e^-80 (< 2^-115 w_i) rounds back to it; only entries far below the largest can change. A
 # draw's distribution moves by less than U x e^-80 in all.
 LOG_FLOOR = -80.0
+MAX_BOUND_RESTS = 15  # the most ``greedy`` calls that skip the bound after it decided nothing
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def project(logprobs: torch.Tensor, tables: MemberTables, out: torch.Tensor | No
         torch.exp(logprobs, out=probs[:, :size])
     else:
         torch.clamp(logprobs, min=floor, out=probs[:, :size]).exp_()
-    projected = torch.gather(probs, 1, tables.first_ids.expand(rows, -1), out=out)
+    projected = torch.index_select(probs, 1, tables.first_ids, out=out)
     for entries, ids in tables.extra:
         projected[:, entries] += probs[:, ids]
     return projected
@@ -134,6 +135,8 @@ class UnionMixture:
         self._placed: dict[tuple[int, str], MemberTables] = {}
         self.rows_decided = 0  # rows whose argmax the bound decided (no full projection)
         self.rows_total = 0
+        self._bound_misses = 0  # consecutive calls where the bound decided no row
+        self._bound_rests = 0   # calls left that skip the bound
 
     def _tables(self, index: int, device: torch.device) -> MemberTables:
         key = (index, str(device))
@@ -162,7 +165,7 @@ class UnionMixture:
 
     def _argmax_full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
         """argmax_u q(u) per row through the full projection (ties: the lowest union index)."""
-        return torch.cat([self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR).argmax(dim=-1)
+        return torch.cat([block_argmax(self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR))
                           for rows in self._blocks(logprobs)])
 
     def _mix(self, logprobs: Sequence[torch.Tensor], out: torch.Tensor | None = None,
@@ -191,7 +194,24 @@ class UnionMixture:
         return [slice(start, start + step) for start in range(0, rows, step)]
 
     def greedy(self, logprobs: Sequence[torch.Tensor]) -> list[int]:
-        """argmax_u q(u) per row, exactly (see the module docstring)."""
+        """argmax_u q(u) per row, exactly (see the module docstring). After calls where the bound
+        decided no row, the next calls skip it (1, 3, 7, then 15 calls): flat distributions go straight
+        to the full projection, which gives the same entries."""
+        rows = logprobs[0].shape[0]
+        if self._bound_rests:
+            self._bound_rests -= 1
+            chosen, undecided = self._argmax_full(logprobs), rows
+        else:
+            chosen, undecided = self._bounded(logprobs)
+            self._bound_misses = self._bound_misses + 1 if undecided == rows else 0
+            self._bound_rests = min((1 << self._bound_misses) - 1, MAX_BOUND_RESTS)
+        self.rows_total += rows
+        self.rows_decided += rows - undecided
+        return chosen.tolist()
+
+    def _bounded(self, logprobs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """The argmax of every row (the bound's where it decides, the full projection's elsewhere)
+        and how many rows the bound left undecided."""
         device = logprobs[0].device
         tops = [block_topk(lp, min(self.top_k, lp.shape[-1])) for lp in logprobs]
         candidates = torch.cat([self._tables(i, lp.device).to_union[top_ids].to(device)
@@ -208,14 +228,13 @@ class UnionMixture:
         mixed = mixed.masked_fill(candidates < 0, -1.0)
         best = mixed.max(dim=1).values
         chosen = torch.where(mixed == best[:, None], entries, self.union.size).min(dim=1).values
-        decided = best > bound * (1 + BOUND_MARGIN)
-        undecided = (~decided).nonzero().flatten()
+        undecided = (~(best > bound * (1 + BOUND_MARGIN))).nonzero().flatten()
+        if len(undecided) == len(chosen):
+            return self._argmax_full(logprobs), len(chosen)
         if len(undecided):
             rest = self._argmax_full([lp.index_select(0, undecided.to(lp.device)) for lp in logprobs])
             chosen = chosen.index_copy(0, undecided, rest)
-        self.rows_total += len(chosen)
-        self.rows_decided += len(chosen) - len(undecided)
-        return chosen.tolist()
+        return chosen, len(undecided)
 
     @staticmethod
     def _entry_mass(logprobs: torch.Tensor, tables: MemberTables, entries: torch.Tensor) -> torch.Tensor:
