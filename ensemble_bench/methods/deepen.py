@@ -40,6 +40,9 @@ from ensemble_bench.vocab.relative import (
 )
 
 HEAD = 4  # support tokens per member whose rows of R^ the bounds read exactly
+WIDE_HEAD = 16  # the same for the rows the first bounds leave undecided, before the exact transform
+SEPARATED = 1e-6  # log-probs this far apart have distinct float32 exps (exp is within 1 ulp, 1.2e-7 relative)
+NORMAL_LOG = -87.0  # above log(2^-126): the exp is a normal float32, with its relative rounding
 
 
 class DeepenParams(EmitterParams):
@@ -89,7 +92,7 @@ class Deepen(EmitterMethod):
         self.support_rows = 0
         self.support_total = 0
         self.scratch = Scratch()
-        self.head_buffers: list[torch.Tensor | None] = [None] * len(members)
+        self.head_buffers: dict[tuple[int, int], torch.Tensor] = {}  # (member, head) -> rows of R^, reused
         self.bound_rows = 0
         self.bound_decided = 0
 
@@ -106,47 +109,88 @@ class Deepen(EmitterMethod):
         mask[sorted(ids)] = True
         return mask
 
+    def _support_size(self, index: int, device: torch.device) -> tuple[torch.Tensor, int, int]:
+        """(the valid-id mask on ``device``, how many ids are valid, how many the support holds)."""
+        valid = self.valid[index]
+        if valid.device != device:  # the member's log-probs stay on its device
+            valid = self.valid[index] = valid.to(device)
+        count = int(valid.sum())
+        return valid, count, count if self.params.support is None else min(self.params.support, count)
+
     def _supports(self, index: int, probs: torch.Tensor) -> torch.Tensor:
         """Per row, the member's ``support`` most probable valid ids (every valid id when
         ``support`` is null), most probable first: [B, n]."""
-        valid = self.valid[index]
-        if valid.device != probs.device:  # the member's log-probs stay on its device
-            valid = self.valid[index] = valid.to(probs.device)
-        count = int(valid.sum())
-        size = count if self.params.support is None else min(self.params.support, count)
+        valid, _, size = self._support_size(index, probs.device)
         return probs.masked_fill(~valid, -1.0).topk(size, dim=-1).indices
 
-    def _slice(self, index: int, probs: torch.Tensor, ids: torch.Tensor) -> MemberSlice:
-        """The member's support split for ``bounded_choice``: head rows exact, tail bounded."""
+    def _supports_from_logprobs(self, index: int, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_supports`` of exp(logprobs) and those probabilities ([B, n] each), without the exp of
+        the whole vocabulary: the top of the log-probs, where it is provably the top of the
+        probabilities (every kept exp a normal float and every neighbour SEPARATED: the order and
+        the set are then unique). Other rows (ties, subnormal probabilities) take the exp of the row."""
+        valid, count, size = self._support_size(index, logprobs.device)
+        if logprobs.dtype != torch.float32:
+            probs = logprobs.exp()
+            ids = self._supports(index, probs)
+            return ids, probs.gather(1, ids)
+        values, ids = logprobs.masked_fill(~valid, float("-inf")).topk(min(size + 1, count), dim=-1)
+        unique = ((values[:, :-1] - values[:, 1:]) > SEPARATED).all(-1) & (values[:, size - 1] > NORMAL_LOG)
+        ids, probs = ids[:, :size].contiguous(), values[:, :size].exp()
+        tied = (~unique).nonzero()[:, 0]
+        if len(tied):
+            row_probs = logprobs[tied].exp()
+            ids[tied] = self._supports(index, row_probs)
+            probs[tied] = row_probs.gather(1, ids[tied])
+        return ids, probs
+
+    def _slice(self, index: int, probs: torch.Tensor, ids: torch.Tensor, head_size: int) -> MemberSlice:
+        """The member's support ``ids`` with their ``probs`` ([B, n] each) split for ``bounded_choice``:
+        head rows exact, tail bounded."""
         space = self.spaces[index]
         device = space.anchors.device
-        head, tail = ids[:, :HEAD].to(device), ids[:, HEAD:].to(device)
-        shape = (head.numel(), space.size)
-        buffer = self.head_buffers[index]
-        if buffer is None or buffer.shape != shape:
-            buffer = self.head_buffers[index] = torch.empty(shape, dtype=torch.float32, device=device)
-        rows = space.rows(head.flatten(), out=buffer).view(*head.shape, space.size)
-        probs = probs.float().to(device)
-        return MemberSlice(head, probs.gather(1, head), rows, probs.gather(1, tail),
+        head, tail = ids[:, :head_size].to(device), ids[:, head_size:].to(device)
+        buffer = self.head_buffers.get((index, head_size))
+        if buffer is None or buffer.shape[0] < head.numel() or buffer.device != device:
+            buffer = torch.empty((head.numel(), space.size), dtype=torch.float32, device=device)
+            self.head_buffers[index, head_size] = buffer
+        rows = space.rows(head.flatten(), out=buffer[:head.numel()]).view(*head.shape, space.size)
+        probs = probs.float().to(device)  # aligned with ids
+        return MemberSlice(head, probs[:, :head_size], rows, probs[:, head_size:],
                            space.entry_low[tail], space.entry_high[tail])
 
     def _bounded(self, probs: list[torch.Tensor], supports: list[torch.Tensor]) -> list[int | None]:
-        """The rows the bounds decide: the emitted id, else None."""
-        slices = [self._slice(i, p, ids) for i, (p, ids) in enumerate(zip(probs, supports))]
-        winner, decided = bounded_choice(slices, self.weights, self.lead, self.params.eta, self.params.steps,
-                                         self.scratch)
-        chosen = slices[self.lead].head_ids.gather(1, winner[:, None])[:, 0]
+        """The rows the bounds decide: the emitted id, else None. Rows the ``HEAD`` exact rows leave
+        undecided try again with ``WIDE_HEAD`` (a tighter interval on the support's tail)."""
+        chosen, decided = self._bounded_tier(probs, supports, HEAD)
+        undecided = (~decided).nonzero()[:, 0]
+        if len(undecided) and supports[self.lead].shape[1] > HEAD:
+            wide = [s.index_select(0, undecided.to(s.device)) for s in supports]
+            wide_chosen, wide_decided = self._bounded_tier([p[undecided.to(p.device)] for p in probs], wide,
+                                                           WIDE_HEAD)
+            chosen[undecided], decided[undecided] = wide_chosen, wide_decided
         self.bound_rows += len(chosen)
         self.bound_decided += int(decided.sum())
         return [c if d else None for c, d in zip(chosen.tolist(), decided.tolist())]
 
+    def _bounded_tier(self, probs: list[torch.Tensor], supports: list[torch.Tensor], head_size: int):
+        """``bounded_choice`` with ``head_size`` exact rows per member: (chosen id [B], decided [B])."""
+        slices = [self._slice(i, p, ids, head_size) for i, (p, ids) in enumerate(zip(probs, supports))]
+        winner, decided = bounded_choice(slices, self.weights, self.lead, self.params.eta, self.params.steps,
+                                         self.scratch)
+        return slices[self.lead].head_ids.gather(1, winner[:, None])[:, 0], decided
+
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        probs = [lp.exp() for lp in logprobs]
-        supports = [self._supports(i, p) for i, p in enumerate(probs)]
-        choices = self._bounded(probs, supports) if targets is None else [None] * probs[0].shape[0]
+        if targets is None:
+            supports, support_probs = zip(*(self._supports_from_logprobs(i, lp) for i, lp in enumerate(logprobs)))
+            choices = self._bounded(list(support_probs), list(supports))
+        else:
+            choices = [None] * logprobs[0].shape[0]
         rows = [row for row, choice in enumerate(choices) if choice is None]
-        if len(rows) < len(choices):  # only the undecided rows (a copy of those rows, on their device)
-            probs, supports = [p[rows] for p in probs], [s[rows] for s in supports]
+        if targets is None:  # the undecided rows only (a copy of those rows, on their device)
+            probs, supports = [lp[rows].exp() for lp in logprobs], [s[rows] for s in supports]
+        else:
+            probs = [lp.exp() for lp in logprobs]
+            supports = [self._supports(i, p) for i, p in enumerate(probs)]
         scored = []
         for row, (choice, share) in zip(rows, self._exact(probs, supports, targets)):
             choices[row] = choice

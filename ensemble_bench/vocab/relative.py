@@ -233,10 +233,14 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
     gained_low = torch.zeros_like(own.head_probs)  # sum over steps of g's bounds, head tokens: [B, h]
     gained_high = torch.zeros_like(own.head_probs)
     tail_gained_high = torch.zeros_like(tail_rows_high)  # the same for any tail token: [B, 1]
+    later_floor = torch.zeros_like(tail_rows_high)  # sum over steps 2..T of every ratio entry's floor: [B, 1]
+    later_ceiling = torch.zeros_like(tail_rows_high)
     ratio = scratch.take("ratio", rows[:, 0])
+    first = None  # the first step's ratio, entrywise: ([B, A], [B, A])
     if steps:  # the first step: the head rows' own gradients, then q grows by eta sum_v g_v R^[v]
-        floor = _first_gradient(target_low, q_high, rows, ratio, gained_low, lowest=True)
-        ceiling = _first_gradient(target_high, q_low, rows, ratio, gained_high, lowest=False)
+        first = scratch.take("first_low", rows[:, 0]), scratch.take("first_high", rows[:, 0])
+        floor = _first_gradient(target_low, q_high, rows, first[0], gained_low, lowest=True)
+        ceiling = _first_gradient(target_high, q_low, rows, first[1], gained_high, lowest=False)
         tail_gained_high += ceiling
         for q, gained, extreme, tail_rows in ((q_low, gained_low, floor, tail_rows_low),
                                               (q_high, gained_high, ceiling, tail_rows_high)):
@@ -257,9 +261,12 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
             gained_low += floor
             gained_high += ceiling
             tail_gained_high += ceiling
+            later_floor += floor
+            later_ceiling += ceiling
             grown_low, grown_high = grown_low + eta * floor, grown_high + eta * ceiling
-    return _decide(own, own.head_probs + eta * gained_low, own.head_probs + eta * gained_high,
-                   eta * tail_gained_high[:, 0])
+    bounds = GainBounds(own.head_probs + eta * gained_low, own.head_probs + eta * gained_high,
+                        eta * tail_gained_high[:, 0], first, eta * later_floor, eta * later_ceiling)
+    return _decide(own, bounds, eta)
 
 
 def _first_gradient(target: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, ratio: torch.Tensor,
@@ -281,12 +288,56 @@ def _weighted_rows(member: MemberSlice, weight: float, out: torch.Tensor, first:
             out.addcmul_(member.head_rows[:, k], probs[:, k:k + 1])
 
 
-def _decide(own: MemberSlice, low: torch.Tensor, high: torch.Tensor, tail_gain: torch.Tensor):
-    best_low, winner = low.max(dim=-1)
-    rivals = high.scatter(1, winner[:, None], float("-inf")).amax(-1)
+@dataclass(frozen=True)
+class GainBounds:
+    """What ``bounded_choice`` knows of p^(T) (Eq. 7): per head token an interval [B, h], the tail's
+    highest gain [B], and for ``_pairwise_low`` the ratio of every step entrywise."""
+
+    low: torch.Tensor
+    high: torch.Tensor
+    tail_gain: torch.Tensor
+    first: tuple[torch.Tensor, torch.Tensor] | None  # the first step's ratio, entrywise bounds [B, A]
+    later_floor: torch.Tensor    # eta * sum over steps 2..T of the floor of every ratio entry [B, 1]
+    later_ceiling: torch.Tensor  # the same for the ceiling
+
+
+def _decide(own: MemberSlice, bounds: GainBounds, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(winner [B], decided [B]): the head token with the highest lower end, decided where it beats
+    every other support token by DECISION_MARGIN. A head rival w is beaten on their intervals, or
+    else on their difference (``_pairwise_low``); a tail token on its interval."""
+    best_low, winner = bounds.low.max(dim=-1)
+    margin = DECISION_MARGIN * (1 + best_low.abs())
+    beaten = (best_low - margin)[:, None] > bounds.high
+    beaten.scatter_(1, winner[:, None], True)
     if own.tail_probs.shape[1]:
-        rivals = torch.maximum(rivals, own.tail_probs.amax(-1) + tail_gain)
-    return winner, best_low - rivals > DECISION_MARGIN * (1 + best_low.abs())
+        tail_ok = own.tail_probs.amax(-1) + bounds.tail_gain < best_low - margin
+    else:
+        tail_ok = torch.ones_like(best_low, dtype=torch.bool)
+    pending = (~beaten.all(-1) & tail_ok).nonzero()[:, 0]
+    if len(pending):
+        beaten[pending] |= _pairwise_low(own, bounds, winner[pending], pending, eta) > margin[pending, None]
+    return winner, beaten.all(-1) & tail_ok
+
+
+def _pairwise_low(own: MemberSlice, bounds: GainBounds, winner: torch.Tensor, rows: torch.Tensor,
+                  eta: float) -> torch.Tensor:
+    """A lower bound on p_v^(T) - p_w^(T) for the winner v and every head token w: [b, h].
+
+    p_v^(T) - p_w^(T) = p_v - p_w + eta sum_t d . ratio_t with d = R^[v] - R^[w] (Eq. 7). With every
+    ratio entry a in [lo_a, hi_a], d . ratio >= sum_a d+_a lo_a - d-_a hi_a: entrywise at the first
+    step, with the scalar floor and ceiling of the later ones. The two rows share most of their mass,
+    so this is far tighter than the two intervals apart.
+    """
+    head_rows = own.head_rows[rows]
+    difference = head_rows[torch.arange(len(rows)), winner][:, None, :] - head_rows  # [b, h, A]
+    probs = own.head_probs[rows]
+    low = probs.gather(1, winner[:, None]) - probs
+    positive = difference.clamp(min=0)
+    negative = difference.neg_().clamp_(min=0)
+    if bounds.first is not None:
+        floor, ceiling = bounds.first[0][rows, None, :], bounds.first[1][rows, None, :]
+        low += eta * ((positive * floor).sum(-1) - (negative * ceiling).sum(-1))
+    return low + positive.sum(-1) * bounds.later_floor[rows] - negative.sum(-1) * bounds.later_ceiling[rows]
 
 
 def kl_divergence(target: torch.Tensor, current: torch.Tensor) -> float:
