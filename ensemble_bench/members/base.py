@@ -231,6 +231,18 @@ class Stepping(ABC):
         leave it (within float tolerance). With ``crop`` it is how a method reads a draft and keeps
         a prefix of it (methods/speculative.py, SAFE's verifier)."""
 
+    reads_trees: bool = False  # implements ``read_tree``
+
+    def read_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Read a tree of tokens after each row in ONE forward pass, leaving the rows as they were:
+        node n of row r is ``tokens[r][n]``, following node ``parents[r][n]`` (an earlier index of
+        the row) or, for -1, the row's last held token. Returns per row the next-token log-probs
+        after each node, float32 [len(tokens[r]), head] on the member's device: what ``extend``
+        would give after the row's tokens and the node's path from the root (within float
+        tolerance). Only members with ``reads_trees`` implement it (byte_level's multiple-choice
+        scoring reads every re-tokenisation of a continuation with it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not read token trees")
+
     @abstractmethod
     def crop(self, lengths: Sequence[int]) -> None:
         """Roll each row back to ``lengths[r]`` tokens; the next ``extend`` must give it tokens."""

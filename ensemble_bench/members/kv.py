@@ -62,6 +62,15 @@ def drop_leading_columns(cache: DynamicCache, count: int) -> None:
         layer.values = layer.values[:, :, count:, :]
 
 
+def drop_trailing_columns(cache: DynamicCache, count: int) -> None:
+    """Remove the last ``count`` columns of every row (a read that must leave the cache as it was)."""
+    if count <= 0:
+        return
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, :layer.keys.shape[2] - count, :]
+        layer.values = layer.values[:, :, :layer.values.shape[2] - count, :]
+
+
 def has_holes(mask: torch.Tensor) -> bool:
     """True when some row has padding after a real token."""
     return bool((mask.cummax(dim=1).values > mask).any())

@@ -103,6 +103,30 @@ class LocalMember(TokenizerSide, Member):
         active, logprobs = self._append(tokens, phase="decode", reach=reach)
         return self.batch.blocks(logprobs, active, [[reach - len(tokens[r]) + i for i in at[r]] for r in active])
 
+    reads_trees = True
+
+    def read_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Every row's tree after its held tokens in one forward pass: a 4D mask lets each node see
+        its row's cache and its own ancestors, at position (row length + depth); the tree's columns
+        leave the cache afterwards."""
+        self.batch.check(tokens)
+        width = max((len(row) for row in tokens), default=0)
+        if not width:
+            return [torch.zeros((0, self.vocab.size), device=self.device) for _ in tokens]
+        seen, depths = tree_visibility(parents, width)
+        held = self.batch.mask.shape[1]
+        visible = torch.cat([self.batch.mask.bool()[:, None, :].expand(-1, width, held), seen.to(self.device)], dim=2)
+        blocked = torch.finfo(self.model.dtype).min
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=self.device).masked_fill_(~visible, blocked)
+        positions = self.batch.mask.sum(dim=1, keepdim=True) + depths.to(self.device)
+        ids = torch.tensor([list(row) + [self.pad_id] * (width - len(row)) for row in tokens], dtype=torch.long)
+        with self.clock.timed("decode"), torch.no_grad():
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask[:, None], position_ids=positions,
+                             past_key_values=self.batch.cache, use_cache=True)
+            kv.drop_trailing_columns(self.batch.cache, width)
+            logprobs = log_probs_of(out.logits)
+        return [logprobs[r, :len(row)] for r, row in enumerate(tokens)]
+
     def _append(self, tokens: Sequence[Sequence[int]], phase: str,
                 reach: int = 1) -> tuple[list[int], torch.Tensor | None]:
         """Feed each row its tokens (left padded, one forward pass); (the rows that got tokens, their
@@ -190,6 +214,27 @@ class LocalMember(TokenizerSide, Member):
             picked = rows.gather(1, target[:, None]).squeeze(1)
             scores.append(Score(float(picked.sum()), bool((rows.argmax(dim=-1) == target).all())))
         return scores
+
+
+def tree_visibility(parents: Sequence[Sequence[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seen [rows, width, width]: node n sees node m when m is n or one of its ancestors; depth
+    [rows, width] of every node, 0 under the root) for trees given by parent indices (-1: the
+    root, else an earlier node). Padding nodes see themselves only."""
+    rows, cols, depths = [], [], [[0] * width for _ in parents]
+    for r, row in enumerate(parents):
+        lines: list[list[int]] = []
+        for n, parent in enumerate(row):
+            if not -1 <= parent < n:
+                raise ValueError(f"row {r}: node {n} has parent {parent}, not -1 or an earlier node")
+            lines.append((lines[parent] if parent >= 0 else []) + [n])
+            depths[r][n] = len(lines[n]) - 1
+        lines.extend([n] for n in range(len(row), width))
+        for n, line in enumerate(lines):
+            rows.extend((r * width + n,) * len(line))
+            cols.extend(line)
+    seen = torch.zeros((len(parents) * width, width), dtype=torch.bool)
+    seen[rows, cols] = True
+    return seen.view(len(parents), width, width), torch.tensor(depths, dtype=torch.long)
 
 
 def log_probs_of(logits: torch.Tensor) -> torch.Tensor:

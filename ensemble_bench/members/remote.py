@@ -87,6 +87,9 @@ class MemberServer:
     def read_block(self, tokens, at):
         return [block.cpu().numpy() for block in self.member.read_block(tokens, at)], self._clock()
 
+    def read_tree(self, tokens, parents):
+        return [nodes.cpu().numpy() for nodes in self.member.read_tree(tokens, parents)], self._clock()
+
     def crop(self, lengths) -> None:
         self.member.crop(lengths)
 
@@ -319,6 +322,16 @@ class RemoteMember(TokenizerSide, Member):
         self.batch.set_last(active, torch.stack([blocks[r][-1] for r in active]))
         self._count(sum(array.nbytes for array in arrays), sum(len(array) for array in arrays))
         return [block[:len(wanted)] for block, wanted in zip(blocks, at)]
+
+    reads_trees = True
+
+    def read_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One actor call; the rows are left as they were (nothing to mirror)."""
+        self.batch.check(tokens)
+        arrays, clock = self._wait(self.actor.read_tree.remote(self._plain(tokens), self._plain(parents)))
+        self._tick(clock)
+        self._count(sum(array.nbytes for array in arrays), sum(len(array) for array in arrays))
+        return [_tensor(array) for array in arrays]
 
     def crop(self, lengths: Sequence[int]) -> None:
         lengths = [int(n) for n in lengths]

@@ -30,7 +30,11 @@ prompt; for each continuation byte every member's next-byte distribution is read
 the forced byte is added (step 2), and every member takes the forced byte (step 3, ``feed``).
 ``is_greedy``: the forced byte is q's argmax (same tie rule) at every byte. lm-eval's split moves the
 context's trailing whitespace into the continuation (when every member's rendered context ends with
-the same whitespace). One forward per member per continuation byte. ``loglikelihood_rolling``
+the same whitespace). Members that read token trees (``Member.reads_trees``: LocalMember) take no
+forward pass per byte: every re-tokenisation the loop would feed them depends on the forced bytes
+alone, so each member reads all of a batch's in one ``read_tree`` pass after the context's prefill
+(methods/byte_tree.py), and the loop runs on what it returned. Other members (Seq2SeqMember,
+RemoteMember) take one forward per member per continuation byte. ``loglikelihood_rolling``
 (perplexity) still averages the members' own whole-text probabilities.
 """
 
@@ -56,11 +60,30 @@ from ensemble_bench.methods.base import (
     resolve_member,
     rolling_with_members,
 )
+from ensemble_bench.methods.byte_tree import ContinuationTree, TreeRead, read_trees
 from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps, decode_batch
+from ensemble_bench.methods.decode import (
+    STOP,
+    Advance,
+    DecodingMethod,
+    RequestState,
+    Round,
+    Steps,
+    advance_request,
+    decode_batch,
+    prefill,
+)
 from ensemble_bench.methods.feeding import canonical_tail
 from ensemble_bench.methods.stopping import StopRule
-from ensemble_bench.vocab.covering import END, Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
+from ensemble_bench.vocab.covering import (
+    END,
+    Branch,
+    SortedVocab,
+    mixture_by_row,
+    next_byte_masses,
+    open_branches,
+    opened_branch,
+)
 from ensemble_bench.vocab.retokenize import Plan
 
 
@@ -86,6 +109,7 @@ class ByteState(RequestState):
     prompt: list[list[int]] = field(default_factory=list)  # each member's prompt ids
     trees: list[Tree] = field(default_factory=list)
     budget_tokens: int = 0  # the main member's most canonical tokens so far
+    planned: list[list[Plan]] = field(default_factory=list)  # each member's plan per forced byte, when known
 
 
 @dataclass
@@ -95,6 +119,7 @@ class ByteScoringState(ByteState):
     forced: bytes = b""
     total: float = 0.0
     greedy: bool = True
+    reads: list[TreeRead] = field(default_factory=list)  # each member's read of its continuation tree
 
 
 @dataclass
@@ -185,8 +210,9 @@ class ByteLevel(DecodingMethod):
 
     def _plan(self, state: ByteState, byte: int) -> Advance:
         """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
-        for tail, tree in zip(self.tails, state.trees):
-            tree.plan = tail.plan(tree.held, tree.pending, bytes([byte]))
+        for i, (tail, tree) in enumerate(zip(self.tails, state.trees)):
+            tree.plan = state.planned[i][state.count] if state.planned else tail.plan(tree.held, tree.pending,
+                                                                                        bytes([byte]))
         main = state.trees[self.lead].plan
         count = main.keep + len(main.ids)
         tokens = max(0, count - state.budget_tokens)
@@ -198,17 +224,7 @@ class ByteLevel(DecodingMethod):
         return each(self.members, lambda member, i: self._take(i, member, states, dists[i]), range(len(self.members)))
 
     def _take(self, i: int, member: Member, states: list[ByteState], dist: torch.Tensor) -> torch.Tensor:
-        lengths, feeds = [], []
-        for state in states:
-            tree = state.trees[i]
-            tree.branches = [grown for b in tree.branches
-                             if (grown := b.grow(self.vocabs[i], bytes(state.data[len(state.data) - b.depth - 1:])))]
-            plan, whole = tree.plan, state.prompt[i] + tree.held
-            moved = bool(plan.ids) or plan.keep < len(tree.held)
-            tree.pending = plan.pending
-            cut = len(state.prompt[i]) + plan.keep - 1  # one token before the change, re-read to score the first new id
-            lengths.append(cut if moved else len(whole))
-            feeds.append([whole[cut], *plan.ids] if moved else [])
+        lengths, feeds = self._grow(i, states)
         if not any(feeds):
             return dist
         member.crop(lengths)
@@ -221,6 +237,34 @@ class ByteLevel(DecodingMethod):
             for k, branch in zip(opening, opened):
                 states[k].trees[i].branches.append(branch)
         return dist
+
+    def _grow(self, i: int, states: Sequence[ByteState]) -> tuple[list[int], list[list[int]]]:
+        """Member i's branches of every row narrowed by the taken byte; each row's crop length and
+        feed (empty: nothing moved, the byte waits in ``pending``)."""
+        lengths, feeds = [], []
+        for state in states:
+            tree = state.trees[i]
+            tree.branches = [grown for b in tree.branches
+                             if (grown := b.grow(self.vocabs[i], bytes(state.data[len(state.data) - b.depth - 1:])))]
+            plan, whole = tree.plan, state.prompt[i] + tree.held
+            moved = bool(plan.ids) or plan.keep < len(tree.held)
+            tree.pending = plan.pending
+            cut = len(state.prompt[i]) + plan.keep - 1  # one token before the change, re-read to score the first new id
+            lengths.append(cut if moved else len(whole))
+            feeds.append([whole[cut], *plan.ids] if moved else [])
+        return lengths, feeds
+
+    def _take_read(self, i: int, states: Sequence[ByteScoringState]) -> None:
+        """``_take`` from the rows' tree reads: the fed ids' log-probabilities and opened branches
+        come from ``read_tree``'s pass, not from a forward per byte."""
+        _, feeds = self._grow(i, states)
+        for state, feed in zip(states, feeds):
+            read, tree = state.reads[i], state.trees[i]
+            nodes = read.fed[state.count - 1] if feed else None
+            if nodes is not None and self._advance_tree(tree, [read.edge[n] for n in nodes]):
+                k = nodes[-1]
+                tree.branches.append(opened_branch(self.vocabs[i], tree.cum[-1] + read.top[k], read.probs[k],
+                                                   read.mass[k]))
 
     @staticmethod
     def _advance_tree(tree: Tree, scored: list[float]) -> bool:
@@ -253,19 +297,66 @@ class ByteLevel(DecodingMethod):
         return in_batches(lengths, self.batch_size, lambda batch: self._score_batch([splits[i] for i in batch]))
 
     def _score_batch(self, splits: list[tuple[list[list[int]], bytes]]) -> list[Score]:
-        """The loop, teacher-forced; an empty continuation scores 0 and stays out of it."""
+        """The loop, teacher-forced; an empty continuation scores 0 and stays out of it. Members that
+        read token trees read each group of rows' continuations at once (module docstring)."""
         live = [k for k, (_, forced) in enumerate(splits) if forced]
         states = [ByteScoringState(StopRule((), len(splits[k][1])), forced=splits[k][1]) for k in live]
-        if states:
-            prompts = [[splits[k][0][i] for k in live] for i in range(len(self.members))]
+        prompts = [[splits[k][0][i] for k in live] for i in range(len(self.members))]
+        if states and all(m.reads_trees for m in self.members):
+            tries = [[ContinuationTree.of(tail, state.forced) for tail in self.tails] for state in states]
+            for group in tree_groups(tries):
+                self._score_by_trees([[rows[k] for k in group] for rows in prompts], [states[k] for k in group],
+                                     [tries[k] for k in group])
+        elif states:
             decode_batch(ByteTeacherForced(self), prompts, states, Timing())
         scores = [Score(0.0, True) for _ in splits]
         for k, state in zip(live, states):
             scores[k] = Score(state.total, state.greedy)
         return scores
 
+    def _score_by_trees(self, prompts: list[list[list[int]]], states: list[ByteScoringState],
+                        tries: list[list[ContinuationTree]]) -> None:
+        """One group's prefill and tree read per member, then the loop with no forward pass (the
+        step-by-step loop instead when a distribution is not finite: it names the step)."""
+        dists = prefill(self.members, prompts, [len(s.forced) for s in states])
+        reads = each(self.members, lambda member, i: self._read(i, member, dists[i], [t[i] for t in tries]),
+                     range(len(self.members)))
+        if any(r is None for r in reads):
+            decode_batch(ByteTeacherForced(self), prompts, states, Timing())
+            return
+        for k, state in enumerate(states):
+            state.planned, state.reads = [t.plans for t in tries[k]], [r[k] for r in reads]
+        steps, live = ByteTeacherForced(self), states
+        while live:
+            for state, advance in zip(live, steps.choose(dists, live).advances):
+                advance_request(self.members[self.lead], state, advance)
+            live = [state for state in live if state.finish is None]
+            for i in range(len(self.members)):
+                self._take_read(i, live)
+
+    def _read(self, i: int, member: Member, first: torch.Tensor, trees: list[ContinuationTree]) -> list | None:
+        nodes = member.read_tree([t.tokens for t in trees], [t.parents for t in trees])
+        return read_trees(self.vocabs[i], self.stops[i], first, nodes, trees)
+
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
+
+
+TREE_NODES = 256  # most trie nodes one member reads at once (its log-probs: nodes x head floats)
+
+
+def tree_groups(tries: list[list[ContinuationTree]]) -> list[list[int]]:
+    """Rows grouped in order so that no member reads more than TREE_NODES nodes at once (a larger row alone)."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for k, trees in enumerate(tries):
+        nodes = max(len(t.tokens) for t in trees)
+        if groups[-1] and size + nodes > TREE_NODES:
+            groups.append([])
+            size = 0
+        groups[-1].append(k)
+        size += nodes
+    return groups
 
 
 class ByteTeacherForced(Steps):

@@ -140,18 +140,49 @@ def open_branches(vocab: SortedVocab, logps: Sequence[float], logprobs: torch.Te
     """New branches at the end of x (depth 0), one per row of ``logprobs`` [rows, head]: one exp,
     one scatter-add of every row's probabilities by first byte, one stop sum for all rows
     (ByteSampler Eq. 2, the j = n term)."""
-    rows, head = logprobs.shape
-    _, _, first_byte = vocab._on(logprobs.device)
+    probs, mass = opening_masses(vocab, logprobs, stop_ids)
+    return [opened_branch(vocab, logp, probs[k], mass[k]) for k, logp in enumerate(logps)]
+
+
+def opened_branch(vocab: SortedVocab, logp: float, probs: torch.Tensor, mass: torch.Tensor) -> Branch:
+    """The branch at the end of x with trunk log-probability ``logp``, from ``opening_masses``' row."""
+    return Branch(float(logp), probs, 0, vocab.size, 0, 0.0, mass)
+
+
+def opening_masses(vocab: SortedVocab, logprobs: torch.Tensor,
+                   stop_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities [rows, head], next-byte masses [rows, 257]) of branches opened on each row of
+    ``logprobs``: the first-byte sums and the stop mass of ``open_branches``."""
+    probs = exact_exp(logprobs)
+    return probs, first_byte_masses(vocab, probs, stop_ids)
+
+
+def first_byte_masses(vocab: SortedVocab, probs: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """[rows, 257] each row's probabilities ``probs`` [rows, head] summed by the first byte of
+    their token (one scatter-add along the vocabulary, token by token in id order), END: the stop mass."""
+    rows, head = probs.shape
+    _, _, first_byte = vocab._on(probs.device)
     if head > len(first_byte):  # a head wider than the pieces: the rest is no ordinary piece
         first_byte = torch.cat([first_byte, first_byte.new_full((head - len(first_byte),), SKIP)])
-    probs = exact_exp(logprobs)
-    index = (first_byte[None, :head] + (SKIP + 1) * torch.arange(rows, device=probs.device)[:, None]).reshape(-1)
-    mass = torch.zeros(rows * (SKIP + 1), dtype=probs.dtype, device=probs.device)
-    mass.index_add_(0, index, probs.reshape(-1))
-    mass = mass.view(rows, SKIP + 1)[:, :END + 1]
+    mass = torch.zeros((rows, SKIP + 1), dtype=probs.dtype, device=probs.device)
+    mass.index_add_(1, first_byte[:head], probs)
+    mass = mass[:, :END + 1]
     stops = [s for s in stop_ids if s < head]
     mass[:, END] = probs[:, stops].sum(dim=1) if stops else 0.0
-    return [Branch(float(logp), probs[k], 0, vocab.size, 0, 0.0, mass[k]) for k, logp in enumerate(logps)]
+    return mass
+
+
+def shifted_opening(vocab: SortedVocab, logprobs: torch.Tensor,
+                    stop_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``opening_masses`` scaled by each row's largest probability, written over ``logprobs``:
+    (probabilities p(t) / p_max [rows, head], their first-byte masses [rows, 257], log p_max [rows]).
+    A branch opened on a row takes log p_max into its trunk log-probability, so its weighted masses
+    are the same. Relative to p_max, exp's result stays in float32's normal range down to e^-87
+    and the rest is read as e^-87 (at most head * e^-87 of the largest, far below what a score
+    resolves): one clamp and one exp, without exp's slow path on the underflowing tail."""
+    top = logprobs.amax(dim=1)
+    probs = logprobs.sub_(top[:, None]).clamp_(min=-87.0).exp_()
+    return probs, first_byte_masses(vocab, probs, stop_ids), top
 
 
 def branch_at(vocab: SortedVocab, logp: float, logprobs: torch.Tensor, stop_ids: Sequence[int]) -> Branch:

@@ -1,0 +1,112 @@
+"""byte_level's multiple-choice scoring read as one token tree per member (methods/byte_tree.py)
+against the byte-by-byte loop it replaces (one forward per member per byte, kept for members that
+do not read trees): same log-probabilities within float tolerance, same greedy flags, the same
+error for a model that gives NaN."""
+
+import math
+
+import pytest
+import torch
+
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import LoglikelihoodRequest, byte_level
+from ensemble_bench.methods.base import NonFiniteScore
+from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
+from ensemble_bench.methods.byte_tree import ContinuationTree
+from ensemble_bench.methods.feeding import canonical_tail
+from tests.test_byte_level import SCORED
+from tests.tiny import CORPUS
+
+LONGER = SCORED + [
+    LoglikelihoodRequest(Prompt(text="Question: How do I keep bread fresh?\nAnswer:"),
+                         " Store the bread in a sealed bag in the freezer."),
+    LoglikelihoodRequest(Prompt(text="Question: How do I keep bread fresh?\nAnswer:"),
+                         " Store the bread in an open bowl next to the oven."),
+    LoglikelihoodRequest(Prompt(text=CORPUS[1][:20]), CORPUS[1][20:90]),
+    LoglikelihoodRequest(Prompt(text="Caf\u00e9"), " na\u00efve \u00fcber alles"),  # 2-byte characters
+]
+
+
+def members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, trees: bool):
+    both = [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(sp_model, sp_tokenizer, "sp")]
+    if not trees:
+        for member in both:
+            member.reads_trees = False  # the byte-by-byte loop
+    return both
+
+
+def scores(members_, weights, batch_size, requests=LONGER):
+    return ByteLevel(members_, ByteLevelParams(weights=weights), batch_size=batch_size).loglikelihood(requests)
+
+
+def assert_same(read, looped):
+    for a, b in zip(read, looped, strict=True):
+        assert a.is_greedy == b.is_greedy
+        same_nan = math.isnan(a.logprob) and math.isnan(b.logprob)  # every branch's mass underflowed in both
+        assert same_nan or a.logprob == pytest.approx(b.logprob, abs=1e-4) or max(a.logprob, b.logprob) < -600
+
+
+@pytest.mark.parametrize("weights,batch_size", [([1.0, 1.0], 1), ([2.0, 1.0], 3), ([1.0, 3.0], 8)])
+def test_tree_read_scores_equal_the_byte_by_byte_loop(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, weights,
+                                                      batch_size):
+    read = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True), weights, batch_size)
+    looped = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, False), weights, batch_size)
+    assert_same(read, looped)
+    assert any(s.logprob > -600 for s in read[5:])
+
+
+def test_peaked_members_tree_read_equals_the_loop(bpe_tokenizer, sp_tokenizer):
+    """Heads scaled until some next-token probabilities underflow float32 (the shifted opening's
+    clamp). Where the loop's float32 masses underflow (a score below -600) the two may differ."""
+    from tests.tiny import tiny_llama
+
+    def pair(trees):
+        built = []
+        for seed, tok in enumerate((bpe_tokenizer, sp_tokenizer)):
+            model = tiny_llama(len(tok), seed=seed + 5)
+            with torch.no_grad():
+                model.lm_head.weight.mul_(15.0)
+            built.append(LocalMember(model, tok, f"p{seed}"))
+            built[-1].reads_trees = trees
+        return built
+    read = pair(True)
+    probe = read[0].prefill([read[0].encode("The quick")])
+    assert float((probe < -87).float().mean()) > 0.05
+    read, looped = scores(read, None, 3), scores(pair(False), None, 3)
+    assert_same(read, looped)
+    assert sum(-600 < s.logprob < 0 for s in read) >= 2
+
+
+def test_rows_split_into_groups_score_the_same(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, monkeypatch):
+    whole = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True), None, 8)
+    monkeypatch.setattr(byte_level, "TREE_NODES", 10)
+    assert byte_level.tree_groups([[ContinuationTree(tokens=[1] * 6)]] * 3) == [[0], [1], [2]]
+    grouped = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True), None, 8)
+    assert_same(grouped, whole)
+
+
+def test_the_trie_shares_the_prefixes_of_every_re_tokenisation(bpe_tokenizer, bpe_model):
+    member = LocalMember(bpe_model, bpe_tokenizer, "bpe")
+    tail = canonical_tail(member)
+    forced = b" the quick brown fox"
+    tree = ContinuationTree.of(tail, forced)
+    assert len(tree.plans) == len(forced) and len(tree.fed) == len(forced) - 1
+    held = []
+    for plan, fed in zip(tree.plans, tree.fed):
+        held = held[:plan.keep] + list(plan.ids)
+        if fed is not None:  # the fed nodes spell the new ids, under the kept ones
+            assert [tree.tokens[n] for n in fed] == list(plan.ids)
+    path, node = [], fed[-1] if (fed := next(f for f in reversed(tree.fed) if f)) else -1
+    while node >= 0:
+        path.append(tree.tokens[node])
+        node = tree.parents[node]
+    assert path[::-1] == held
+    assert len(tree.tokens) < sum(len(p.ids) for p in tree.plans)  # shared prefixes are read once
+
+
+def test_a_nan_model_fails_as_the_loop_does(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    both = members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True)
+    with torch.no_grad():
+        both[1].model.lm_head.weight[3].fill_(float("nan"))
+    with pytest.raises(NonFiniteScore, match="member 'sp'"):
+        scores(both, None, 2, LONGER[:2])
