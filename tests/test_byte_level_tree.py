@@ -27,12 +27,15 @@ LONGER = SCORED + [
 ]
 
 
+class LoopMember(LocalMember):
+    """A member that reads no token trees: byte_level scores it with the byte-by-byte loop."""
+
+    reads_trees = False
+
+
 def members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, trees: bool):
-    both = [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(sp_model, sp_tokenizer, "sp")]
-    if not trees:
-        for member in both:
-            member.reads_trees = False  # the byte-by-byte loop
-    return both
+    kind = LocalMember if trees else LoopMember
+    return [kind(bpe_model, bpe_tokenizer, "bpe"), kind(sp_model, sp_tokenizer, "sp")]
 
 
 def scores(members_, weights, batch_size, requests=LONGER):
@@ -66,8 +69,7 @@ def test_peaked_members_tree_read_equals_the_loop(bpe_tokenizer, sp_tokenizer):
             model = tiny_llama(len(tok), seed=seed + 5)
             with torch.no_grad():
                 model.lm_head.weight.mul_(15.0)
-            built.append(LocalMember(model, tok, f"p{seed}"))
-            built[-1].reads_trees = trees
+            built.append((LocalMember if trees else LoopMember)(model, tok, f"p{seed}"))
         return built
     read = pair(True)
     probe = read[0].prefill([read[0].encode("The quick")])
@@ -102,6 +104,16 @@ def test_the_trie_shares_the_prefixes_of_every_re_tokenisation(bpe_tokenizer, bp
         node = tree.parents[node]
     assert path[::-1] == held
     assert len(tree.tokens) < sum(len(p.ids) for p in tree.plans)  # shared prefixes are read once
+
+
+def test_sliding_window_members_keep_the_loop(bpe_tokenizer, bpe_model):
+    member = LocalMember(bpe_model, bpe_tokenizer, "bpe")
+    assert member.reads_trees
+    bpe_model.config.sliding_window = 16
+    try:
+        assert not member.reads_trees
+    finally:
+        bpe_model.config.sliding_window = None
 
 
 def test_a_nan_model_fails_as_the_loop_does(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):

@@ -69,3 +69,4 @@ def test_a_remote_member_reads_the_same_tree(ray_members):
         for a, b in zip(near.read_tree(tokens, parents), far.read_tree(tokens, parents)):
             assert torch.equal(a, b)
         assert far.row_ids() == far.remote_row_ids() == prompts
+        assert far.reads_trees

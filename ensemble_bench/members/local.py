@@ -103,7 +103,13 @@ class LocalMember(TokenizerSide, Member):
         active, logprobs = self._append(tokens, phase="decode", reach=reach)
         return self.batch.blocks(logprobs, active, [[reach - len(tokens[r]) + i for i in at[r]] for r in active])
 
-    reads_trees = True
+    @property
+    def reads_trees(self) -> bool:
+        """Not with sliding-window attention: a tree's 4D mask is taken as is by every layer, so a
+        window would be ignored (those models take byte_level's byte-by-byte loop)."""
+        config = self.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return getattr(text_config, "sliding_window", None) is None
 
     def read_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Every row's tree after its held tokens in one forward pass: a 4D mask lets each node see

@@ -87,6 +87,9 @@ class MemberServer:
     def read_block(self, tokens, at):
         return [block.cpu().numpy() for block in self.member.read_block(tokens, at)], self._clock()
 
+    def reads_trees(self) -> bool:
+        return self.member.reads_trees
+
     def read_tree(self, tokens, parents):
         return [nodes.cpu().numpy() for nodes in self.member.read_tree(tokens, parents)], self._clock()
 
@@ -323,7 +326,12 @@ class RemoteMember(TokenizerSide, Member):
         self._count(sum(array.nbytes for array in arrays), sum(len(array) for array in arrays))
         return [block[:len(wanted)] for block, wanted in zip(blocks, at)]
 
-    reads_trees = True
+    @property
+    def reads_trees(self) -> bool:
+        """Whether the actor's member reads token trees (asked once)."""
+        if not hasattr(self, "_reads_trees"):
+            self._reads_trees = self._wait(self.actor.reads_trees.remote())
+        return self._reads_trees
 
     def read_tree(self, tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """One actor call; the rows are left as they were (nothing to mirror)."""
