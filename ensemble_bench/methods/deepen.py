@@ -92,6 +92,7 @@ class Deepen(EmitterMethod):
         self.support_rows = 0
         self.support_total = 0
         self.scratch = Scratch()
+        self.invalid_biases: dict[int, torch.Tensor] = {}
         self.head_buffers: dict[tuple[int, int], torch.Tensor] = {}  # (member, head) -> rows of R^, reused
         self.bound_rows = 0
         self.bound_decided = 0
@@ -123,6 +124,15 @@ class Deepen(EmitterMethod):
         valid, _, size = self._support_size(index, probs.device)
         return probs.masked_fill(~valid, -1.0).topk(size, dim=-1).indices
 
+    def _invalid_bias(self, index: int, valid: torch.Tensor) -> torch.Tensor:
+        """[V]: 0 at valid ids, -inf elsewhere (added into a reused buffer: a masked copy of the
+        log-probs would take fresh pages every step)."""
+        bias = self.invalid_biases.get(index)
+        if bias is None or bias.device != valid.device:
+            bias = self.invalid_biases[index] = torch.zeros(valid.shape, device=valid.device).masked_fill_(
+                ~valid, float("-inf"))
+        return bias
+
     def _supports_from_logprobs(self, index: int, logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``_supports`` of exp(logprobs) and those probabilities ([B, n] each), without the exp of
         the whole vocabulary: the top of the log-probs, where it is provably the top of the
@@ -133,7 +143,9 @@ class Deepen(EmitterMethod):
             probs = logprobs.exp()
             ids = self._supports(index, probs)
             return ids, probs.gather(1, ids)
-        values, ids = logprobs.masked_fill(~valid, float("-inf")).topk(min(size + 1, count), dim=-1)
+        masked = self.scratch.take(f"masked{index}", logprobs)
+        torch.add(logprobs, self._invalid_bias(index, valid), out=masked)
+        values, ids = masked.topk(min(size + 1, count), dim=-1)
         unique = ((values[:, :-1] - values[:, 1:]) > SEPARATED).all(-1) & (values[:, size - 1] > NORMAL_LOG)
         ids, probs = ids[:, :size].contiguous(), values[:, :size].exp()
         tied = (~unique).nonzero()[:, 0]

@@ -65,6 +65,7 @@ class RelativeSpace:
         self._store = torch.empty((0, self.size), dtype=torch.float32, device=embeddings.device)
         self._capacity = capacity
         self._slots: OrderedDict[int, int] = OrderedDict()  # token id -> row of _store, oldest first
+        self._buffers: dict[str, torch.Tensor] = {}
 
     @property
     def size(self) -> int:
@@ -89,25 +90,39 @@ class RelativeSpace:
         z_high = count * (math.cosh(limit) + (mean_cosine + slack).clamp(max=limit) * math.sinh(limit) / limit)
         return math.exp(-limit) / z_high * (1 - 1e-5), math.exp(limit) / z_low * (1 + 1e-5)
 
-    def compute_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """R^[ids]: [len(ids), A] float32 (Eq. 2 then Eq. 4), computed now."""
+    def compute_rows(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """R^[ids]: [len(ids), A] float32 (Eq. 2 then Eq. 4), computed now (into ``out`` when
+        given, through a reused cosine buffer: no fresh pages per call)."""
         ids = ids.to(self.embeddings.device)
-        cosine = (self.embeddings.index_select(0, ids) @ self.anchors.T).float()
+        chosen = self.embeddings.index_select(0, ids)
+        if out is None or chosen.dtype != torch.float32:
+            cosine = (chosen @ self.anchors.T).float()
+        else:
+            cosine = torch.matmul(chosen, self.anchors.T, out=self._buffer("cosine", len(ids)))
         cosine *= self.inverse_norms[ids, None]
-        return cosine.softmax(dim=-1)
+        return cosine.softmax(dim=-1) if out is None else torch.softmax(cosine, dim=-1, out=out)
+
+    def _buffer(self, name: str, count: int) -> torch.Tensor:
+        """A reused [count, A] float32 block (grown as needed)."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape[0] < count:
+            buffer = self._buffers[name] = torch.empty((count, self.size), dtype=torch.float32,
+                                                       device=self.anchors.device)
+        return buffer[:count]
 
     def rows(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """R^[ids], through the cache when they fit in it (into ``out`` when given)."""
+        """R^[ids], through the cache when they fit in it (into ``out`` when given; the missing rows
+        then go through reused buffers, not fresh pages)."""
         wanted = list(dict.fromkeys(ids.tolist()))
         if len(wanted) > self._capacity:
-            computed = self.compute_rows(ids)
-            return computed if out is None else out.copy_(computed)
+            return self.compute_rows(ids, out=out)
         missing = [i for i in wanted if i not in self._slots]
         for i in wanted:
             if i in self._slots:
                 self._slots.move_to_end(i)  # the oldest rows, not these, make room below
         if missing:
-            self._insert(missing, self.compute_rows(torch.tensor(missing, dtype=torch.long)))
+            fresh = None if out is None else self._buffer("fresh", len(missing))
+            self._insert(missing, self.compute_rows(torch.tensor(missing, dtype=torch.long), out=fresh))
         slots = torch.tensor([self._slots[i] for i in ids.tolist()], dtype=torch.long, device=self._store.device)
         return self._store.index_select(0, slots) if out is None else torch.index_select(self._store, 0, slots, out=out)
 
