@@ -93,7 +93,6 @@ class Deepen(EmitterMethod):
         self.support_total = 0
         self.scratch = Scratch()
         self.invalid_biases: dict[int, torch.Tensor] = {}
-        self.head_buffers: dict[tuple[int, int], torch.Tensor] = {}  # (member, head) -> rows of R^, reused
         self.bound_rows = 0
         self.bound_decided = 0
 
@@ -161,11 +160,7 @@ class Deepen(EmitterMethod):
         space = self.spaces[index]
         device = space.anchors.device
         head, tail = ids[:, :head_size].to(device), ids[:, head_size:].to(device)
-        buffer = self.head_buffers.get((index, head_size))
-        if buffer is None or buffer.shape[0] < head.numel() or buffer.device != device:
-            buffer = torch.empty((head.numel(), space.size), dtype=torch.float32, device=device)
-            self.head_buffers[index, head_size] = buffer
-        rows = space.rows(head.flatten(), out=buffer[:head.numel()]).view(*head.shape, space.size)
+        rows = space.held_rows(head.flatten(), f"head{head_size}").view(*head.shape, space.size)
         probs = probs.float().to(device)  # aligned with ids
         return MemberSlice(head, probs[:, :head_size], rows, probs[:, head_size:],
                            space.entry_low[tail], space.entry_high[tail])
@@ -221,7 +216,7 @@ class Deepen(EmitterMethod):
         lead_space = self.spaces[self.lead]
         for row in range(len(supports[0])):
             ids_by_member = [s[row] for s in supports]
-            held = [space.rows(ids) if space.fits(len(ids) + 1) else None
+            held = [space.held_rows(ids, "support") if space.fits(len(ids) + 1) else None
                     for space, ids in zip(self.spaces, ids_by_member)]
             relative = [space.represent(p[row][ids], ids, rows)  # r_i = p_i R^_i (Sec. 3.3)
                         for space, p, ids, rows in zip(self.spaces, probs, ids_by_member, held)]

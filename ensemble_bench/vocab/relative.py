@@ -111,25 +111,33 @@ class RelativeSpace:
         return buffer[:count]
 
     def rows(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """R^[ids], through the cache when they fit in it (into ``out`` when given; the missing rows
-        then go through reused buffers, not fresh pages)."""
+        """R^[ids], through the cache when they fit in it (into ``out`` when given)."""
         wanted = list(dict.fromkeys(ids.tolist()))
         if len(wanted) > self._capacity:
             return self.compute_rows(ids, out=out)
+        self._fill(wanted)
+        slots = torch.tensor([self._slots[i] for i in ids.tolist()], dtype=torch.long, device=self._store.device)
+        return self._store.index_select(0, slots) if out is None else torch.index_select(self._store, 0, slots, out=out)
+
+    def held_rows(self, ids: torch.Tensor, block: str) -> torch.Tensor:
+        """R^[ids] in the reused block named ``block`` (overwritten by the next call with that name):
+        no fresh pages per step."""
+        return self.rows(ids, out=self._buffer(block, len(ids)))
+
+    def _fill(self, wanted: list[int]) -> None:
+        """Compute the cache's missing rows among ``wanted`` (through a reused block) and insert them."""
         missing = [i for i in wanted if i not in self._slots]
         for i in wanted:
             if i in self._slots:
                 self._slots.move_to_end(i)  # the oldest rows, not these, make room below
         if missing:
-            fresh = None if out is None else self._buffer("fresh", len(missing))
+            fresh = self._buffer("fresh", len(missing))
             self._insert(missing, self.compute_rows(torch.tensor(missing, dtype=torch.long), out=fresh))
-        slots = torch.tensor([self._slots[i] for i in ids.tolist()], dtype=torch.long, device=self._store.device)
-        return self._store.index_select(0, slots) if out is None else torch.index_select(self._store, 0, slots, out=out)
 
     def warm(self, ids: torch.Tensor) -> None:
         """Compute the missing rows of ``ids`` in one call, if they fit in the cache."""
         if len(ids) <= self._capacity:
-            self.rows(ids)
+            self._fill(list(dict.fromkeys(ids.tolist())))
 
     def _insert(self, ids: list[int], rows: torch.Tensor) -> None:
         if self._store.shape[0] == 0:  # allocated once, on first use
