@@ -52,10 +52,12 @@ def assert_same(read, looped):
 @pytest.mark.parametrize("weights,batch_size", [([1.0, 1.0], 1), ([2.0, 1.0], 3), ([1.0, 3.0], 8)])
 def test_tree_read_scores_equal_the_byte_by_byte_loop(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, weights,
                                                       batch_size):
-    read = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True), weights, batch_size)
-    looped = scores(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, False), weights, batch_size)
+    methods = [ByteLevel(members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, trees),
+                         ByteLevelParams(weights=weights), batch_size=batch_size) for trees in (True, False)]
+    read, looped = (method.loglikelihood(LONGER) for method in methods)
     assert_same(read, looped)
     assert any(s.logprob > -600 for s in read[5:])
+    assert methods[0].stats == methods[1].stats  # the same covering trees, byte by byte
 
 
 def test_peaked_members_tree_read_equals_the_loop(bpe_tokenizer, sp_tokenizer):
@@ -116,9 +118,12 @@ def test_sliding_window_members_keep_the_loop(bpe_tokenizer, bpe_model):
         bpe_model.config.sliding_window = None
 
 
-def test_a_nan_model_fails_as_the_loop_does(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    both = members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, True)
+def test_a_nan_model_fails_as_the_loop_does(bpe_tokenizer, bpe_model, sp_tokenizer):
+    from tests.tiny import tiny_llama
+
+    broken = tiny_llama(len(sp_tokenizer), seed=1)  # not the shared fixture: its head is spoilt
     with torch.no_grad():
-        both[1].model.lm_head.weight[3].fill_(float("nan"))
+        broken.lm_head.weight[3].fill_(float("nan"))
+    both = [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(broken, sp_tokenizer, "sp")]
     with pytest.raises(NonFiniteScore, match="member 'sp'"):
         scores(both, None, 2, LONGER[:2])

@@ -30,11 +30,12 @@ prompt; for each continuation byte every member's next-byte distribution is read
 the forced byte is added (step 2), and every member takes the forced byte (step 3, ``feed``).
 ``is_greedy``: the forced byte is q's argmax (same tie rule) at every byte. lm-eval's split moves the
 context's trailing whitespace into the continuation (when every member's rendered context ends with
-the same whitespace). Members that read token trees (``Member.reads_trees``: LocalMember) take no
-forward pass per byte: every re-tokenisation the loop would feed them depends on the forced bytes
-alone, so each member reads all of a batch's in one ``read_tree`` pass after the context's prefill
-(methods/byte_tree.py), and the loop runs on what it returned. Other members (Seq2SeqMember,
-RemoteMember) take one forward per member per continuation byte. ``loglikelihood_rolling``
+the same whitespace). Members that read token trees (``Member.reads_trees``: LocalMember without
+sliding-window attention, and RemoteMember over one) take no forward pass per byte: every
+re-tokenisation the loop would feed them depends on the forced bytes alone, so each member reads
+all of a batch's in one ``read_tree`` pass after the context's prefill, and the covering trees of
+every byte of every row are then summed and mixed at once (methods/byte_tree.py). Other members
+(Seq2SeqMember) take one forward per member per continuation byte. ``loglikelihood_rolling``
 (perplexity) still averages the members' own whole-text probabilities.
 """
 
@@ -60,7 +61,7 @@ from ensemble_bench.methods.base import (
     resolve_member,
     rolling_with_members,
 )
-from ensemble_bench.methods.byte_tree import ContinuationTree, TreeRead, read_trees
+from ensemble_bench.methods.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
 from ensemble_bench.methods.concurrent import each
 from ensemble_bench.methods.decode import (
     STOP,
@@ -69,7 +70,6 @@ from ensemble_bench.methods.decode import (
     RequestState,
     Round,
     Steps,
-    advance_request,
     decode_batch,
     prefill,
 )
@@ -82,7 +82,7 @@ from ensemble_bench.vocab.covering import (
     mixture_by_row,
     next_byte_masses,
     open_branches,
-    opened_branch,
+    opening_masses,
 )
 from ensemble_bench.vocab.retokenize import Plan
 
@@ -109,7 +109,6 @@ class ByteState(RequestState):
     prompt: list[list[int]] = field(default_factory=list)  # each member's prompt ids
     trees: list[Tree] = field(default_factory=list)
     budget_tokens: int = 0  # the main member's most canonical tokens so far
-    planned: list[list[Plan]] = field(default_factory=list)  # each member's plan per forced byte, when known
 
 
 @dataclass
@@ -119,7 +118,6 @@ class ByteScoringState(ByteState):
     forced: bytes = b""
     total: float = 0.0
     greedy: bool = True
-    reads: list[TreeRead] = field(default_factory=list)  # each member's read of its continuation tree
 
 
 @dataclass
@@ -135,6 +133,17 @@ class TreeStats:
             self.branches += len(tree.branches)
             self.widest = max(self.widest, len(tree.branches))
             self.tokens += sum(b.width for b in tree.branches)
+
+    def add_walks(self, walks: Sequence, steps: int) -> None:
+        """Every step of a scored batch read as trees (methods/byte_tree.ForcedBranches)."""
+        self.steps += steps
+        for walk in walks:
+            counts = [0] * steps
+            for group, lo, hi in zip(walk.group, walk.lo, walk.hi):
+                counts[group] += 1
+                self.tokens += hi - lo
+            self.branches += sum(counts)
+            self.widest = max(self.widest, *counts)
 
     def add_rows(self, states: Sequence[ByteState]) -> None:
         for state in states:
@@ -210,9 +219,8 @@ class ByteLevel(DecodingMethod):
 
     def _plan(self, state: ByteState, byte: int) -> Advance:
         """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
-        for i, (tail, tree) in enumerate(zip(self.tails, state.trees)):
-            tree.plan = state.planned[i][state.count] if state.planned else tail.plan(tree.held, tree.pending,
-                                                                                        bytes([byte]))
+        for tail, tree in zip(self.tails, state.trees):
+            tree.plan = tail.plan(tree.held, tree.pending, bytes([byte]))
         main = state.trees[self.lead].plan
         count = main.keep + len(main.ids)
         tokens = max(0, count - state.budget_tokens)
@@ -253,18 +261,6 @@ class ByteLevel(DecodingMethod):
             lengths.append(cut if moved else len(whole))
             feeds.append([whole[cut], *plan.ids] if moved else [])
         return lengths, feeds
-
-    def _take_read(self, i: int, states: Sequence[ByteScoringState]) -> None:
-        """``_take`` from the rows' tree reads: the fed ids' log-probabilities and opened branches
-        come from ``read_tree``'s pass, not from a forward per byte."""
-        _, feeds = self._grow(i, states)
-        for state, feed in zip(states, feeds):
-            read, tree = state.reads[i], state.trees[i]
-            nodes = read.fed[state.count - 1] if feed else None
-            if nodes is not None and self._advance_tree(tree, [read.edge[n] for n in nodes]):
-                k = nodes[-1]
-                tree.branches.append(opened_branch(self.vocabs[i], tree.cum[-1] + read.top[k], read.probs[k],
-                                                   read.mass[k]))
 
     @staticmethod
     def _advance_tree(tree: Tree, scored: list[float]) -> bool:
@@ -316,23 +312,39 @@ class ByteLevel(DecodingMethod):
 
     def _score_by_trees(self, prompts: list[list[list[int]]], states: list[ByteScoringState],
                         tries: list[list[ContinuationTree]]) -> None:
-        """One group's prefill and tree read per member, then the loop with no forward pass (the
-        step-by-step loop instead when a distribution is not finite: it names the step)."""
+        """One group's prefill and tree read per member, then every byte's covering tree of every
+        row at once (``ForcedBranches``), mixed and scored as ``ByteTeacherForced.choose`` does
+        byte by byte (the byte-by-byte loop instead when a distribution is not finite: it names the step)."""
         dists = prefill(self.members, prompts, [len(s.forced) for s in states])
         reads = each(self.members, lambda member, i: self._read(i, member, dists[i], [t[i] for t in tries]),
                      range(len(self.members)))
         if any(r is None for r in reads):
             decode_batch(ByteTeacherForced(self), prompts, states, Timing())
             return
-        for k, state in enumerate(states):
-            state.planned, state.reads = [t.plans for t in tries[k]], [r[k] for r in reads]
-        steps, live = ByteTeacherForced(self), states
-        while live:
-            for state, advance in zip(live, steps.choose(dists, live).advances):
-                advance_request(self.members[self.lead], state, advance)
-            live = [state for state in live if state.finish is None]
-            for i in range(len(self.members)):
-                self._take_read(i, live)
+        walks = [ForcedBranches() for _ in self.members]
+        firsts = list(accumulate((len(state.forced) for state in states), initial=0))
+        for i, walk in enumerate(walks):
+            for r, state in enumerate(states):
+                walk.walk(self.vocabs[i], r, state.forced, tries[r][i], reads[i][r], firsts[r])
+        self.stats.add_walks(walks, firsts[-1])
+        mixed = sum(w * self._forced_distributions(i, walks[i], dists[i], reads[i], firsts[-1])
+                    for i, w in enumerate(self.weights))
+        forced = torch.tensor([byte for state in states for byte in state.forced], dtype=torch.long)
+        chance = mixed.gather(1, forced[:, None])[:, 0].tolist()
+        greedy = (mixed.argmax(dim=1) == forced).tolist()
+        for state, start, stop in zip(states, firsts, firsts[1:]):
+            for p in chance[start:stop]:
+                state.total += math.log(p or 1e-300)
+            state.greedy = all(greedy[start:stop])
+
+    def _forced_distributions(self, i: int, walk: ForcedBranches, first: torch.Tensor, reads: list[TreeRead],
+                              steps: int) -> torch.Tensor:
+        """[steps, 257] member i's M_i(. | x) at every byte of every row: every branch's masses,
+        weighted and summed per step in one ``mixture_by_row`` (the roots opened as ``_begin`` does)."""
+        roots = opening_masses(self.vocabs[i], first, self.stops[i])
+        masses = walk.masses(self.vocabs[i], roots, reads)
+        logps = torch.tensor(walk.logp, dtype=torch.float64)
+        return mixture_by_row(masses, logps, torch.tensor(walk.group, dtype=torch.long), steps).cpu()
 
     def _read(self, i: int, member: Member, first: torch.Tensor, trees: list[ContinuationTree]) -> list | None:
         nodes = member.read_tree([t.tokens for t in trees], [t.parents for t in trees])

@@ -10,17 +10,20 @@ one ``Member.read_tree`` call and keeps what the loop takes from each feed:
   or the context's), which extends the trunk log-probabilities P(c_j);
 - the next-byte masses of the branch that opens at the end of x after a byte (when no half UTF-8
   character waits): every node's, summed in one batched ``shifted_opening`` per row.
-The covering-tree arithmetic then runs byte by byte on these, with no further forward pass.
+``ForcedBranches`` then replays the covering tree of every byte of every row in plain Python (the
+narrowing is a bisect per live branch), and sums all their next-byte masses in one scatter-add per
+member: no forward pass and no tensor call per byte.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
-from ensemble_bench.vocab.covering import SortedVocab, shifted_opening
+from ensemble_bench.vocab.covering import END, SortedVocab, shifted_opening
 from ensemble_bench.vocab.retokenize import CanonicalTail, Plan
 
 
@@ -61,12 +64,11 @@ class ContinuationTree:
 
 @dataclass
 class TreeRead:
-    """What one row's trie gave one member: the edge log-probability into each node, the nodes
-    each fed byte appends (``ContinuationTree.fed``), and per node the branch it opens: its
-    probabilities and masses scaled by 1 / p_max (``shifted_opening``) and log p_max."""
+    """What one row's trie gave one member: the edge log-probability into each node, and per node
+    the branch it opens: its probabilities and masses scaled by 1 / p_max (``shifted_opening``)
+    and log p_max."""
 
     edge: list[float]
-    fed: list[list[int] | None]
     probs: torch.Tensor
     mass: torch.Tensor
     top: list[float]
@@ -83,9 +85,9 @@ def read_trees(vocab: SortedVocab, stop_ids: Sequence[int], first: torch.Tensor,
     if not bool(torch.isfinite(torch.cat([first.amax(dim=1), *tops])).all()):
         return None
     reads = []
-    for tree, edge, nodes in zip(trees, edges, node_logprobs):
+    for edge, nodes in zip(edges, node_logprobs):
         probs, mass, top = shifted_opening(vocab, nodes, stop_ids)
-        reads.append(TreeRead(edge, tree.fed, probs, mass, top.tolist()))
+        reads.append(TreeRead(edge, probs, mass, top.tolist()))
     return reads
 
 
@@ -95,3 +97,81 @@ def edge_logprobs(first: torch.Tensor, nodes: torch.Tensor, tree: ContinuationTr
     parents = torch.tensor(tree.parents, dtype=torch.long, device=first.device)
     tokens = torch.tensor(tree.tokens, dtype=torch.long, device=first.device)
     return torch.where(parents >= 0, nodes[parents.clamp(min=0), tokens], first[tokens]).tolist()
+
+
+@dataclass
+class ForcedBranches:
+    """One member's covering tree at every byte of every row, flattened: live branch b belongs to
+    step ``group[b]`` (a row's byte), has trunk log-probability ``logp[b]``, opened on ``source[b]``
+    (the row's context: -1, else a trie node) and covers sorted tokens [lo, hi) at ``depth``."""
+
+    group: list[int] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    row: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
+    lo: list[int] = field(default_factory=list)
+    hi: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
+
+    def walk(self, vocab: SortedVocab, row: int, forced: bytes, tree: ContinuationTree, read: TreeRead,
+             first_group: int) -> None:
+        """The byte loop's branches for one row (``ByteLevel._grow`` and ``_take_read``): at each
+        byte the live ones are recorded, then narrowed by it; the fed ids extend the trunk
+        log-probabilities and, with no byte pending, a branch opens on the last fed node."""
+        live, cum = [(0.0, -1, 0, vocab.size, 0)], [0.0]
+        for k in range(len(forced)):
+            for logp, source, lo, hi, depth in live:
+                self._add(first_group + k, logp, row, source, lo, hi, depth)
+            if k == len(forced) - 1:
+                break
+            live = [(logp, source, *narrowed, depth + 1) for logp, source, lo, hi, depth in live
+                    if (narrowed := vocab.narrow(lo, hi, forced[k - depth:k + 1]))[0] < narrowed[1]]
+            nodes, plan = tree.fed[k], tree.plans[k]
+            if nodes is not None:
+                cum = cum[:plan.keep + 1] + list(accumulate((read.edge[n] for n in nodes), initial=cum[plan.keep]))[1:]
+                if not plan.pending:
+                    live.append((cum[-1] + read.top[nodes[-1]], nodes[-1], 0, vocab.size, 0))
+
+    def _add(self, group: int, logp: float, row: int, source: int, lo: int, hi: int, depth: int) -> None:
+        for name, value in zip(("group", "logp", "row", "source", "lo", "hi", "depth"),
+                               (group, logp, row, source, lo, hi, depth)):
+            getattr(self, name).append(value)
+
+    def masses(self, vocab: SortedVocab, roots: tuple[torch.Tensor, torch.Tensor],
+               reads: Sequence[TreeRead]) -> torch.Tensor:
+        """[branches, 257] every branch's next-byte masses (``next_byte_masses``): the opened ones
+        (depth 0) as summed when opened, the narrowed ones in one scatter-add over all their ranges."""
+        root_probs, root_mass = roots
+        device = root_mass.device
+        order, columns, _ = vocab._on(device)
+        masses = torch.zeros((len(self.group), END + 1), dtype=root_mass.dtype, device=device)
+        sources = [root_probs, *(read.probs for read in reads)]
+        opened_mass = [root_mass, *(read.mass for read in reads)]
+        for key, (probs, mass) in enumerate(zip(sources, opened_mass)):
+            self._fill(masses, key, probs, mass, order, columns)
+        return masses
+
+    def _fill(self, masses: torch.Tensor, key: int, probs: torch.Tensor, mass: torch.Tensor,
+              order: torch.Tensor, columns: torch.Tensor) -> None:
+        """The branches opened on one tensor of ``probs`` (key 0: the contexts' rows, else row
+        key - 1's trie nodes): opened masses copied, narrowed ranges summed by their next byte."""
+        mine = [b for b in range(len(self.group)) if (self.source[b] < 0) == (key == 0)
+                and (key == 0 or self.row[b] == key - 1)]
+        at = [self.row[b] if key == 0 else self.source[b] for b in mine]
+        opened = [k for k, b in enumerate(mine) if self.depth[b] == 0]
+        if opened:
+            index = torch.tensor([mine[k] for k in opened], device=masses.device)
+            masses.index_copy_(0, index, mass[torch.tensor([at[k] for k in opened], device=masses.device)])
+        narrowed = [k for k, b in enumerate(mine) if self.depth[b] > 0]
+        if not narrowed:
+            return
+        chosen = [mine[k] for k in narrowed]
+        small = torch.tensor([[self.lo[b], self.hi[b] - self.lo[b], at[k], self.depth[b], b]
+                              for k, b in zip(narrowed, chosen)], dtype=torch.long, device=masses.device)
+        lo, width, row, depth, branch = small.unbind(1)
+        owner = torch.repeat_interleave(torch.arange(len(chosen), device=masses.device), width)
+        sorted_at = torch.arange(owner.numel(), device=masses.device) + (lo - (width.cumsum(0) - width))[owner]
+        values = probs.view(-1).index_select(0, (row * probs.shape[1])[owner] + order.index_select(0, sorted_at))
+        bins = columns.view(-1).index_select(0, (depth * columns.shape[1])[owner] + sorted_at)
+        masses.view(-1).index_add_(0, (branch * (END + 1))[owner] + bins, values)
+        masses[[mine[k] for k in narrowed], END] = 0.0  # the pieces equal to x[j:]: no stop past depth 0
