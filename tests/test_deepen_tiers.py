@@ -8,6 +8,7 @@
   probabilities included.
 - The wide tier (``WIDE_HEAD`` exact rows for the rows the first tier leaves): generation equals
   the exact path.
+- Rows of R^ computed in place in reused blocks (``RelativeSpace.held_rows``) equal fresh ones.
 """
 
 import pytest
@@ -109,3 +110,17 @@ def test_generation_with_the_wide_tier_equals_the_exact_path(bpe_tokenizer, bpe_
     assert sum(tiers) > 0  # the wide tier decided rows
     bounds_off(monkeypatch)
     assert bounded == [g.text for g in Deepen(pair(), params, batch_size=3).generate(REQUESTS)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_in_reused_blocks_equal_fresh_rows(dtype):
+    generator = torch.Generator().manual_seed(2)
+    embeddings = torch.randn(60, 7, generator=generator).to(dtype)
+    space = RelativeSpace(embeddings, list(range(0, 60, 3)), cache_bytes=4 * 20 * 8)  # 8 rows cached
+    fresh = RelativeSpace(embeddings, list(range(0, 60, 3))).compute_rows(torch.arange(60))
+    for ids in ([5, 1, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [9, 5, 40]):  # cached, too many, partly cached
+        ids = torch.tensor(ids)
+        in_place = space.compute_rows(ids, out=torch.empty(len(ids), space.size))
+        assert torch.equal(in_place, space.compute_rows(ids))  # the same rounding as a fresh block
+        # the right rows, through the cache (a matmul's rounding may vary with how many rows it takes)
+        assert torch.allclose(space.held_rows(ids, "block"), fresh[ids], rtol=1e-5, atol=0)

@@ -91,16 +91,20 @@ class RelativeSpace:
         return math.exp(-limit) / z_high * (1 - 1e-5), math.exp(limit) / z_low * (1 + 1e-5)
 
     def compute_rows(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """R^[ids]: [len(ids), A] float32 (Eq. 2 then Eq. 4), computed now (into ``out`` when
-        given, through a reused cosine buffer: no fresh pages per call)."""
+        """R^[ids]: [len(ids), A] float32 (Eq. 2 then Eq. 4), computed now (in place in ``out`` when
+        given: the cosines, their scaling and the softmax all in that one block)."""
         ids = ids.to(self.embeddings.device)
         chosen = self.embeddings.index_select(0, ids)
-        if out is None or chosen.dtype != torch.float32:
+        if out is None:
             cosine = (chosen @ self.anchors.T).float()
+            cosine *= self.inverse_norms[ids, None]
+            return cosine.softmax(dim=-1)
+        if chosen.dtype == torch.float32:
+            torch.matmul(chosen, self.anchors.T, out=out)
         else:
-            cosine = torch.matmul(chosen, self.anchors.T, out=self._buffer("cosine", len(ids)))
-        cosine *= self.inverse_norms[ids, None]
-        return cosine.softmax(dim=-1) if out is None else torch.softmax(cosine, dim=-1, out=out)
+            out.copy_(chosen @ self.anchors.T)
+        out *= self.inverse_norms[ids, None]
+        return torch.softmax(out, dim=-1, out=out)
 
     def _buffer(self, name: str, count: int) -> torch.Tensor:
         """A reused [count, A] float32 block (grown as needed)."""
@@ -241,15 +245,17 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
     own = members[main]
     rows = own.head_rows
     target_low, target_high = scratch.take("target_low", rows[:, 0]), scratch.take("target_high", rows[:, 0])
-    _weighted_rows(members[0], weights[0], target_low, first=True)
-    for weight, member in zip(weights[1:], members[1:]):
-        _weighted_rows(member, weight, target_low, first=False)
+    q = scratch.take("q", rows, (rows.shape[0], 2, rows.shape[2]))  # q's low and high ends, side by side
+    q_low, q_high = q[:, 0], q[:, 1]
+    _weighted_rows(own, 1.0, q_low, first=True)  # the main model's head part, once: in q and in the target
+    torch.mul(q_low, weights[main], out=target_low)
+    for index, (weight, member) in enumerate(zip(weights, members)):
+        if index != main:
+            _weighted_rows(member, weight, target_low, first=False)
     tail_low = sum(w * (m.tail_probs * m.tail_low).sum(-1, keepdim=True) for w, m in zip(weights, members))
     tail_high = sum(w * (m.tail_probs * m.tail_high).sum(-1, keepdim=True) for w, m in zip(weights, members))
     torch.add(target_low, tail_high, out=target_high)
     target_low += tail_low
-    q_low, q_high = scratch.take("q_low", rows[:, 0]), scratch.take("q_high", rows[:, 0])
-    _weighted_rows(own, 1.0, q_low, first=True)
     torch.add(q_low, (own.tail_probs * own.tail_high).sum(-1, keepdim=True), out=q_high)
     q_low += (own.tail_probs * own.tail_low).sum(-1, keepdim=True)
     tail_rows_low, tail_rows_high = own.tail_low.sum(-1, keepdim=True), own.tail_high.sum(-1, keepdim=True)
@@ -261,23 +267,18 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
     ratio = scratch.take("ratio", rows[:, 0])
     first = None  # the first step's ratio, entrywise: ([B, A], [B, A])
     if steps:  # the first step: the head rows' own gradients, then q grows by eta sum_v g_v R^[v]
-        first = scratch.take("first_low", rows[:, 0]), scratch.take("first_high", rows[:, 0])
-        floor = _first_gradient(target_low, q_high, rows, first[0], gained_low, lowest=True)
-        ceiling = _first_gradient(target_high, q_low, rows, first[1], gained_high, lowest=False)
+        ratios = scratch.take("first", rows, (rows.shape[0], 2, rows.shape[2]))
+        floor, ceiling = _first_gradient(target_low, target_high, q, rows, ratios, gained_low, gained_high)
+        first = ratios[:, 0], ratios[:, 1]
         tail_gained_high += ceiling
-        for q, gained, extreme, tail_rows in ((q_low, gained_low, floor, tail_rows_low),
-                                              (q_high, gained_high, ceiling, tail_rows_high)):
-            q.add_(extreme * tail_rows, alpha=eta)
-            for k in range(rows.shape[1]):
-                q.addcmul_(rows[:, k], gained[:, k:k + 1], value=eta)
+        q.add_(torch.stack([floor * tail_rows_low, ceiling * tail_rows_high], dim=1), alpha=eta)
+        q.baddbmm_(torch.stack([gained_low, gained_high], dim=1), rows, alpha=eta)  # both ends in one pass
     if steps > 1:  # q = q_1 + K D afterwards, D the column sums of the support's rows
-        target_low.reciprocal_()
-        target_high.reciprocal_()
-        start_low = torch.mul(q_high, target_low, out=ratio).amax(-1, keepdim=True)   # 1 / floor at K = 0
-        start_high = torch.mul(q_low, target_high, out=ratio).amin(-1, keepdim=True)  # 1 / ceiling at K = 0
+        start_low = torch.div(q_high, target_low, out=ratio).amax(-1, keepdim=True)   # 1 / floor at K = 0
+        start_high = torch.div(q_low, target_high, out=ratio).amin(-1, keepdim=True)  # 1 / ceiling at K = 0
         columns = torch.sum(rows, dim=1, out=q_low)
-        slope_low = torch.add(columns, tail_rows_high, out=ratio).mul_(target_low).amax(-1, keepdim=True)
-        slope_high = torch.add(columns, tail_rows_low, out=ratio).mul_(target_high).amin(-1, keepdim=True)
+        slope_low = torch.add(columns, tail_rows_high, out=ratio).div_(target_low).amax(-1, keepdim=True)
+        slope_high = torch.add(columns, tail_rows_low, out=ratio).div_(target_high).amin(-1, keepdim=True)
         grown_low = grown_high = 0.0  # K's bounds
         for _ in range(1, steps):
             floor, ceiling = 1.0 / (start_low + grown_high * slope_low), 1.0 / (start_high + grown_low * slope_high)
@@ -292,13 +293,18 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
     return _decide(own, bounds, eta)
 
 
-def _first_gradient(target: torch.Tensor, q: torch.Tensor, rows: torch.Tensor, ratio: torch.Tensor,
-                    gained: torch.Tensor, lowest: bool) -> torch.Tensor:
-    """gained += R^[head] . (target / q) (Eq. 7's gradient on the head rows); returns the ratio's
-    min (``lowest``) or max over the anchors, the tail rows' bound: [B, 1]."""
-    torch.div(target, q, out=ratio)
-    gained += torch.bmm(ratio[:, None, :], rows.transpose(1, 2))[:, 0]
-    return ratio.amin(-1, keepdim=True) if lowest else ratio.amax(-1, keepdim=True)
+def _first_gradient(target_low: torch.Tensor, target_high: torch.Tensor, q: torch.Tensor, rows: torch.Tensor,
+                    ratios: torch.Tensor, gained_low: torch.Tensor, gained_high: torch.Tensor):
+    """The first step's ratio entrywise, ``ratios`` = [r_low / q_high, r_high / q_low] ([B, 2, A]),
+    and the head rows' gradients R^[head] . ratio added to ``gained_low`` / ``gained_high`` (Eq. 7; one
+    batched product reads the head rows once for both ends). Returns the ratio's floor and ceiling
+    over the anchors, the tail rows' bounds: [B, 1] each."""
+    torch.div(target_low, q[:, 1], out=ratios[:, 0])
+    torch.div(target_high, q[:, 0], out=ratios[:, 1])
+    gained = torch.bmm(ratios, rows.transpose(1, 2))  # [B, 2, h]
+    gained_low += gained[:, 0]
+    gained_high += gained[:, 1]
+    return ratios[:, 0].amin(-1, keepdim=True), ratios[:, 1].amax(-1, keepdim=True)
 
 
 def _weighted_rows(member: MemberSlice, weight: float, out: torch.Tensor, first: bool) -> None:
