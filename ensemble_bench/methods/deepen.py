@@ -15,7 +15,9 @@ share of the updated (clamped at 0) probabilities.
 
 Greedy steps are first decided by bounds (vocab/relative.py ``bounded_choice``): only the
 ``HEAD`` most probable tokens' rows of R^ are read, every other row is bounded from its
-embedding; rows the bounds cannot decide, and scoring, run the exact transform.
+embedding; rows left undecided try again with ``WIDE_HEAD`` exact rows; rows neither decides,
+and scoring, run the exact transform. The greedy support comes from the top of the log-probs
+where that is provably the top of the probabilities, so no step exponentiates the whole vocabulary.
 """
 
 from __future__ import annotations

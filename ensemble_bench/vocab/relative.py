@@ -15,8 +15,9 @@ bounded by the chunk size).
 Greedy steps first try ``bounded_choice``: the T inverse steps run on intervals, with the rows of
 a few head tokens exact and every other row bounded entrywise from its embedding alone
 (``RelativeSpace.entry_bounds``); when the interval of one token's final probability lies above
-every other's, that token is the dense transform's argmax and no full row is touched. Otherwise
-(and when scoring) the exact transform runs.
+every other's (or their difference of rows says it wins against each head rival), that token is
+the dense transform's argmax and no full row is touched. Otherwise (and when scoring) the exact
+transform runs.
 """
 
 from __future__ import annotations
@@ -239,7 +240,8 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
       four reductions over the anchors once, then scalars per step.
     After T steps p_v^(T) lies in [p_v + eta sum g_low, p_v + eta sum g_high]. A head token whose
     lower end clears every other upper end (the tail's through its largest p) by DECISION_MARGIN
-    is the exact transform's argmax too, whatever its float rounding.
+    is the exact transform's argmax too, whatever its float rounding; a head rival whose interval
+    overlaps may still be beaten on the difference of the two rows (``_pairwise_low``).
     """
     scratch = scratch or Scratch()
     own = members[main]
