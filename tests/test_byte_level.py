@@ -3,6 +3,7 @@ re-tokenises every prefix and re-runs every forward (generation and byte-by-byte
 edge cases, parameters (identity, batch invariance and Ray: tests/test_method_contract.py)."""
 
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -233,3 +234,56 @@ def test_bad_parameters_are_rejected(fields):
 def test_member_dependent_parameters_are_one_line_errors(fields, message):
     with pytest.raises(UserError, match=message):
         ByteLevel.check_members(ByteLevelParams(**fields), ["a", "b"])
+
+
+# ------------------------------------------------------------------ members without a live branch
+NIHON_TOKEN = "\u0120\u00e6\u0139\u00a5\u00e6\u013e\u00ac"  # " \u65e5\u672c" in byte-level BPE spelling
+
+
+@pytest.fixture(scope="module")
+def nihon_member():
+    """A byte-level BPE member with one token for " \u65e5\u672c" (the tiny ones spell it in byte tokens)."""
+    from tests import tiny
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiny, "CORPUS", tiny.CORPUS + [" \u65e5\u672c" * 60])
+        tokenizer = tiny.byte_bpe_tokenizer()
+    assert tokenizer.encode(" \u65e5\u672c") == [tokenizer.convert_tokens_to_ids(NIHON_TOKEN)]
+    return tokenizer, tiny.tiny_llama(len(tokenizer), seed=3)
+
+
+@contextmanager
+def favouring(model, tokenizer, token: str, bias: float = 30.0):
+    """The model's logit of ``token`` raised by ``bias`` while inside."""
+    boost = torch.zeros(model.lm_head.out_features)
+    boost[tokenizer.convert_tokens_to_ids(token)] = bias
+    hook = model.lm_head.register_forward_hook(lambda module, inputs, out: out + boost.to(out.dtype))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
+START = [GenerationRequest(Prompt(text="The quick"), (), 6), GenerationRequest(Prompt(text="def add"), (), 4)]
+
+
+@pytest.mark.parametrize("chosen", [(0,), (0, 1)])
+def test_generation_stops_where_no_member_has_a_live_branch(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
+                                                             chosen):
+    """Both members led to the first byte of a 3-byte character (U+9xxx) they spell only in byte tokens:
+    no branch is live at its second byte, so every row stops there (no IndexError, no NaN byte)."""
+    both = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    with favouring(bpe_model, bpe_tokenizer, "\u00e9"), favouring(sp_model, sp_tokenizer, "<0xE9>"):
+        generations = ByteLevel([both[i] for i in chosen], ByteLevelParams(), batch_size=2).generate(START)
+    assert [(g.text, g.finish) for g in generations] == [("\ufffd", "no_continuation")] * 2
+
+
+def test_generation_goes_on_with_the_member_that_has_a_live_branch(nihon_member, bpe_tokenizer, bpe_model):
+    """The BPE member has no live branch inside the character; the one that spells it writes it."""
+    tokenizer, model = nihon_member
+    members = [LocalMember(model, tokenizer, "nihon"), LocalMember(bpe_model, bpe_tokenizer, "bpe")]
+    with favouring(model, tokenizer, NIHON_TOKEN), \
+            favouring(bpe_model, bpe_tokenizer, "\u00e6"):
+        generations = ByteLevel(members, ByteLevelParams(weights=[2.0, 1.0]), batch_size=2).generate(START)
+    for generation in generations:
+        assert generation.text.startswith(" \u65e5\u672c") and generation.finish != "no_continuation"

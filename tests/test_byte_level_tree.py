@@ -14,7 +14,7 @@ from ensemble_bench.methods.base import NonFiniteScore
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.methods.byte_tree import ContinuationTree
 from ensemble_bench.methods.feeding import canonical_tail
-from tests.test_byte_level import SCORED
+from tests.test_byte_level import SCORED, nihon_member  # noqa: F401 (a fixture)
 from tests.tiny import CORPUS
 
 LONGER = SCORED + [
@@ -127,3 +127,62 @@ def test_a_nan_model_fails_as_the_loop_does(bpe_tokenizer, bpe_model, sp_tokeniz
     both = [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(broken, sp_tokenizer, "sp")]
     with pytest.raises(NonFiniteScore, match="member 'sp'"):
         scores(both, None, 2, LONGER[:2])
+
+
+# ------------------------------------------------------------------ members without a live branch
+DEAD_END = LoglikelihoodRequest(Prompt(text="Caf\u00e9"), " na\u00efve \u00fcber \u65e5\u672c")  # 3-byte characters
+NIHON = LoglikelihoodRequest(Prompt(text="The quick"), " \u65e5\u672c")
+
+
+@pytest.mark.parametrize("chosen", [(0,), (1,), (0, 1)])
+def test_no_member_with_a_live_branch_scores_minus_infinity_on_both_paths(bpe_tokenizer, bpe_model, sp_tokenizer,
+                                                                          sp_model, chosen):
+    """Neither tiny vocabulary spells a 3-byte character but in byte tokens: inside it no branch
+    is live in any member, so log q = -inf (not NaN, no IndexError) and the rows beside it keep their scores."""
+    requests = [LONGER[0], DEAD_END, LONGER[1]]
+    results = []
+    for trees in (True, False):
+        both = members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, trees)
+        results.append(scores([both[i] for i in chosen], [1.0] * len(chosen), 3, requests))
+        alone = scores([both[i] for i in chosen], [1.0] * len(chosen), 3, [requests[0], requests[2]])
+        assert_same([results[-1][0], results[-1][2]], alone)
+    read, looped = results
+    assert read[1].logprob == looped[1].logprob == -math.inf
+    assert not read[1].is_greedy and not looped[1].is_greedy
+    assert_same(read, looped)
+
+
+def naive_live_score(members_, models, request, weights):
+    """naive_byte_score's sum with the rule for a member without mass: it is left out of the average
+    at that byte (naive_next_byte fails on it: no term, or no mass)."""
+    from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
+    from tests.test_byte_level import naive_next_byte
+
+    tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
+        lambda t, m=m: m.encode(t, add_special_tokens=False))) for m in members_]
+    prompts = [m.encode(request.prompt.text) for m in members_]
+    forced, total, dead = request.continuation.encode(), 0.0, 0
+    for i, byte in enumerate(forced):
+        live = []
+        for member, model, prompt, tail, w in zip(members_, models, prompts, tails, weights):
+            try:
+                live.append((w, naive_next_byte(member, model, prompt, tail, forced[:i])))
+            except (ValueError, ZeroDivisionError):
+                dead += 1
+        total += math.log(sum(w * d[byte] for w, d in live) / sum(w for w, _ in live))
+    return total, dead
+
+
+@pytest.mark.parametrize("weights", [[1.0, 2.0], [3.0, 1.0]])
+def test_a_member_without_a_live_branch_is_left_out_of_the_average(nihon_member, sp_tokenizer, sp_model,  # noqa: F811
+                                                                   weights):
+    """Inside the 3-byte character the SentencePiece member has no live branch (byte tokens only):
+    the average renormalises over the member that spells it, on both paths, as the naive reference does."""
+    tokenizer, model = nihon_member
+    read, looped = (scores([kind(model, tokenizer, "nihon"), kind(sp_model, sp_tokenizer, "sp")], weights, 2,
+                           [NIHON, LONGER[0]]) for kind in (LocalMember, LoopMember))
+    assert_same(read, looped)
+    both = [LocalMember(model, tokenizer, "nihon"), LocalMember(sp_model, sp_tokenizer, "sp")]
+    expected, dead = naive_live_score(both, [model, sp_model], NIHON, weights)
+    assert dead >= 2  # the member was left out at some bytes
+    assert read[0].logprob == pytest.approx(expected, abs=2e-4) and math.isfinite(read[0].logprob)

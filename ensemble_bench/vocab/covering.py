@@ -193,7 +193,9 @@ def branch_at(vocab: SortedVocab, logp: float, logprobs: torch.Tensor, stop_ids:
 def next_byte_masses(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Tensor:
     """[branches, 257] each branch's next-byte masses: the ones opened this step as summed then, the
     narrowed ones in one scatter-add over all their ranges (each range's tokens by their byte after
-    x[j:]; the pieces equal to x[j:] land on END, which holds no mass past depth 0)."""
+    x[j:]; the pieces equal to x[j:] land on END, which holds no mass past depth 0). No branches: no rows."""
+    if not branches:
+        return torch.zeros((0, END + 1))
     device = branches[0].probs.device
     order, columns, _ = vocab._on(device)
     masses = torch.zeros((len(branches), END + 1), dtype=branches[0].probs.dtype, device=device)
@@ -214,12 +216,14 @@ def next_byte_masses(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Te
 def mixture_by_row(masses: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
     """[count, 257] M(. | x) normalised per row (module docstring): the branches' masses ``masses``
     [branches, 257] weighted by P(c_j) = exp(``logps``) relative to the row's largest, summed into
-    their ``rows``."""
+    their ``rows``. A row with no mass (no live branch, or only pieces that end at x) stays all zero:
+    the member gives every continuation of x probability zero."""
     top = torch.full((count,), -math.inf, dtype=logps.dtype).scatter_reduce(0, rows, logps, "amax")
     weights = (logps - top[rows]).exp().to(device=masses.device, dtype=masses.dtype)
     total = torch.zeros((count, END + 1), dtype=masses.dtype, device=masses.device)
     total.index_add_(0, rows.to(masses.device), weights[:, None] * masses)
-    return total / total.sum(dim=1, keepdim=True)
+    sums = total.sum(dim=1, keepdim=True)
+    return total / torch.where(sums > 0, sums, 1.0)
 
 
 def next_byte_distribution(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Tensor:
