@@ -66,8 +66,8 @@ bench-overhead: install
 
 # CI's guard on that cost: GaC at batch 8 with the Llama-3 + Qwen2 vocabularies, in one run, within
 # 1.5x its members' summed ms/step with peaked distributions (the top-k bound decides; measured
-# 0.93-1.05x) and 2.5x with flat ones (every row takes the full union projection; measured 1.50-1.85x
-# on this CPU, where the projection's 280k exp() per row cost what near-free members' own step does).
+# 1.19-1.26x) and 2.5x with flat ones (every row takes the full union projection; measured 1.90-1.96x
+# on this CPU, where the projection's 280k exp() per row cost more than near-free members' own step).
 bench-overhead-check: install
 	$(BIN)/python scripts/bench_overhead.py --threads 1 --methods gac --batch-sizes 8 --repeats 5 \
 		--modes peaked flat --check gac:8:1.5 --check gac:8:2.5:flat

@@ -214,3 +214,23 @@ def test_speculative_equals_every_token_on_real_members(smollm2):
             assert [g.text for g in method.generate(requests)] == expected, (cls.name, proposer)
             # drafts were read and verified (the draft length may then fall to 0 where they do not pay)
             assert sum(row["drafted"] for row in method.info()["speculative_rows"]) > 0
+
+
+def test_byte_level_tree_scoring_equals_the_byte_loop_on_real_members(smollm2, monkeypatch):
+    """byte_level's multiple-choice scoring through read_tree (a 4D ancestor mask) on the real SmolLM2
+    (Llama) + Qwen2.5 (Qwen2, attention biases) pair: the byte-by-byte loop's scores and greedy flags."""
+    from ensemble_bench.members import LocalMember, Prompt
+    from ensemble_bench.methods import LoglikelihoodRequest
+    from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
+
+    qwen = load_member("qwen2.5-0.5b", dtype="float32", name="qwen")
+    assert smollm2.reads_trees and qwen.reads_trees
+    goal = "To keep cut apples from browning,"
+    requests = [LoglikelihoodRequest(Prompt(text=goal), c) for c in
+                (" brush the slices with lemon juice.", " brush the slices with olive oil and salt.")]
+    by_tree = ByteLevel([smollm2, qwen], ByteLevelParams(), batch_size=2).loglikelihood(requests)
+    monkeypatch.setattr(LocalMember, "reads_trees", property(lambda self: False))
+    by_byte = ByteLevel([smollm2, qwen], ByteLevelParams(), batch_size=2).loglikelihood(requests)
+    assert [s.is_greedy for s in by_tree] == [s.is_greedy for s in by_byte]
+    assert [s.logprob for s in by_tree] == pytest.approx([s.logprob for s in by_byte], abs=2e-4)
+    assert by_tree[0].logprob > by_tree[1].logprob  # lemon juice, as the members' own scores say

@@ -80,7 +80,7 @@ class GenerationRequest:
 class Generation:
     text: str
     new_tokens: int
-    finish: str  # "stop_id" | "until" | "length"
+    finish: str  # "stop_id" | "until" | "length" | "no_continuation" (byte_level: no member can spell the text)
 
 
 @dataclass(frozen=True)

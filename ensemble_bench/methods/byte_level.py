@@ -167,6 +167,7 @@ class TreeStats:
 
 class ByteLevel(DecodingMethod):
     name = "byte_level"
+    version = 2  # 2: scoring reads re-tokenisation trees; members without a live branch leave the average
     Params = ByteLevelParams
     min_members = 1
     lead_param = "lead"
