@@ -167,6 +167,18 @@ def test_seq2seq_step_equals_the_plain_step(s2s_tokenizer, build, shape):
     assert_same_run(drive(fast, rows), drive(plain, rows))
 
 
+def test_a_scored_extend_of_most_rows_equals_the_plain_step(bpe_tokenizer, bpe_model):
+    """Three of four rows take tokens: the forward pass runs every row and the waiting row keeps its
+    distribution (``RowBatch.set_last_of``), with no copy of the moving rows."""
+    runs = []
+    for member in (LocalMember(bpe_model, bpe_tokenizer, "fast"), PlainLocal(bpe_model, bpe_tokenizer, "plain")):
+        first = member.prefill(causal_rows(member, "padded"))
+        logprobs, scored = member.extend_scored([[4, 5, 6], [7], [], [8, 9]])
+        assert torch.equal(logprobs[2], first[2])  # the waiting row keeps its distribution
+        runs.append([first, logprobs, scored, member.extend(greedy(logprobs)), member.row_ids()])
+    assert_same_run(*runs)
+
+
 def test_returned_distributions_are_never_changed_later(bpe_tokenizer, bpe_model):
     member = LocalMember(bpe_model, bpe_tokenizer, "m")
     rows = causal_rows(member, "padded")

@@ -41,6 +41,15 @@ def test_set_last_replaces_only_the_rows_that_moved_and_never_writes_a_returned_
     assert returned[:, 0].tolist() == [0.0, 1.0, 2.0]
 
 
+def test_set_last_of_takes_the_moved_rows_from_a_whole_batch_and_never_writes_a_returned_tensor():
+    batch = batch_of([[1], [2], [3]])
+    returned = batch.last
+    active = batch.take([[4], [], [5]])
+    batch.set_last_of(active, torch.full((3, VOCAB), 9.0))
+    assert batch.last[:, 0].tolist() == [9.0, 1.0, 9.0]
+    assert returned[:, 0].tolist() == [0.0, 1.0, 2.0]
+
+
 def test_crop_checks_every_row_first_then_rolls_back_and_blanks_the_cropped_rows():
     batch = batch_of([[1, 2, 3], [4, 5]])
     with pytest.raises(ValueError, match="row 1: cannot crop 2 tokens to 3"):

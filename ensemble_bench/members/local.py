@@ -87,9 +87,9 @@ class LocalMember(TokenizerSide, Member):
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
         self.batch.check(tokens)
         reach = max((len(row) for row in tokens), default=1)
-        active, logprobs = self._append(tokens, phase="decode", reach=reach)
+        active, logprobs, where = self._append(tokens, phase="decode", reach=reach)
         scored: list[list[float]] = [[] for _ in tokens]
-        for k, r in enumerate(active):  # log p of each appended token after the first
+        for k, r in zip(where, active):  # log p of each appended token after the first
             row = list(tokens[r])
             first = reach - len(row)
             steps = torch.arange(first, first + len(row) - 1, device=logprobs.device)
@@ -100,8 +100,11 @@ class LocalMember(TokenizerSide, Member):
     def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         at = self.batch.check_block(tokens, at)
         reach = max((len(row) - wanted[0] for row, wanted in zip(tokens, at) if wanted), default=1)
-        active, logprobs = self._append(tokens, phase="decode", reach=reach)
-        return self.batch.blocks(logprobs, active, [[reach - len(tokens[r]) + i for i in at[r]] for r in active])
+        active, logprobs, where = self._append(tokens, phase="decode", reach=reach)
+        columns = {r: [reach - len(tokens[r]) + i for i in at[r]] for r in active}
+        if where is active:  # logprobs holds every row of the batch
+            return self.batch.blocks(logprobs, range(len(tokens)), [columns.get(r, []) for r in range(len(tokens))])
+        return self.batch.blocks(logprobs, active, [columns[r] for r in active])
 
     @property
     def reads_trees(self) -> bool:
@@ -134,27 +137,29 @@ class LocalMember(TokenizerSide, Member):
         return [logprobs[r, :len(row)] for r, row in enumerate(tokens)]
 
     def _append(self, tokens: Sequence[Sequence[int]], phase: str,
-                reach: int = 1) -> tuple[list[int], torch.Tensor | None]:
-        """Feed each row its tokens (left padded, one forward pass); (the rows that got tokens, their
-        log-probs at the block's last ``reach`` positions [rows, reach, V], None when no row did).
-        ``batch.last`` becomes each row's distribution after its last token."""
+                reach: int = 1) -> tuple[list[int], torch.Tensor | None, list[int]]:
+        """Feed each row its tokens (left padded, one forward pass); (the rows that got tokens, log-probs
+        at the block's last ``reach`` positions [n, reach, V] (None when no row got tokens), and where
+        each of those rows is among the n: ``active`` itself when the forward pass ran every row, so
+        that no row is copied out). ``batch.last`` becomes each row's distribution after its last token."""
         batch = self.batch
         active = batch.take(tokens)
         if not active:
-            return active, None
+            return active, None, active
         ids, new_mask = left_padded([tokens[r] for r in active], self.pad_id)
         if phase == "decode" and 2 * len(active) <= len(tokens):
             logprobs = self._forward_rows(active, ids, new_mask, phase, reach)
+            batch.set_last(active, logprobs[:, -1])
+            where = list(range(len(active)))
         else:
             full_ids = torch.full((len(tokens), ids.shape[1]), self.pad_id, dtype=torch.long)
             full_mask = torch.zeros_like(full_ids)
             full_ids[active], full_mask[active] = ids, new_mask
             logprobs, batch.mask = self._forward(batch.cache, batch.mask, full_ids, full_mask, phase, reach)
-            if len(active) < len(tokens):
-                logprobs = logprobs[active]
-        batch.set_last(active, logprobs[:, -1])
+            batch.set_last_of(active, logprobs[:, -1])
+            where = active
         batch.realign(evenly=len({len(row) for row in tokens}) == 1)
-        return active, logprobs
+        return active, logprobs, where
 
     def _forward_rows(self, active: list[int], ids, new_mask, phase: str, keep: int = 1) -> torch.Tensor:
         """Run only the rows that receive tokens (few of many): their cache rows are copied out,

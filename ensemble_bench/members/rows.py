@@ -59,6 +59,17 @@ class RowBatch:
             self.last = self.last.index_copy(0, index, logprobs)
         return self.last
 
+    def set_last_of(self, active: Sequence[int], logprobs: torch.Tensor) -> torch.Tensor:
+        """``set_last`` from ``logprobs`` [rows, V] holding a row for every row of the batch (those of
+        rows outside ``active`` are ignored): one pass into a new tensor, no copy of the active rows."""
+        if len(active) == len(self.ids):
+            self.last = logprobs
+        elif active:
+            moved = torch.zeros((len(self.ids), 1), dtype=torch.bool, device=self.last.device)
+            moved[list(active)] = True
+            self.last = torch.where(moved, logprobs, self.last)
+        return self.last
+
     def crop(self, lengths: Sequence[int]) -> list[int]:
         """Roll row r back to ``lengths[r]`` ids (all rows checked first); the tokens each row lost."""
         lengths = [int(n) for n in lengths]
