@@ -5,7 +5,7 @@
   the dense argmax.
 - The support taken from the log-probs (``Deepen._supports_from_logprobs``): the same ids, in the
   same order, with the same float32 probabilities as the top of exp(log-probs), ties and subnormal
-  probabilities included.
+  probabilities included, also when its top-k comes from the vocabulary's blocks (``candidate_topk``).
 - The wide tier (``WIDE_HEAD`` exact rows for the rows the first tier leaves): generation equals
   the exact path.
 - Rows of R^ computed in place in reused blocks (``RelativeSpace.held_rows``) equal fresh ones.
@@ -16,7 +16,7 @@ import torch
 
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods import deepen as deepen_module
-from ensemble_bench.methods.deepen import Deepen, DeepenParams
+from ensemble_bench.methods.deepen import Deepen, DeepenParams, candidate_topk
 from ensemble_bench.vocab import relative
 from ensemble_bench.vocab.relative import RelativeSpace, Scratch, bounded_choice
 from tests.test_deepen_fast import (
@@ -88,6 +88,25 @@ def test_supports_from_logprobs_equal_the_top_of_the_probabilities(bpe_tokenizer
         assert torch.equal(probs.view(torch.int32), expected_probs.view(torch.int32)), scale
 
 
+@pytest.mark.parametrize("support", [1, 7, 20])
+def test_supports_from_logprobs_through_vocabulary_blocks(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support,
+                                                          monkeypatch):
+    """The support's top-k taken from the vocabulary's blocks (``candidate_topk``): the same ids and
+    probabilities as the top of exp(log-probs), ties included."""
+    monkeypatch.setattr(deepen_module, "CANDIDATE_BLOCK", 2)  # the tiny vocabulary in blocks of 2: the block path
+    method = method_with(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support)
+    size = method.valid[0].shape[0]
+    assert size // 2 >= 4 * (support + 1)
+    generator = torch.Generator().manual_seed(7)
+    for scale in (1.0, 30.0):
+        logprobs = (torch.randn(5, size, generator=generator) * scale).log_softmax(dim=-1)
+        logprobs[1, 10:20] = logprobs[1, 5]  # ties in the support
+        ids, probs = method._supports_from_logprobs(0, logprobs)
+        expected_ids, expected_probs = old_supports(method, 0, logprobs)
+        assert torch.equal(ids, expected_ids), scale
+        assert torch.equal(probs.view(torch.int32), expected_probs.view(torch.int32)), scale
+
+
 @pytest.mark.parametrize("support,main", [(None, 0), (24, 1)])
 def test_generation_with_the_wide_tier_equals_the_exact_path(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
                                                              monkeypatch, support, main):
@@ -124,3 +143,23 @@ def test_rows_in_reused_blocks_equal_fresh_rows(dtype):
         assert torch.equal(in_place, space.compute_rows(ids))  # the same rounding as a fresh block
         # the right rows, through the cache (a matmul's rounding may vary with how many rows it takes)
         assert torch.allclose(space.held_rows(ids, "block"), fresh[ids], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("block", [2, 3, 5])
+def test_candidate_topk_equals_topk(block, monkeypatch):
+    """``candidate_topk``: the values of ``torch.topk``, sorted, indices holding those values, a last
+    partial block included; rows with a NaN are flagged; a mostly -inf row and ties at the top agree too."""
+    monkeypatch.setattr(deepen_module, "CANDIDATE_BLOCK", block)
+    generator = torch.Generator().manual_seed(block)
+    x = torch.randn(7, 203, generator=generator) * torch.tensor([[0.1], [1.0], [10.0], [100.0], [1.0], [1.0], [1.0]])
+    x[4, :150] = float("-inf")  # most of a row masked
+    x[5, 20:40] = x[5].max()  # ties at the top
+    x[6, 201] = float("nan")  # in the last, partial block
+    x[1, 17] = float("nan")
+    k = 9
+    values, indices, complete = candidate_topk(x, k)
+    expected = x.topk(k, dim=-1)
+    assert complete.tolist() == [True, False, True, True, True, True, False]
+    assert torch.equal(values[complete], expected.values[complete])
+    assert torch.equal(x.gather(1, indices)[complete], values[complete])
+    assert all(len(set(row)) == k for row in indices[complete].tolist())  # k distinct columns

@@ -17,7 +17,9 @@ Greedy steps are first decided by bounds (vocab/relative.py ``bounded_choice``):
 ``HEAD`` most probable tokens' rows of R^ are read, every other row is bounded from its
 embedding; rows left undecided try again with ``WIDE_HEAD`` exact rows; rows neither decides,
 and scoring, run the exact transform. The greedy support comes from the top of the log-probs
-where that is provably the top of the probabilities, so no step exponentiates the whole vocabulary.
+where that is provably the top of the probabilities, so no step exponentiates the whole vocabulary;
+that top-k reads only the vocabulary blocks that can hold it (``candidate_topk``), not a partial sort
+of every row.
 """
 
 from __future__ import annotations
@@ -44,7 +46,43 @@ from ensemble_bench.vocab.relative import (
 HEAD = 4  # support tokens per member whose rows of R^ the bounds read exactly
 WIDE_HEAD = 16  # the same for the rows the first bounds leave undecided, before the exact transform
 SEPARATED = 1e-6  # log-probs this far apart have distinct float32 exps (exp is within 1 ulp, 1.2e-7 relative)
+CANDIDATE_BLOCK = 32  # columns per block in candidate_topk
 NORMAL_LOG = -87.0  # above log(2^-126): the exp is a normal float32, with its relative rounding
+
+
+def candidate_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values, indices, complete) of the ``k`` largest entries of each row of ``x`` [rows, size],
+    sorted, without a partial sort of whole rows. With t the k-th largest maximum of the blocks of
+    CANDIDATE_BLOCK columns, every entry above t lies in the k blocks of largest maxima, which hold
+    at least k entries >= t: those entries (and the columns after the last whole block) are gathered,
+    padded, into a [rows, most] block whose top-k is taken. Indices may differ from ``torch.topk``'s
+    only between equal values; ``complete`` is False in rows holding a NaN (``torch.topk`` ranks it
+    first)."""
+    rows, size = x.shape
+    whole = size // CANDIDATE_BLOCK
+    if whole < 4 * k:  # few blocks: the plain top-k is as cheap
+        top = x.topk(k, dim=-1)
+        return top.values, top.indices, torch.ones(rows, dtype=torch.bool, device=x.device)
+    blocks = x[:, :whole * CANDIDATE_BLOCK].reshape(rows, whole, CANDIDATE_BLOCK)
+    maxima, chosen = blocks.amax(dim=-1).topk(k, dim=-1, sorted=False)
+    threshold = maxima.amin(dim=-1, keepdim=True)  # NaN where a block holds a NaN: nothing is gathered
+    values = blocks.gather(1, chosen[:, :, None].expand(-1, -1, CANDIDATE_BLOCK)).flatten(1)
+    rest = x[:, whole * CANDIDATE_BLOCK:]
+    if rest.shape[1]:
+        values = torch.cat([values, rest], dim=1)
+    row, place = (values >= threshold).nonzero(as_tuple=True)
+    block = place // CANDIDATE_BLOCK  # the gathered entries' columns in x (k means the columns after the blocks)
+    column = torch.where(block < k, chosen[row, block.clamp(max=k - 1)] * CANDIDATE_BLOCK + place % CANDIDATE_BLOCK,
+                         place + (whole - k) * CANDIDATE_BLOCK)
+    counts = torch.bincount(row, minlength=rows)
+    slot = torch.arange(len(row), device=x.device) - (counts.cumsum(0) - counts)[row]  # place within its row
+    width = max(k, int(counts.max()))
+    kept = torch.full((rows, width), float("-inf"), device=x.device)
+    kept[row, slot] = values[row, place]
+    kept_columns = torch.zeros((rows, width), dtype=torch.long, device=x.device)
+    kept_columns[row, slot] = column
+    top = kept.topk(k, dim=-1)
+    return top.values, kept_columns.gather(1, top.indices), (counts >= k) & ~rest.isnan().any(dim=-1)
 
 
 class DeepenParams(EmitterParams):
@@ -146,8 +184,9 @@ class Deepen(EmitterMethod):
             return ids, probs.gather(1, ids)
         masked = self.scratch.take(f"masked{index}", logprobs)
         torch.add(logprobs, self._invalid_bias(index, valid), out=masked)
-        values, ids = masked.topk(min(size + 1, count), dim=-1)
+        values, ids, complete = candidate_topk(masked, min(size + 1, count))
         unique = ((values[:, :-1] - values[:, 1:]) > SEPARATED).all(-1) & (values[:, size - 1] > NORMAL_LOG)
+        unique &= complete
         ids, probs = ids[:, :size].contiguous(), values[:, :size].exp()
         tied = (~unique).nonzero()[:, 0]
         if len(tied):
