@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ensemble_bench import settings
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import DEFAULT_VARIANT, LM_EVAL_NAMES, REGISTRY, Benchmark, get_benchmark, is_builtin
+from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, TaskCode, task_code, task_file_problems
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
@@ -37,9 +38,7 @@ MAX_GROUP_DEPTH = 16  # nesting of groups inside groups (lm-eval's deepest is ab
 GROUP_KEYS = frozenset({"group", "group_alias", "task", "aggregate_metric_list", "metadata"})
 # the config keys this module reads (an index keeps only these: the saved copy is a tenth of the size)
 KEPT_KEYS = GROUP_KEYS | {"metric_list", "filter_list", "output_type", "generation_kwargs", "fewshot_delimiter",
-                          "num_fewshot", "dataset_path"}
-# dataset_path values that name a datasets builder reading local files, not a hub dataset
-LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset"})
+                          "num_fewshot", "dataset_path", "dataset_name", "dataset_kwargs"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def stock_index() -> dict[str, Found]:
     (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
     import lm_eval
 
-    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 3}
+    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 4}
     saved = _saved_index(stamp)
     if saved is not None:
         return saved
@@ -172,6 +171,19 @@ def leaf_configs(entry: Found, index: dict[str, Found], above: dict | None = Non
             yield from leaf_configs(child, index, here, depth + 1) if child is not None else [here]
     else:
         yield {**cfg, **above}
+
+
+def entry_yamls(entry: Found, index: dict[str, Found], depth: int = 0) -> Iterator[Path]:
+    """The YAML file of ``entry`` and of every task and group below it (tags expanded)."""
+    if depth > MAX_GROUP_DEPTH:
+        return
+    if entry.yaml_path:
+        yield Path(entry.yaml_path)
+    names = entry.tags if entry.kind == "TAG" else [name for name, _ in _members(entry.cfg or {})] \
+        if entry.kind == "GROUP" else []
+    for name in names:
+        if name and name in index:
+            yield from entry_yamls(index[name], index, depth + 1)
 
 
 def _task_metric(cfg: dict) -> str | None:
@@ -289,6 +301,7 @@ def include_folders(recipe) -> list[Path]:
             lines.append(f"{field}: '{written}' is not a folder: name a folder of lm-eval task YAML files")
         elif folder not in folders:
             folders.append(folder)
+    lines += task_file_problems(folders)  # before lm-eval's index opens any of them
     if lines:
         raise several(UserError, lines)
     return folders
@@ -331,10 +344,39 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
+        lines += _task_code_lines(recipe, i, entry, index)
         if missing := _uncached_hub_data(entry, index):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
+
+
+def _code_below(recipe, entry: Found, index: dict[str, Found]) -> tuple[list[TaskCode], list[str]]:
+    return task_code(entry_yamls(entry, index), include_folders(recipe))
+
+
+def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
+    """A line per ``!function`` of task ``i`` naming a module found nowhere, and, unless the recipe allows
+    task code, a line per module of an include_path folder that the task would import and run."""
+    code, missing = _code_below(recipe, entry, index)
+    lines = [f"tasks[{i}].name: {line}" for line in missing]
+    if not getattr(recipe, "allow_task_code", False):
+        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.module} (!function "
+                  f"{found.reference} in {found.task_yaml.name}), unsandboxed: set allow_task_code: true (or "
+                  "--set allow_task_code=true) to run it" for found in code]
+    return lines
+
+
+def recipe_task_code(recipe) -> list[TaskCode]:
+    """The modules of include_path folders that the recipe's tasks import through ``!function``."""
+    if all(is_builtin(task.name) for task in recipe.tasks):
+        return []
+    index = task_index(include_folders(recipe))
+    found: dict[Path, TaskCode] = {}
+    for task in recipe.tasks:
+        if not is_builtin(task.name) and task.name in index:
+            found.update((code.module, code) for code in _code_below(recipe, index[task.name], index)[0])
+    return list(found.values())
 
 
 def _uncached_hub_data(entry: Found, index: dict[str, Found]) -> str | None:
@@ -390,4 +432,5 @@ def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, 
     return found
 
 
-__all__ += ["generation_overrides", "include_folders", "task_benchmarks", "task_preflight"]
+__all__ += ["entry_yamls", "generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks",
+            "task_preflight"]
