@@ -120,8 +120,20 @@ def _plan_tables(recipe, fresh: bool = False) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in task_notes(recipe)]
+    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *_task_code_notes(recipe)]]
     return [heading, _results_line(recipe, fresh), rows, benches, *notes]
+
+
+def _task_code_notes(recipe) -> list[str]:
+    """A line per module of an include_path folder that the tasks import (``!function``) and so run."""
+    from ensemble_bench.tasks.lm_eval_tasks import recipe_task_code
+
+    try:
+        found = recipe_task_code(recipe)
+    except UserError:  # the preflight names what is wrong with the folders
+        return []
+    return [f"task code: {code.module} runs when the tasks load (!function {code.reference} in {code.task_yaml.name})"
+            f"{'' if recipe.allow_task_code else ' - not allowed: set allow_task_code: true'}" for code in found]
 
 
 def _duration(seconds: float) -> str:

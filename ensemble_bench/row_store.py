@@ -32,7 +32,7 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,15 +120,15 @@ def _member(member: MemberSpec) -> dict[str, Any]:
 WHOLE_FILE_BYTES = 1 << 20  # task configs up to this size are read whole (their folder's path replaced)
 
 
-def _folders_digest(folders: list[Path]) -> str:
-    """Every file of the run's task folder and of the recipe's include_path folders. A task config (up to
-    WHOLE_FILE_BYTES) is read with each folder's own path written as ``<folder k>``, so that the same
-    configs in another run folder hash alike; a larger file (data beside the YAML) is hashed streaming,
-    its hash kept in the cache (``content_digest``): constant memory whatever its size."""
+def _folders_digest(folders: list[Path], data_files: Collection[str] = ()) -> str:
+    """Every file of the run's task folder and of the recipe's include_path folders but the tasks' data
+    files (keyed apart). A task config (up to WHOLE_FILE_BYTES) is read with each folder's own path
+    written as ``<folder k>``, so that the same configs in another run folder hash alike; a larger file is
+    hashed streaming, its hash kept in the cache (``content_digest``): constant memory whatever its size."""
     digest = hashlib.sha256()
     for k, folder in enumerate(folders):
         here = str(folder).encode()
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and str(p.resolve()) not in data_files):
             digest.update(f"{k}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
             if path.stat().st_size > WHOLE_FILE_BYTES:
                 digest.update(content_digest(path).encode() + b"\0")
@@ -145,7 +145,7 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
     data = data or {"files": {}, "hub": []}
     shared = {"versions": _versions(), "seed": recipe.seed, "fewshot_as_multiturn": recipe.fewshot_as_multiturn,
               "allow_code_execution": recipe.allow_code_execution}
-    tasks = {"files": _folders_digest(task_folders), "groups": groups, "data": recipe.data,
+    tasks = {"files": _folders_digest(task_folders, data["files"]), "groups": groups, "data": recipe.data,
              "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
     keys = {}
     for row in rows:
