@@ -87,24 +87,32 @@ class TaskYaml:
 
 
 def read_task_yaml(path: Path) -> TaskYaml:
-    """One task YAML read under the limits; ValueError with the reason (one line) otherwise."""
+    """One task YAML read under the limits; ValueError with the reason (one line) when lm-eval must not open
+    it (not a regular file, too large, past the YAML limits). A file that cannot be read or parsed is
+    given with no config, as lm-eval's index skips it."""
     try:
         mode = os.stat(path).st_mode
-    except OSError as err:
-        raise ValueError(f"cannot be read ({err.strerror or err})") from None
+    except OSError:  # a dangling link, no permission: lm-eval's index skips what it cannot open; so does this
+        return TaskYaml(path, None, ())
     if (kind := _kind(mode)) is not None:
         raise ValueError(f"is {kind}, not a YAML file")
-    with open(path, "rb") as handle:
-        text = handle.read(MAX_TASK_YAML_BYTES + 1)
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(MAX_TASK_YAML_BYTES + 1)
+    except OSError:
+        return TaskYaml(path, None, ())
     if len(text) > MAX_TASK_YAML_BYTES:
         raise ValueError(f"is larger than {MAX_TASK_YAML_BYTES >> 20} MiB, the most a task YAML may have")
-    loader = _TaskLoader(text)
+    try:
+        loader = _TaskLoader(text)
+    except yaml.YAMLError:  # not UTF-8: lm-eval's own index skips a file it cannot read; so does this one
+        return TaskYaml(path, None, ())
     try:
         config = loader.get_single_data()
     except YamlLimit as err:
         raise ValueError(f"line {err.problem_mark.line + 1}: {err.problem}") from None
     except (yaml.YAMLError, ValueError, RecursionError):
-        config = None  # lm-eval's own loader skips a file it cannot read; so does this one
+        config = None
     finally:
         loader.dispose()
     return TaskYaml(path, config, tuple(loader.functions))
