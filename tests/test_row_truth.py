@@ -238,3 +238,14 @@ def test_a_hub_dataset_is_keyed_by_its_revision(tmp_path, monkeypatch):
     refs.mkdir(parents=True)
     (refs / "main").write_text("c0ffee\n")
     assert task_sources.data_fingerprint([{"dataset_path": "org/set"}])["hub"] == [("org/set", "None", "c0ffee")]
+
+
+def test_the_plan_marks_the_rows_a_run_would_reuse(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys):
+    code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"), "--dry-run")
+    assert code == 0 and "not computed" not in out.out  # nothing finished yet
+    assert run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"))[0] == 0
+    code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "second"), "--dry-run")
+    assert code == 0 and re.search(r"note: row bpe: reused from first/\S+/bpe \(not computed\)", out.out), out.out
+    code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "second"), "--dry-run",
+                    "--fresh")
+    assert code == 0 and "not computed" not in out.out
