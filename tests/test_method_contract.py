@@ -24,10 +24,10 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
+from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import ALONE, METHODS, LoglikelihoodRequest, Method, MethodParams, get_method
-from ensemble_bench.methods.stats import RunStats
 from ensemble_bench.recipe import parse_recipe
 from tests.tiny import CORPUS, REQUESTS, outputs
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ensemble_bench.methods.feeding import text_appender
+from ensemble_bench.decoding.feeding import text_appender
 from ensemble_bench.methods.token_level import log_or_floor
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ensemble_bench.batching import in_batches
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import (
     Generation,
@@ -38,8 +40,6 @@ from ensemble_bench.methods.base import (
     excerpt,
     request_excerpt,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.stopping import StopRule, cut_at_until
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ class DecodingMethod(Method, Steps):
     """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``lead``,
     and may extend ``start`` (its own per-request state) and ``result``."""
 
-    speculation = None  # draft-and-verify decoding (methods/speculative.py), for the methods that offer it
+    speculation = None  # draft-and-verify decoding (decoding/speculative.py), for the methods that offer it
 
     def start(self, request: GenerationRequest) -> RequestState:
         return RequestState.of(request)

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import Advance, RequestState, advance_request, check_distributions, prefill
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import MethodParams, Timing, resolve_member
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import Advance, RequestState, advance_request, check_distributions, prefill
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 AUTO = "auto"
