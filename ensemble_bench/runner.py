@@ -57,7 +57,7 @@ from ensemble_bench.row_store import (
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
-from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
+from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
 from ensemble_bench.tasks.task_sources import data_fingerprint
 
@@ -483,6 +483,14 @@ def _check_complete(run_dir: Path, rows: list[Row], groups: list[str]) -> None:
                                    "again to recompute it from the response cache")
 
 
+def patch_lm_eval() -> None:
+    """The one change ensbench makes to lm-eval: its git hash of the working folder is read without git's
+    "fatal: not a git repository" on stderr for every row (``quiet_git_hash``)."""
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
+
+
 def quiet_git_hash() -> str | None:
     """lm-eval's git hash of the working folder, without git's "fatal: not a git repository" per row."""
     try:
@@ -506,9 +514,10 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
     dest = run_dir / "tasks"
+    consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
 
     def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
-        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra))
+        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, consent))
                 for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
 
     groups, folders = write(), [*lm_eval_tasks.include_folders(recipe), dest]
@@ -567,17 +576,14 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     recipe meanwhile is refused in one line and changes nothing."""
     if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
-        os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
     with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
         return _run_locked(recipe, fresh, progress, on_row)
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
-    import lm_eval.evaluator  # lm-eval loads here, not for --dry-run / --reuse (about a second)
-
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
-    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
+    patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     run_dir, _ = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
@@ -589,8 +595,6 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     group_names = [group for _, group in groups]
     inside(run_dir, "cache").mkdir(exist_ok=True)
 
-    if recipe.allow_code_execution:
-        os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
     rows = plan_rows(recipe)
     store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))

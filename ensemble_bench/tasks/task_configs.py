@@ -42,13 +42,13 @@ import yaml
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, flores
+from ensemble_bench.tasks.code_exec import NO_CONSENT, Consent, hooks_source
 from ensemble_bench.tasks.data_store import ensure_offline_data, local_dataset
 
 DATA_MODES = ("offline", "hub")
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 # The module written beside the task YAMLs that their ``!function`` metrics and filters name.
 CODE_HOOKS = "ensbench_code"
-CODE_HOOKS_SOURCE = "from ensemble_bench.tasks.code_exec import build_programs, pass_at_1, pass_at_k  # noqa: F401\n"
 # Placeholder values a template needs beyond ``hooks``: task -> data mode -> name -> value.
 # MBPP's offline copy has no 'prompt' split: shots come from test, the scored one excluded.
 TEMPLATE_VALUES: dict[str, dict[str, dict[str, str]]] = {
@@ -191,10 +191,11 @@ def render_template(task: str, data: str) -> str:
         raise UserError(f"task template {path.name}: no value for placeholder {err} ({data} data)") from None
 
 
-def _write_templates(benches: list[Benchmark], dest: Path, data: str) -> None:
-    """The task YAMLs of ``benches`` that have templates, and the hooks module code tasks name."""
+def _write_templates(benches: list[Benchmark], dest: Path, data: str, consent: Consent) -> None:
+    """The task YAMLs of ``benches`` that have templates, and the hooks module code tasks name (with the
+    run's consent to run generated code written into it)."""
     if any(bench.runs_code for bench in benches):
-        atomic_write_text(dest / f"{CODE_HOOKS}.py", CODE_HOOKS_SOURCE)
+        atomic_write_text(dest / f"{CODE_HOOKS}.py", hooks_source(consent))
     for bench in benches:
         if template_path(bench.task) is not None:
             atomic_write_text(dest / f"{bench.task}.yaml", render_template(bench.task, data))
@@ -221,7 +222,8 @@ def group_name(data: str) -> str:
 
 
 def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path, data: str,
-                       suffix: str = "", extra: dict[str, dict[str, Any]] | None = None) -> str:
+                       suffix: str = "", extra: dict[str, dict[str, Any]] | None = None,
+                       consent: Consent = NO_CONSENT) -> str:
     """Write the group YAML for ``selection`` into ``dest``; return the group to evaluate.
 
     ``selection`` pairs each benchmark with a shot count (None: its default). ``data`` is
@@ -230,6 +232,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     and pass the returned name to ``simple_evaluate(tasks=[name])``; results keep lm-eval's task names.
     Several selections can share ``dest`` (one TaskManager) when each has its own ``suffix``.
     ``extra``: lm-eval task name -> keys written on its member (they override the task's own config).
+    ``consent``: whether the code benchmarks' metrics may run generated programs (tasks/code_exec.py).
     """
     _check_mode(data)
     resolved = _check_selection(selection, data)
@@ -243,7 +246,7 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     }
     dest = Path(dest)
     _write_group_fixes(builtin, dest)
-    _write_templates(builtin, dest, data)
+    _write_templates(builtin, dest, data, consent)
     _write_flores(builtin, dest, data, root)
     atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group
