@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -97,6 +97,11 @@ class RequestState:
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
         """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
         return cls(StopRule(request.until, request.max_new_tokens), **fields)
+
+    def copy(self) -> RequestState:
+        """A copy that can change without changing this state (a subclass copies its own mutable fields)."""
+        return replace(self, data=bytearray(self.data), ids=None if self.ids is None else list(self.ids),
+                       held={index: replace(held) for index, held in self.held.items()})
 
     def take(self, advance: Advance) -> None:
         self.data += advance.data

@@ -29,7 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
@@ -127,6 +127,12 @@ class GacState(RequestState):
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
     generator: torch.Generator | None = None  # set when sampling
 
+    def copy(self) -> GacState:
+        copied = super().copy()
+        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
+        copied.ensembled = list(self.ensembled)
+        return copied
+
 
 @dataclass(frozen=True)
 class GacPick(Advance):
@@ -148,7 +154,7 @@ class GacStats:
                 "ensembled_position_deciles": self.position_deciles}
 
 
-class Gac(DecodingMethod):
+class Gac(SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
     min_members = 2

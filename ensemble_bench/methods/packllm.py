@@ -38,7 +38,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.base import (
     Generation,
@@ -362,7 +362,7 @@ class MinedFusion:
                 [[s.token] if own else [] for own, s in zip(mine, states)])
 
 
-class PackLLM(DecodingMethod):
+class PackLLM(SpeculativeSteps, DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
     min_members = 2

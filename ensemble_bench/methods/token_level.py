@@ -24,7 +24,7 @@ from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
@@ -57,7 +57,7 @@ class ScoringState(RequestState):
     greedy: bool = True
 
 
-class EmitterMethod(DecodingMethod):
+class EmitterMethod(SpeculativeSteps, DecodingMethod):
     """Base of UniTE and DeePEn: subclasses implement ``_step``; their Params declare ``lead``."""
 
     min_members = 2
