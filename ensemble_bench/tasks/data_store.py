@@ -119,12 +119,16 @@ def local_dataset(bench: Benchmark) -> LocalDataset:
 
 def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
     """Build the local datasets of ``benchmarks`` that are missing or unfinished; return the root."""
+    return ensure_datasets(map(local_dataset, benchmarks))
+
+
+def ensure_datasets(specs: Iterable[LocalDataset]) -> Path:
+    """Build the local datasets ``specs`` that are missing or unfinished; return the root."""
     from rich.console import Console
 
     console = Console(stderr=True)
     root = data_root()
-    specs = {spec.hub_id: spec for spec in map(local_dataset, benchmarks)}
-    for spec in specs.values():
+    for spec in {spec.hub_id: spec for spec in specs}.values():
         if is_complete(spec, root):
             continue
         started = time.perf_counter()
@@ -135,6 +139,13 @@ def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
     return root
 
 
+def copy_layout(spec: LocalDataset, root: Path) -> dict[str, set[str]]:
+    """The configs of the built copy of ``spec`` under ``root`` and the splits of each, read from its folders."""
+    folder = root / spec.hub_id
+    return {config.name: {split.stem for split in config.glob("*.jsonl")}
+            for config in sorted(folder.iterdir()) if config.is_dir() and not config.name.startswith(".")}
+
+
 def nq_questions(count: int) -> list[str]:
     """The first ``count`` NQ-Open validation questions as short QA prompts (for benchmark scripts)."""
     root = ensure_offline_data([get_benchmark("nq")])
@@ -143,5 +154,5 @@ def nq_questions(count: int) -> list[str]:
     return [f"Q: {row['question']}?\nA:" for row in rows]
 
 
-__all__ = ["MARKER", "build_dataset", "data_root", "ensure_offline_data", "is_complete",
-           "local_dataset", "nq_questions"]
+__all__ = ["MARKER", "build_dataset", "copy_layout", "data_root", "ensure_datasets", "ensure_offline_data",
+           "is_complete", "local_dataset", "nq_questions"]

@@ -331,22 +331,27 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
-        if missing := _uncached_hub_data(entry, index):
+        if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
 
 
-def _uncached_hub_data(entry: Found, index: dict[str, Found]) -> str | None:
+def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool = False) -> str | None:
     """The first hub dataset below ``entry`` that cannot be read here: the hub switched off and neither
-    the datasets cache nor the hub cache holding it (None when the hub is on)."""
+    the datasets cache nor the hub cache holding it (None when the hub is on). ``packaged_ok``
+    (``data: offline``): a dataset ensemble-bench packages is read from its local copy (tasks/stock_data.py)."""
     if not settings.hub_offline():
         return None
     import datasets.config
     import huggingface_hub.constants
 
+    from ensemble_bench.tasks import stock_data
+
     for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
         if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
+            continue
+        if packaged_ok and stock_data.available(path):
             continue
         cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
                   Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
