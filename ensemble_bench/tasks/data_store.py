@@ -21,7 +21,7 @@ import yaml
 from ensemble_bench.cache import atomic_folder, cache_dir, file_sha256, record_stamp, verified
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
-from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows
+from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows, packaged
 
 MARKER = ".complete"
 # Bump when the layout or the row conversion changes: older copies are then rebuilt.
@@ -139,6 +139,12 @@ def ensure_datasets(specs: Iterable[LocalDataset]) -> Path:
     return root
 
 
+def packaged_copy_available(dataset_path: object) -> bool:
+    """Whether ``dataset_path`` (a task's) names a packaged dataset this machine can build or has built."""
+    spec = packaged(dataset_path) if isinstance(dataset_path, str) else None
+    return spec is not None and (spec.missing() is None or is_complete(spec, data_root()))
+
+
 def copy_layout(spec: LocalDataset, root: Path) -> dict[str, set[str]]:
     """The configs of the built copy of ``spec`` under ``root`` and the splits of each, read from its folders."""
     folder = root / spec.hub_id
@@ -155,4 +161,4 @@ def nq_questions(count: int) -> list[str]:
 
 
 __all__ = ["MARKER", "build_dataset", "copy_layout", "data_root", "ensure_datasets", "ensure_offline_data",
-           "is_complete", "local_dataset", "nq_questions"]
+           "is_complete", "local_dataset", "nq_questions", "packaged_copy_available"]

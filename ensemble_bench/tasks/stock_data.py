@@ -31,14 +31,6 @@ if TYPE_CHECKING:
 SPLIT_KEYS = ("training_split", "validation_split", "test_split")
 
 
-def available(dataset_path: Any) -> bool:
-    """Whether ``dataset_path`` names a packaged dataset this machine can build (or has built)."""
-    from ensemble_bench.tasks.data_store import data_root, is_complete
-
-    spec = packaged(dataset_path) if isinstance(dataset_path, str) else None
-    return spec is not None and (spec.missing() is None or is_complete(spec, data_root()))
-
-
 def _full_index(entry: Found, index: dict[str, Found], seen: dict[str, Found] | None = None) -> dict[str, Found]:
     """The entries below ``entry`` (itself included) with their whole config read from their YAML (the
     index keeps only a few keys), includes resolved and ``!function`` left unresolved."""
@@ -140,4 +132,4 @@ def stock_overrides(entry: Found, index: dict[str, Found], shots: int | None, ro
     return {"dataset_path": str((root / spec.hub_id).resolve()), **next(iter(keyed.values()))}
 
 
-__all__ = ["available", "datasets_below", "leaf_overrides", "stock_overrides"]
+__all__ = ["datasets_below", "leaf_overrides", "stock_overrides"]
