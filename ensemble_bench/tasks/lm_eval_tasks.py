@@ -143,12 +143,20 @@ def find_entry(name: str, index: dict[str, Found]) -> Found:
     return entry
 
 
+def inline_group(item: object) -> Found | None:
+    """A member of a group's task list that is a group written in place (``{group: stem, task: [...]}``,
+    as in ``mmlu_continuation``), as an index entry; None for any other member."""
+    if isinstance(item, dict) and "group" in item and isinstance(item.get("task"), list):
+        return Found(str(item["group"]), "GROUP", None, item)
+    return None
+
+
 def _members(cfg: dict) -> Iterator[tuple[str | None, dict]]:
-    """(name, overrides) of each member of a group config's task list."""
+    """(name, overrides) of each member of a group config's task list (not the groups written in place)."""
     for item in cfg.get("task") or []:
         if isinstance(item, str):
             yield item, {}
-        elif isinstance(item, dict):
+        elif isinstance(item, dict) and inline_group(item) is None:
             yield item.get("task", item.get("group")), {k: v for k, v in item.items() if k not in ("task", "group")}
 
 
@@ -166,6 +174,8 @@ def leaf_configs(entry: Found, index: dict[str, Found], above: dict | None = Non
                 yield from leaf_configs(index[name], index, above, depth + 1)
     elif entry.kind == "GROUP":
         own = {k: v for k, v in cfg.items() if k not in GROUP_KEYS}
+        for inline in filter(None, map(inline_group, cfg.get("task") or [])):
+            yield from leaf_configs(inline, index, {**own, **above}, depth + 1)
         for name, overrides in _members(cfg):
             here = {**own, **above, **overrides}
             child = index.get(name) if name else None

@@ -45,13 +45,24 @@ def _full_index(entry: Found, index: dict[str, Found], seen: dict[str, Found] | 
     if entry.yaml_path and entry.kind in ("TASK", "GROUP"):
         cfg = load_yaml(entry.yaml_path, resolve_func=False, recursive=True)
     seen[entry.name] = replace(entry, cfg=cfg)
-    members = (cfg or {}).get("task") or [] if entry.kind == "GROUP" else []
-    below = [item if isinstance(item, str) else item.get("task", item.get("group"))
-             for item in members if isinstance(item, (str, dict))]
-    for name in [*below, *entry.tags]:
-        if isinstance(name, str) and name in index:
+    for name in _names_below(cfg or {}) if entry.kind == "GROUP" else entry.tags if entry.kind == "TAG" else []:
+        if name in index:
             _full_index(index[name], index, seen)
     return seen
+
+
+def _names_below(cfg: dict) -> list[str]:
+    """The names a group config's task list refers to, those inside groups written in place included."""
+    from ensemble_bench.tasks.lm_eval_tasks import inline_group
+
+    names = []
+    for item in cfg.get("task") or []:
+        if inline_group(item) is not None:
+            names += _names_below(item)
+        elif isinstance(item, (str, dict)):
+            name = item if isinstance(item, str) else item.get("task", item.get("group"))
+            names += [name] if isinstance(name, str) else []
+    return names
 
 
 def _scored_split(task: str, cfg: dict) -> str:
