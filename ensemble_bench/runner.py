@@ -513,11 +513,11 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
-    dest = run_dir / "tasks"
+    dest, own_folders = run_dir / "tasks", lm_eval_tasks.include_folders(recipe)
     consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
 
     def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
-        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, consent))
+        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, own_folders, consent))
                 for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
 
     groups, folders = write(), [*lm_eval_tasks.include_folders(recipe), dest]

@@ -113,9 +113,11 @@ def _score_columns(bench: Benchmark) -> tuple[str, str, str]:
 
 def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.DataFrame:
     """A row per evaluated model: scores in % with their 95% intervals (``intervals``: (row,
-    benchmark) -> report.paired.Interval), example counts, the average, latency."""
+    benchmark) -> report.paired.Interval), example counts, the average (only over benchmarks scored by one
+    metric: accuracy and exact match are not averaged), latency."""
     benches = recipe_benchmarks(run_dir, recipe)
     intervals = intervals or {}
+    one_metric = len({bench.primary_metric.split(",")[0] for bench in benches}) == 1
     records = []
     for row in run_rows(run_dir, recipe):
         scores = row.scores
@@ -131,7 +133,8 @@ def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.Da
             record[f"n {bench.name}"] = value[1] if value else 0
             if value:
                 values.append(100 * value[0])
-        record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
+        if one_metric:
+            record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
         record.update(timing_cells(row.stats, run_dir / row.plan.label))
         records.append(record)
     return pd.DataFrame.from_records(records)

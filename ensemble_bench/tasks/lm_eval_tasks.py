@@ -142,12 +142,20 @@ def find_entry(name: str, index: dict[str, Found]) -> Found:
     return entry
 
 
+def inline_group(item: object) -> Found | None:
+    """A member of a group's task list that is a group written in place (``{group: stem, task: [...]}``,
+    as in ``mmlu_continuation``), as an index entry; None for any other member."""
+    if isinstance(item, dict) and "group" in item and isinstance(item.get("task"), list):
+        return Found(str(item["group"]), "GROUP", None, item)
+    return None
+
+
 def _members(cfg: dict) -> Iterator[tuple[str | None, dict]]:
-    """(name, overrides) of each member of a group config's task list."""
+    """(name, overrides) of each member of a group config's task list (not the groups written in place)."""
     for item in cfg.get("task") or []:
         if isinstance(item, str):
             yield item, {}
-        elif isinstance(item, dict):
+        elif isinstance(item, dict) and inline_group(item) is None:
             yield item.get("task", item.get("group")), {k: v for k, v in item.items() if k not in ("task", "group")}
 
 
@@ -165,6 +173,8 @@ def leaf_configs(entry: Found, index: dict[str, Found], above: dict | None = Non
                 yield from leaf_configs(index[name], index, above, depth + 1)
     elif entry.kind == "GROUP":
         own = {k: v for k, v in cfg.items() if k not in GROUP_KEYS}
+        for inline in filter(None, map(inline_group, cfg.get("task") or [])):
+            yield from leaf_configs(inline, index, {**own, **above}, depth + 1)
         for name, overrides in _members(cfg):
             here = {**own, **above, **overrides}
             child = index.get(name) if name else None
@@ -345,7 +355,7 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
         lines += _task_code_lines(recipe, i, entry, index)
-        if missing := _uncached_hub_data(entry, index):
+        if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
@@ -379,16 +389,21 @@ def recipe_task_code(recipe) -> list[TaskCode]:
     return list(found.values())
 
 
-def _uncached_hub_data(entry: Found, index: dict[str, Found]) -> str | None:
+def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool = False) -> str | None:
     """The first hub dataset below ``entry`` that cannot be read here: the hub switched off and neither
-    the datasets cache nor the hub cache holding it (None when the hub is on)."""
+    the datasets cache nor the hub cache holding it (None when the hub is on). ``packaged_ok``
+    (``data: offline``): a dataset ensemble-bench packages is read from its local copy (tasks/stock_data.py)."""
     if not settings.hub_offline():
         return None
     import datasets.config
     import huggingface_hub.constants
 
+    from ensemble_bench.tasks.data_store import packaged_copy_available
+
     for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
         if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
+            continue
+        if packaged_ok and packaged_copy_available(path):
             continue
         cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
                   Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
