@@ -104,7 +104,8 @@ def _group_problem(results: dict) -> str | None:
     for group, below in (results.get("group_subtasks") or {}).items():
         for key, recorded in scores.get(group, {}).items():
             parts = [scores.get(child, {}).get(key) for child in below or []]
-            if "_stderr" in key or not _is_number(recorded) or not parts or not all(_is_number(p) for p in parts):
+            if "," not in key or "_stderr" in key or not _is_number(recorded) or not parts \
+                    or not all(_is_number(p) for p in parts):  # scores only ("metric,filter"), not sample_len
                 continue
             sizes = [_size(child, results) for child in below]
             weighted = sum(p * n for p, n in zip(parts, sizes)) / sum(sizes) if sum(sizes) else math.nan
