@@ -120,7 +120,10 @@ def _plan_tables(recipe, fresh: bool = False) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
+    from ensemble_bench.tasks.whitespace import recipe_warnings
+
     notes = [Text(f"note: {line}") for line in task_notes(recipe)]
+    notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe)]
     return [heading, _results_line(recipe, fresh), rows, benches, *notes]
 
 

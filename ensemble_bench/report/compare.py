@@ -3,7 +3,8 @@
 Per benchmark: each row's score with its 95% interval, the paired comparison (wins / losses / ties,
 McNemar exact or paired bootstrap p-value, answers that differ), the members' oracle ceiling and
 agreement; then the examples where the rows' answers differ (question, target, each row's answer
-and whether it scored); last, one line per comparison, so the end of the output says what changed.
+and whether it scored; target and answers as Python literals, so that whitespace shows); last, one
+line per comparison, so the end of the output says what changed.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def _example_lines(view: BenchmarkView, show: int) -> list[str]:
         first = next(iter(example.values()))
         lines += ["", f"- {first.task} doc {first.doc_id}: {first.question}"]
         if first.target:
-            lines.append(f"  target: {first.target}")
+            lines.append(f"  target: {first.target!r}")
         lines += [f"  - {label}: {e.answer!r} ({_mark(e)})" for label, e in example.items()]
     return lines
 

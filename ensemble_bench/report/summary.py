@@ -22,6 +22,7 @@ from ensemble_bench.report.run_files import (
     read_json_lines,
     row_wall_seconds,
 )
+from ensemble_bench.report.whitespace_notes import whitespace_section
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 
@@ -200,7 +201,8 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
               "evaluation time.\n\n")
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
-                      + reuse_section(run_dir) + paired_section(comparisons))
+                      + reuse_section(run_dir) + paired_section(comparisons)
+                      + whitespace_section(run_dir, [row.plan.label for row in rows]))
     return frame
 
 
