@@ -92,41 +92,6 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _results_line(recipe, fresh: bool) -> Text:
-    """Where the run writes: the unfinished run it resumes, or the new run folder."""
-    from ensemble_bench.runner import planned_run_dir
-
-    try:
-        folder, resumed = planned_run_dir(recipe, fresh)
-    except (UserError, OSError) as err:  # the preflight says what is wrong with output:
-        return Text(f"results: output: {recipe.output} ({lines_of(err)[0] if isinstance(err, UserError) else err})")
-    return Text(f"results: {folder}" + (" (resumes this unfinished run)" if resumed else " (a new run)"))
-
-
-def _plan_tables(recipe, fresh: bool = False) -> list:
-    """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
-    readable at 80 columns."""
-    from ensemble_bench.recipe import plan_rows, selected_benchmarks, task_notes
-
-    heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
-    rows = Table(title="rows")
-    for column in ("row", "method", "members"):
-        rows.add_column(column, no_wrap=column != "members")
-    for row in plan_rows(recipe):
-        rows.add_row(row.label, row.method, " + ".join(recipe.members[i].label for i in row.members))
-    benches = Table(title="benchmarks")
-    for column in ("benchmark", "lm-eval task", "shots", "limit"):
-        benches.add_column(column, no_wrap=True, overflow="fold")
-    for bench, shots, limit in selected_benchmarks(recipe):
-        benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
-                        str(limit or "all"))
-    from ensemble_bench.tasks.whitespace import recipe_warnings
-
-    notes = [Text(f"note: {line}") for line in task_notes(recipe)]
-    notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe)]
-    return [heading, _results_line(recipe, fresh), rows, benches, *notes]
-
-
 def _duration(seconds: float) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
     seconds = round(seconds)
@@ -226,17 +191,20 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
         tasks: str = typer.Option(None, help="Override: only these benchmarks, comma-separated (e.g. piqa,nq)."),
         batch_size: int = typer.Option(None, "--batch-size", min=1, help="Override: the recipe's batch_size."),
         output: str = typer.Option(None, help="Override: the folder results go to (~ and $VARS expanded)."),
+        seed: int = typer.Option(None, min=0, help="Override: the recipe's seed (lm-eval's few-shot sampling and "
+                                                   "random seeds)."),
         set_: list[str] = typer.Option(None, "--set", help="Override any field: --set method.weights=[2,1] "
                                                           "(dotted path, list indices, a YAML value; repeatable).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.overrides import option_overrides, parse_set
+    from ensemble_bench.plan import plan_tables
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.runner import finished_run, preflight
 
-    overrides = option_overrides(limit, tasks, batch_size, output) + [parse_set(text) for text in set_ or []]
+    overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)
     problems = preflight(loaded, str(recipe))  # a task lm-eval lacks here is named before the plan lists it
-    console.print(*_plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
+    console.print(*plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
     if problems:
         raise several(EnvironmentFault, problems)
     if dry_run:
