@@ -392,20 +392,23 @@ def list_things(details: bool = typer.Option(False, "--details", help="add each 
 
 
 @app.command()
-def compare(run: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
+def compare(runs: list[Path] = typer.Argument(..., help="finished run, or results/<recipe> (its newest run); "
+                                                        "several: their rows side by side, the first row against "
+                                                        "the others"),
             row: list[str] = typer.Option(None, "--row", metavar="ROW",
                                           help="a row to compare (twice or more; default: all rows)"),
             benchmark: str = typer.Option(None, help="only this benchmark"),
             show: int = typer.Option(5, min=0, help="differing examples shown per benchmark"),
             out: Path = typer.Option(None,
                                      help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
-    """What the rows of a run did differently: intervals, paired tests, oracle, differing examples."""
+    """What the rows of a run (or of several runs) did differently: intervals, paired tests, oracle, differing
+    examples."""
     from ensemble_bench.report.compare import build_report, render_csv, render_markdown
     from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.tables import resolve_run
 
     targets = checked_files(user_path(out), (".md", ".csv")) if out is not None else []
-    report = build_report(resolve_run(run), row or None, benchmark)
+    report = build_report([resolve_run(run) for run in runs], row or None, benchmark)
     text = render_markdown(report, show)
     print(text, end="")
     if targets:
