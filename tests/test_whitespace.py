@@ -136,3 +136,15 @@ def test_compare_shows_answers_and_targets_with_their_whitespace(spaced_run):
     text = render_markdown(build_report(spaced_run, benchmark=None), show=5)
     assert "  target: ' city0'" in text
     assert "  - a: '  city0' (wrong)" in text and "  - b: ' city0' (right)" in text
+
+
+def test_a_run_of_the_doubled_template_warns_in_its_summary(tiny_dirs, tmp_path, monkeypatch, capsys):
+    task = documented_task_yaml(Path("DATA")).replace('"{{answer}}"', '" {{answer}}"')
+    recipe = pair_recipe(tiny_dirs, capitals_folder(tmp_path, task), "spaced")
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--limit", "2", "--threads", "1",
+                        "--set", "tasks[0].gen_kwargs.max_gen_toks=4")
+    assert code == 0, out.err[-2000:]
+    [summary] = (tmp_path / "results" / "spaced").glob("*/summary.md")
+    warnings = [line for line in summary.read_text().splitlines() if line.startswith("- warning: capitals:")]
+    assert len(warnings) == 1 and re.search(r"the few-shot target ' (Paris|Moscow|Berlin)' starts", warnings[0])
+    assert "warning: capitals: the few-shot target ' {{answer}}'" in out.out  # the plan, before anything loads
