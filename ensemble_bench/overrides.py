@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ensemble_bench.errors import UserError, lines_of, several
+from ensemble_bench.yaml_limits import MAX_RECIPE_BYTES, MAX_YAML_DEPTH, RecipeLimit, RecipeLoader
 
 _PART = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]|(\d+)")
 
@@ -59,8 +60,6 @@ def _quoted(text: str) -> str:
 
 def _yaml_value(value: str, shown: str) -> Any:
     """``value`` read as YAML under the recipe file's limits (size, nesting, aliases written out)."""
-    from ensemble_bench.recipe import MAX_RECIPE_BYTES, RecipeLimit, RecipeLoader  # recipe.py imports this module
-
     if len(value.encode("utf-8", "surrogatepass")) > MAX_RECIPE_BYTES:
         raise UserError(f"{shown}: the value is larger than {MAX_RECIPE_BYTES} bytes, the most a recipe may have")
     try:
@@ -74,8 +73,6 @@ def _yaml_value(value: str, shown: str) -> Any:
 def parse_set(text: str) -> Override:
     """``key=value`` of ``--set``: the value read as YAML (``[2, 1]``, ``0.5``, ``true``, ``org/model``) with the
     recipe file's limits; a field path at most MAX_YAML_DEPTH fields deep."""
-    from ensemble_bench.recipe import MAX_YAML_DEPTH
-
     shown = _quoted(text)
     key, equals, value = text.partition("=")
     if not equals or not key.strip():
