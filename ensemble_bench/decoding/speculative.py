@@ -364,8 +364,8 @@ class SpeculationStats:
                 "speculative_tokens_per_round": tokens / rounds if rounds else None,
                 "speculative_draft_length_mean": drafted / rounds if rounds else None,
                 "speculative_forwards_per_token": {n: f / tokens if tokens else None for n, f in zip(names, forwards)},
-                "speculative_agreement": {n: a / self.positions if self.positions else None
-                                          for n, a in zip(names, self.agreed)},
+                "speculative_agreement": {n: a / self.positions if self.positions and proposer in (None, m) else None
+                                          for m, (n, a) in enumerate(zip(names, self.agreed))},  # counted members
                 "speculative_rows": [r.summary() for r in self.rows]}
 
 

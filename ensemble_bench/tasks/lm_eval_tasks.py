@@ -132,7 +132,8 @@ def find_entry(name: str, index: dict[str, Found]) -> Found:
     """The index entry of task or group ``name``; UserError naming close matches if there is none."""
     entry = index.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, [*REGISTRY, *LM_EVAL_NAMES, *index], n=4, cutoff=0.75)
+        close = difflib.get_close_matches(name, list(dict.fromkeys([*REGISTRY, *LM_EVAL_NAMES, *index])), n=4,
+                                          cutoff=0.75)  # each name once: lm-eval's names are in the index too
         hint = f" (close: {', '.join(close)})" if close else " (lm-eval lists them: lm-eval ls tasks)"
         raise UserError(f"unknown task {name!r}: not a built-in benchmark, nor an lm-eval task or group here"
                         f"{hint}; a task of your own: its folder in include_path")

@@ -1,7 +1,7 @@
 """What a run's tasks read besides lm-eval itself, found before lm-eval touches any of it.
 
 - **Task files.** Every ``*.yaml`` of an include_path folder is opened by lm-eval's task index, so each
-  must be a regular file of bounded size that YAML's limits accept (``yaml_guard``): a named pipe
+  must be a regular file of bounded size that YAML's limits accept (``yaml_limits``): a named pipe
   would block the index for good, an alias bomb would fill the memory (:func:`task_file_problems`).
 - **Task code.** A task YAML's ``!function utils.fn`` imports ``utils.py`` from beside it and runs it
   while the task loads. :func:`task_code` lists those modules (only files inside include_path folders
@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from ensemble_bench import settings
-from ensemble_bench.yaml_guard import GuardedLoader, YamlLimit
+from ensemble_bench.yaml_limits import GuardedLoader, RecipeLimit
 
 MAX_TASK_YAML_BYTES = 8 << 20  # 8 MiB; lm-eval's largest task YAML is a few hundred KiB
 IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}  # as lm-eval's index skips them
@@ -109,7 +109,7 @@ def read_task_yaml(path: Path) -> TaskYaml:
         return TaskYaml(path, None, ())
     try:
         config = loader.get_single_data()
-    except YamlLimit as err:
+    except RecipeLimit as err:
         raise ValueError(f"line {err.problem_mark.line + 1}: {err.problem}") from None
     except (yaml.YAMLError, ValueError, RecursionError):
         config = None
