@@ -77,7 +77,7 @@ def test_it_runs_from_a_recipe(shortest, tiny_dirs, tmp_path, monkeypatch, capsy
     [run_dir] = (tmp_path / "results" / "toy").iterdir()
     timing = json.loads((run_dir / "shortest" / "timing.json").read_text())
     assert timing["method"] == "shortest" and timing["params"] == {"lead": "sp", "count": "words"}
-    assert timing["main_index"] == 1 and timing["tokens_generated"] > 0
+    assert timing["lead_index"] == 1 and timing["tokens_generated"] > 0
 
 
 def test_it_runs_through_the_lm_eval_adapter(shortest, tiny_dirs):

@@ -6,7 +6,7 @@
 - ``pairwise``: a ranker compares every pair of answers in both orders; most wins wins
   (GaC Table 3's PairRanker row, LLM-Blender).
 
-Ties go to the ``main`` member (the first member unless the recipe says otherwise).
+Ties go to the ``lead`` member (the first member unless the recipe says otherwise).
 """
 
 from __future__ import annotations
@@ -27,23 +27,23 @@ DEFAULT_REWARD_TEMPLATE = None  # None: the scorer's chat template, else a (prom
 DEFAULT_PAIR_TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}"
 
 
-def best_by_score(scores: Sequence[float], main: int) -> int:
-    """Index of the highest score; among tied highest the main member's, else the first."""
+def best_by_score(scores: Sequence[float], lead: int) -> int:
+    """Index of the highest score; among tied highest the lead member's, else the first."""
     top = max(scores)
-    return main if scores[main] == top else list(scores).index(top)
+    return lead if scores[lead] == top else list(scores).index(top)
 
 
-def most_wins(count: int, beats: Callable[[int, int], bool], main: int) -> int:
-    """Round robin: every pair compared once; the candidate with most wins, ties to ``main``.
+def most_wins(count: int, beats: Callable[[int, int], bool], lead: int) -> int:
+    """Round robin: every pair compared once; the candidate with most wins, ties to ``lead``.
 
     ``beats(i, j)`` says candidate i is preferred to j. In a cycle (a > b > c > a) every candidate
-    has one win and ``main`` is chosen.
+    has one win and ``lead`` is chosen.
     """
     wins = [0] * count
     for i in range(count):
         for j in range(i + 1, count):
             wins[i if beats(i, j) else j] += 1
-    return best_by_score(wins, main)
+    return best_by_score(wins, lead)
 
 
 def prompt_text(prompt: Prompt) -> str:
@@ -60,8 +60,8 @@ class PerplexityScorer:
     members: Sequence[Member]
     batch_size: int
 
-    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
-        return best_by_score([-p for p in self.average_perplexities(prompt, texts)], main)
+    def choose(self, prompt: Prompt, texts: list[str], lead: int) -> int:
+        return best_by_score([-p for p in self.average_perplexities(prompt, texts)], lead)
 
     def average_perplexities(self, prompt: Prompt, texts: list[str]) -> list[float]:
         """Eq. 3's objective for each candidate: the mean over members of its perplexity."""
@@ -143,10 +143,10 @@ class RewardScorer:
 
     reward: Reward
 
-    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+    def choose(self, prompt: Prompt, texts: list[str], lead: int) -> int:
         scores = self.reward.scores(prompt, texts)
         check_finite(scores, "the reward model", "scoring the members' answers", [prompt] * len(texts), texts)
-        return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], main)
+        return best_by_score([s if text else -math.inf for s, text in zip(scores, texts)], lead)
 
 
 Comparator = Callable[[str, list[tuple[str, str]]], list[bool]]  # (prompt, [(a, b)]) -> a is better
@@ -198,7 +198,7 @@ class PairwiseScorer:
 
     compare: Comparator
 
-    def choose(self, prompt: Prompt, texts: list[str], main: int) -> int:
+    def choose(self, prompt: Prompt, texts: list[str], lead: int) -> int:
         pairs = [(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))]
         verdicts = dict(zip(pairs, self.compare(prompt_text(prompt), [(texts[i], texts[j]) for i, j in pairs])))
-        return most_wins(len(texts), lambda i, j: verdicts[i, j], main)
+        return most_wins(len(texts), lambda i, j: verdicts[i, j], lead)

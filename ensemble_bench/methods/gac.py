@@ -184,7 +184,7 @@ class Gac(SpeculativeSteps, DecodingMethod):
 
     def counters(self) -> dict:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
-        return {"union_size": self.union.size, "gate_index": self.gate,
+        return {"union_size": self.union.size, "lead_index": self.lead, "gate_index": self.gate,
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
                 **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize),
                 **(self.speculation.summary() if self.speculation else {})}

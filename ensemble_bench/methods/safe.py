@@ -215,7 +215,7 @@ class Safe(DecodingMethod):
             normalised_weights(params.weights, len(labels))
 
     def counters(self) -> dict:
-        return {"drafter_index": self.lead, "union_size": self.union.size,
+        return {"lead_index": self.lead, "union_size": self.union.size,
                 "verifiers_sharing_the_drafter_vocabulary": sorted(self.shared), **self.stats.summary()}
 
     # --- generation: the loop's steps -------------------------------------------------------------

@@ -77,7 +77,7 @@ class SampleLevel(Method):
         return self.singles[self.lead].loglikelihood_rolling(texts)
 
     def counters(self) -> dict:
-        return {"main_index": self.lead}
+        return {"lead_index": self.lead}
 
 
 def choose_by_vote(keys: Sequence[Hashable], lead: int) -> Hashable:

@@ -324,5 +324,5 @@ class SpanMethod(DecodingMethod):
         return [sum(values) / len(values) for values in zip(*totals)]
 
     def counters(self) -> dict:
-        return {"main_index": self.lead, "rounds": self.rounds,
+        return {"lead_index": self.lead, "rounds": self.rounds,
                 **self.feed_stats.summary(self.params.retokenize)}

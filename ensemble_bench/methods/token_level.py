@@ -128,7 +128,7 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
 
     def counters(self) -> dict:
-        return {"emitter_index": self.lead, **self.feed_stats.summary(self.params.retokenize),
+        return {"lead_index": self.lead, **self.feed_stats.summary(self.params.retokenize),
                 **(self.speculation.summary() if self.speculation else {})}
 
 

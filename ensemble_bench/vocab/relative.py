@@ -221,7 +221,7 @@ class Scratch:
         return buffer
 
 
-def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], main: int, eta: float,
+def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], lead: int, eta: float,
                    steps: int, scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The argmax of Eq. 6-7's p^(T) over the main model's support, where bounds decide it:
     (head index of the winner [B], decided [B] bool).
@@ -244,15 +244,15 @@ def bounded_choice(members: Sequence[MemberSlice], weights: Sequence[float], mai
     overlaps may still be beaten on the difference of the two rows (``_pairwise_low``).
     """
     scratch = scratch or Scratch()
-    own = members[main]
+    own = members[lead]
     rows = own.head_rows
     target_low, target_high = scratch.take("target_low", rows[:, 0]), scratch.take("target_high", rows[:, 0])
     q = scratch.take("q", rows, (rows.shape[0], 2, rows.shape[2]))  # q's low and high ends, side by side
     q_low, q_high = q[:, 0], q[:, 1]
     _weighted_rows(own, 1.0, q_low, first=True)  # the main model's head part, once: in q and in the target
-    torch.mul(q_low, weights[main], out=target_low)
+    torch.mul(q_low, weights[lead], out=target_low)
     for index, (weight, member) in enumerate(zip(weights, members)):
-        if index != main:
+        if index != lead:
             _weighted_rows(member, weight, target_low, first=False)
     tail_low = sum(w * (m.tail_probs * m.tail_low).sum(-1, keepdim=True) for w, m in zip(weights, members))
     tail_high = sum(w * (m.tail_probs * m.tail_high).sum(-1, keepdim=True) for w, m in zip(weights, members))
