@@ -433,12 +433,29 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        raise several(UserError, _pydantic_lines(source, err, model=Recipe)) from None
+        lines = [*_pydantic_lines(source, err, model=Recipe), *_method_problems_beside(data, err, source)]
+        raise several(UserError, list(dict.fromkeys(lines))) from None
     lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
              *check_placement(recipe, source), *_problems(lambda: plan_rows(recipe), f"{source}: ")]
     if lines:
         raise several(UserError, list(dict.fromkeys(lines)))
     return recipe
+
+
+def _method_problems_beside(data: dict, err: ValidationError, source: str) -> list[str]:
+    """The method-parameter problems of a recipe whose schema failed in other fields, so that one schema
+    mistake and one method mistake are reported together: the failing top-level fields that have
+    defaults (or are unknown) are left out and the rest validated again. Nothing when the members, the
+    method entries or a required field failed (the methods cannot be read without them)."""
+    failed = {e["loc"][0] for e in err.errors() if e["loc"]}
+    needed = {"members", "method", "methods", "sweep"}
+    if failed & needed or any(Recipe.model_fields[k].is_required() for k in failed if k in Recipe.model_fields):
+        return []
+    try:
+        recipe = Recipe.model_validate({k: v for k, v in data.items() if k not in failed})
+    except ValidationError:
+        return []
+    return _method_problems(recipe, source)
 
 
 def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:

@@ -260,3 +260,18 @@ def test_a_method_list_plans_labelled_rows_over_chosen_members(tmp_path):
     assert [(r.label, r.method, r.members, r.spec) for r in rows] == [
         ("small", "single", (0,), None), ("big", "single", (1,), None), ("third", "single", (2,), None),
         ("gac", "gac", (0, 1), 0), ("gac-t0.5", "gac", (0, 1, 2), 1)]
+
+
+def test_a_schema_mistake_and_a_method_mistake_are_reported_together():
+    """The method's parameters are checked even when another field fails the schema (issue 38)."""
+    from ensemble_bench.errors import UserError, lines_of
+    from ensemble_bench.recipe import parse_recipe
+
+    data = {"name": "two", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0.5b"}],
+            "method": {"name": "gac", "threshold": 2}, "tasks": ["piqa"], "seed": "abc", "limt": 3}
+    with pytest.raises(UserError) as caught:
+        parse_recipe(data, "r.yaml")
+    lines = lines_of(caught.value)
+    assert any(line.startswith("r.yaml: seed:") for line in lines), lines
+    assert any(line.startswith("r.yaml: limt:") for line in lines), lines
+    assert any(line.startswith("r.yaml: method.threshold:") for line in lines), lines
