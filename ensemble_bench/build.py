@@ -9,8 +9,8 @@ from __future__ import annotations
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, load_member
 from ensemble_bench.members.remote import RemoteMember, connect, launch, wait_placed
-from ensemble_bench.methods import ALONE, Method, MethodParams, get_method, is_alone
-from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, validate_method
+from ensemble_bench.methods import ALONE, Method, get_method, is_alone
+from ensemble_bench.recipe import Recipe, Row, parse_recipe
 
 
 class MemberPool:
@@ -38,17 +38,10 @@ class MemberPool:
         return self._loaded[index]
 
 
-def row_params(recipe: Recipe, row: Row) -> MethodParams:
-    """The validated parameters of one planned row, defaults filled in."""
-    if row.spec is None:
-        return get_method(row.method).Params()
-    return validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1]
-
-
 def build_method(recipe: Recipe, row: Row, pool: MemberPool) -> Method:
     """The method of one planned row, over the pool's members."""
     members = [pool.get(i) for i in row.members]
-    return get_method(row.method)(members, row_params(recipe, row), batch_size=recipe.batch_size)
+    return get_method(row.method)(members, row.params, batch_size=recipe.batch_size)
 
 
 AUTO_BATCH_SIZE = 8  # ``--batch_size auto`` without a batch_size in --model_args (no memory probe)
@@ -59,7 +52,7 @@ def build_from_model_args(data: dict, method_name: str | None, extra: dict) -> t
     """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method); the
     row it plans and its method."""
     recipe = recipe_from_model_args(data, method_name, extra)
-    row = plan_rows(recipe)[-1]
+    row = recipe.plan[-1]
     return row, build_method(recipe, row, MemberPool(recipe))
 
 

@@ -31,7 +31,7 @@ from ensemble_bench import settings
 from ensemble_bench.build import recipe_from_model_args
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError
-from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows
+from ensemble_bench.recipe import Recipe, Row, parse_recipe
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
@@ -105,7 +105,7 @@ def prepare(args, config, method_name: str, tasks_dir: Path) -> Plan:
     _check_batch_size(args, model_args)
     extra = {"batch_size": config.batch_size, "max_batch_size": config.max_batch_size, "device": _device(args)}
     recipe = recipe_from_model_args(model_args, method_name, extra)
-    row = plan_rows(recipe)[-1]
+    row = recipe.plan[-1]
     recipe = recipe.model_copy(update={"name": model_args.get("name") or run_name(row, recipe)})
     output = config.output_path
     run_dir = Path(output) / recipe.name if output and not output.endswith(".json") else None

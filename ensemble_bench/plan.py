@@ -11,16 +11,15 @@ from rich.text import Text
 from ensemble_bench.errors import UserError, lines_of
 
 
-def row_parameters(recipe, row) -> str:
-    """A row's method parameters as the run resolves them (recipe, member weights, sweep point), those that
-    differ from the method's defaults: ``weights=[2.0, 1.0], threshold=0.5``; ``defaults`` when none do."""
+def row_parameters(row) -> str:
+    """A row's method parameters as the run resolves them (recipe, member weights, sweep point; the plan's
+    ``row.params``), those that differ from the method's defaults: ``weights=[2.0, 1.0], threshold=0.5``;
+    ``defaults`` when none do."""
     from ensemble_bench.methods import get_method
-    from ensemble_bench.recipe import validate_method
 
     if row.spec is None:
         return "-"
-    params = validate_method(recipe, recipe.ensembles[row.spec], "recipe", overrides=dict(row.overrides))[1]
-    resolved = params.model_dump(mode="json")
+    resolved = row.params.model_dump(mode="json")
     try:
         defaults = get_method(row.method).Params().model_dump(mode="json")
     except ValueError:  # a method with a required parameter: every value is shown
@@ -44,16 +43,16 @@ def results_line(recipe, fresh: bool) -> Text:
 def plan_tables(recipe, fresh: bool = False) -> list:
     """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
     readable at 80 columns."""
-    from ensemble_bench.recipe import plan_rows, selected_benchmarks, task_notes
+    from ensemble_bench.recipe import selected_benchmarks, task_notes
     from ensemble_bench.tasks.whitespace import recipe_warnings
 
     heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
     rows = Table(title="rows")
     for column in ("row", "method", "members", "parameters"):
         rows.add_column(column, no_wrap=column in ("row", "method"))
-    for row in plan_rows(recipe):
+    for row in recipe.plan:
         rows.add_row(row.label, row.method, " + ".join(recipe.members[i].label for i in row.members),
-                     Text(row_parameters(recipe, row)))
+                     Text(row_parameters(row)))
     benches = Table(title="benchmarks")
     for column in ("benchmark", "lm-eval task", "shots", "limit"):
         benches.add_column(column, no_wrap=True, overflow="fold")

@@ -11,13 +11,22 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ensemble_bench.errors import UserError, lines_of, several
 from ensemble_bench.field_names import close_fields
@@ -208,6 +217,7 @@ class TaskSpec(BaseModel):
 
 class Recipe(BaseModel):
     model_config = STRICT
+    _plan: tuple | None = PrivateAttr(default=None)  # the rows, once planned (``plan``)
     name: str = Field(pattern=LABEL, max_length=200)
     description: str = ""
     members: list[MemberSpec] = Field(min_length=1)
@@ -249,6 +259,21 @@ class Recipe(BaseModel):
         if isinstance(value, list):
             return [{"name": v} if isinstance(v, str) else v for v in value]
         return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def plan(self) -> list[Row]:
+        """The recipe's rows with their validated parameters (``plan_rows``), built on first use and kept:
+        every part of a command reads this one plan."""
+        if self._plan is None:
+            self._plan = tuple(plan_rows(self))
+        return list(self._plan)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Recipe:
+        """A copy; with ``update`` its plan is built anew from the updated fields."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._plan = None
+        return copied
 
     @property
     def ensembles(self) -> list[MethodSpec]:
@@ -299,19 +324,23 @@ class Row:
     members: tuple[int, ...]  # indices into recipe.members
     overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
     spec: int | None = None  # index into recipe.ensembles (None: a member alone)
+    params: Any = field(default=None, compare=False)  # the method's validated parameters, defaults filled in
 
 
-def plan_rows(recipe: Recipe) -> list[Row]:
+def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
     """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
-    and sweep point. Labels are unique (a recipe that repeats one is refused)."""
-    singles = [Row(m.label, ALONE, (i,)) for i, m in enumerate(recipe.members)]
+    and sweep point, each with its validated parameters. Labels are unique (a recipe that repeats one
+    is refused). Built once per recipe: read it as ``recipe.plan`` (``with_params=False``: the rows
+    alone, to check their labels beside other mistakes)."""
+    singles = [Row(m.label, ALONE, (i,), params=get_method(ALONE).Params()) for i, m in enumerate(recipe.members)]
     ensembles = []
     for index, spec in enumerate(recipe.ensembles):
         if is_alone(spec.name):
             continue
         for point in recipe.sweep_points():
             label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
-            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index))
+            params = validate_method(recipe, spec, "recipe", overrides=point)[1] if with_params else None
+            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index, params))
     rows = (singles if recipe.singles or not ensembles else []) + ensembles
     labels = [row.label for row in rows]
     unsafe = next((label for label in labels if not is_safe_label(label)), None)
@@ -436,7 +465,9 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
         lines = [*_pydantic_lines(source, err, model=Recipe), *_method_problems_beside(data, err, source)]
         raise several(UserError, list(dict.fromkeys(lines))) from None
     lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
-             *check_placement(recipe, source), *_problems(lambda: plan_rows(recipe), f"{source}: ")]
+             *check_placement(recipe, source)]
+    # the rows, planned once here with the parameters just validated (their labels alone otherwise)
+    lines += _problems(lambda: recipe.plan if not lines else plan_rows(recipe, with_params=False), f"{source}: ")
     if lines:
         raise several(UserError, list(dict.fromkeys(lines)))
     return recipe

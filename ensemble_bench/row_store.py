@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from ensemble_bench import __version__
-from ensemble_bench.build import row_params
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
@@ -150,7 +149,7 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
     keys = {}
     for row in rows:
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
-                   "params": row_params(recipe, row).model_dump(mode="json"),
+                   "params": row.params.model_dump(mode="json"),
                    "members": [_member(recipe.members[i]) for i in row.members]}
         apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
         keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),

@@ -36,12 +36,12 @@ import torch
 import yaml
 
 from ensemble_bench import settings
-from ensemble_bench.build import MemberPool, build_method, row_params
+from ensemble_bench.build import MemberPool, build_method
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import current_params, get_method
-from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
+from ensemble_bench.recipe import Recipe, Row, parse_recipe, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE
 from ensemble_bench.report.summary import write_summary
 from ensemble_bench.row_check import damage
@@ -149,8 +149,8 @@ def _package_problems(recipe: Recipe) -> list[str]:
         if member.quantization and recipe.placement.kind != "ray" and not _installed("bitsandbytes"):
             lines.append(f"members[{i}].quantization: '{member.quantization}' needs the bitsandbytes package "
                          "(pip install bitsandbytes)")
-    for row in plan_rows(recipe):
-        for package, install in get_method(row.method).packages(row_params(recipe, row)).items():
+    for row in recipe.plan:
+        for package, install in get_method(row.method).packages(row.params).items():
             if not _installed(package):
                 lines.append(f"row {row.label}: method '{row.method}' needs the {install} package with these "
                              f"parameters (pip install {install})")
@@ -160,8 +160,8 @@ def _package_problems(recipe: Recipe) -> list[str]:
 def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:
     """Members (and models a method loads, such as a scorer) that cannot be loaded here (sources.model_problem)."""
     named = [(f"members[{i}].model", member.model) for i, member in enumerate(recipe.members)]
-    named += [(f"row {row.label}", model) for row in plan_rows(recipe)
-              for model in get_method(row.method).models(row_params(recipe, row))]
+    named += [(f"row {row.label}", model) for row in recipe.plan
+              for model in get_method(row.method).models(row.params)]
     fields: dict[str, str] = {}  # model -> the first field naming it
     for field, model in named:
         fields.setdefault(model, field)
@@ -250,7 +250,7 @@ def _runs_of(recipe: Recipe, passed: list[tuple[Path, str]] | None = None) -> li
 def resolved_params(recipe: Recipe) -> dict[str, dict]:
     """Every row's method parameters with the defaults of this code filled in (the recipe's
     fingerprint leaves defaults out, so that adding a field keeps old runs resumable)."""
-    return {row.label: row_params(recipe, row).model_dump(mode="json") for row in plan_rows(recipe)}
+    return {row.label: row.params.model_dump(mode="json") for row in recipe.plan}
 
 
 def _same_params(folder: Path, recipe: Recipe) -> bool:
@@ -262,7 +262,7 @@ def _same_params(folder: Path, recipe: Recipe) -> bool:
         return True
     except (OSError, ValueError):
         return False
-    method_of = {row.label: row.method for row in plan_rows(recipe)}  # stored names read as this code's (lead)
+    method_of = {row.label: row.method for row in recipe.plan}  # stored names read as this code's (lead)
     held = {label: current_params(method_of.get(label, ""), p) if isinstance(p, dict) else p
             for label, p in held.items()} if isinstance(held, dict) else held
     return held == resolved_params(recipe)
@@ -557,7 +557,7 @@ def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
         _, groups = _task_groups(recipe, Path(scratch))
         folders = [*lm_eval_tasks.include_folders(recipe), Path(scratch) / "tasks"]
         group_names = [group for _, group in groups]
-        keys = row_keys(recipe, plan_rows(recipe), [folders[-1], *folders[:-1]], groups,
+        keys = row_keys(recipe, recipe.plan, [folders[-1], *folders[:-1]], groups,
                         tasks_read(folders, group_names))
     states = {}
     for label, key in keys.items():
@@ -596,7 +596,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     inside(run_dir, "cache").mkdir(exist_ok=True)
 
     pool = MemberPool(recipe)
-    rows = plan_rows(recipe)
+    rows = recipe.plan
     store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
     folders = [*lm_eval_tasks.include_folders(recipe), run_dir / "tasks"]
     keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))

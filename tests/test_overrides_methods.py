@@ -69,13 +69,12 @@ def test_seed_is_a_flag_and_the_plan_shows_it_and_each_rows_parameters(methods_r
 
 def test_the_plan_says_defaults_for_a_row_that_sets_nothing(methods_recipe, monkeypatch, capsys):
     from ensemble_bench.plan import row_parameters
-    from ensemble_bench.recipe import plan_rows
 
     recipe = load_recipe(methods_recipe)
-    shown = {row.label: row_parameters(recipe, row) for row in plan_rows(recipe)}
+    shown = {row.label: row_parameters(row) for row in recipe.plan}
     assert shown == {"gac": "defaults", "unite": "k=5"}
     with_singles = parse_recipe({**yaml.safe_load(METHODS), "singles": True}, "with singles")
-    assert {row.label: row_parameters(with_singles, row) for row in plan_rows(with_singles)}["a"] == "-"
+    assert {row.label: row_parameters(row) for row in with_singles.plan}["a"] == "-"
 
 
 def test_select_writes_a_valid_recipe_from_a_methods_run(tmp_path, monkeypatch, capsys):

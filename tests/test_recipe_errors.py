@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,27 @@ def test_a_schema_mistake_and_a_method_mistake_are_reported_together():
     assert any(line.startswith("r.yaml: seed:") for line in lines), lines
     assert any(line.startswith("r.yaml: limt:") for line in lines), lines
     assert any(line.startswith("r.yaml: method.threshold:") for line in lines), lines
+
+
+def test_the_plan_is_built_once_per_command(tmp_path, monkeypatch, capsys):
+    """The rows and their validated parameters are planned once, when the recipe is read, and every
+    later step (preflight, the printed plan, keys, the run) reads ``recipe.plan`` (issue 38)."""
+    import yaml
+
+    from ensemble_bench import recipe as recipe_module
+
+    calls, validations = [], []
+    planned, validate = recipe_module.plan_rows, recipe_module.validate_method
+    monkeypatch.setattr(recipe_module, "plan_rows", lambda *a, **k: calls.append(1) or planned(*a, **k))
+    monkeypatch.setattr(recipe_module, "validate_method",
+                        lambda *a, **k: validations.append(1) or validate(*a, **k))
+    data = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "offline" / "demo.yaml").read_text())
+    data.pop("method")
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump({**data, "output": str(tmp_path / "out"),
+                                    "methods": [{"name": "gac"}, {"name": "unite", "label": "u"}]}))
+    monkeypatch.setattr(sys, "argv", ["ensbench", "run", str(path), "--dry-run"])
+    main()  # returns on success (a refusal would exit)
+    assert "plan: demo" in capsys.readouterr().out
+    assert calls == [1]
+    assert len(validations) == 2 * 2  # each method entry: checked once, planned once

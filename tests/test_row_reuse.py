@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from ensemble_bench import cli, runner
-from ensemble_bench.recipe import parse_recipe, plan_rows
+from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.test_faults import run_cli
 
@@ -149,7 +149,7 @@ def keys_of(dirs, tmp_path, **changes):
     data = {"name": "k", "members": [{"model": dirs[0], "name": "x"}, {"model": dirs[1], "name": "y"}],
             "method": {"name": "gac"}, "singles": True, "tasks": ["piqa"], "data": "offline", **changes}
     recipe = parse_recipe(data)
-    return row_keys(recipe, plan_rows(recipe), [tasks], [(recipe.limit, "group")])
+    return row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")])
 
 
 def test_the_key_holds_what_decides_outputs_and_nothing_else(tiny_dirs, tmp_path, monkeypatch):

@@ -91,7 +91,7 @@ class RequestState:
     ids: list[int] | None = field(default_factory=list)
     count: int = 0
     finish: str | None = None
-    held: dict = field(default_factory=dict)  # member index -> how it holds the text (methods/feeding.Held)
+    held: dict = field(default_factory=dict)  # member index -> how it holds the text (decoding/feeding.Held)
 
     @classmethod
     def of(cls, request: GenerationRequest, **fields) -> RequestState:

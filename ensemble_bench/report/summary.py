@@ -10,7 +10,7 @@ import yaml
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import RunStats
-from ensemble_bench.recipe import parse_recipe, plan_rows
+from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
 from ensemble_bench.report.run_files import (
     PERCENT_METRICS,
@@ -98,7 +98,7 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     recipe = recipe or finished_recipe(run_dir)
     benches = recipe_benchmarks(run_dir, recipe)
     rows = []
-    for plan in plan_rows(recipe):
+    for plan in recipe.plan:
         timing = run_dir / plan.label / "timing.json"
         if not timing.exists():
             raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
