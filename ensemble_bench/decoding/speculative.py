@@ -35,9 +35,7 @@ measured forward cost promise the most tokens per second.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -53,13 +51,11 @@ from ensemble_bench.decoding.decode import (
     prefill,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
+from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
+from ensemble_bench.decoding.stand_ins import Focused, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import MethodParams, Timing, resolve_member
 from ensemble_bench.vocab.fast_topk import block_argmax
-
-AUTO = "auto"
-DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
-BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
 
 
 class SpeculativeParams(MethodParams):
@@ -78,140 +74,6 @@ def resolve_proposer(params: SpeculativeParams, labels: Sequence[str], lead: int
     if params.proposer == AUTO:
         return None
     return lead if params.proposer is None else resolve_member(params.proposer, labels, "proposer")
-
-
-def common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """The length of the longest common prefix."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    k = 0
-    while a[k] == b[k]:
-        k += 1
-    return k
-
-
-class Focused:
-    """Rows of a member as a method sees them: ``focus`` names the rows (of the whole batch) that
-    the method's next calls mean, in order; tokenizer attributes come from the member itself."""
-
-    def __init__(self, member: Member, rows: list[list[int]]):
-        self.member = member
-        self.virtual = rows
-        self.focus = list(range(len(rows)))
-
-    def __getattr__(self, name: str):
-        return getattr(self.member, name)
-
-    def row_ids(self) -> list[list[int]]:
-        return [list(self.virtual[r]) for r in self.focus]
-
-    def crop(self, lengths: Sequence[int]) -> None:
-        for r, length in zip(self.focus, lengths):
-            self._cropped(r, int(length))
-            del self.virtual[r][int(length):]
-
-    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
-        for r, row in zip(self.focus, tokens):
-            self.virtual[r].extend(int(t) for t in row)
-        return self._after_extend([r for r, row in zip(self.focus, tokens) if row])
-
-    def _cropped(self, row: int, length: int) -> None:
-        """A hook: row ``row`` is about to be cut to ``length`` tokens."""
-
-    def _after_extend(self, rows: list[int]) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class Rehearsal(Focused):
-    """A member without its model: it records what it is given (ids) and the lengths at which the
-    method will ask for its distribution; the distributions it returns are empty placeholders."""
-
-    def __init__(self, member: Member, rows: list[list[int]]):
-        super().__init__(member, [list(r) for r in rows])
-        self.needed: list[list[int]] = [[len(r)] for r in rows]
-
-    def _cropped(self, row: int, length: int) -> None:
-        self.needed[row] = [n for n in self.needed[row] if n <= length]  # the block cannot serve them
-
-    def _after_extend(self, rows: list[int]) -> torch.Tensor:
-        for r in rows:
-            self.needed[r].append(len(self.virtual[r]))
-        return torch.empty((len(self.focus), 0))
-
-
-class StandIn(Focused):
-    """A member during decoding: ``virtual`` is what the method gave each row, ``real`` what the
-    member's KV cache holds, ``known[r]`` the fetched distributions of row r by length (valid while
-    ``real[r]`` keeps that prefix). A distribution asked for and not known is fetched at once."""
-
-    def __init__(self, member: Member, dists: torch.Tensor):
-        real = member.row_ids()
-        super().__init__(member, [list(r) for r in real])
-        self.real = real
-        self.known: list[dict[int, torch.Tensor]] = [{len(r): dists[k]} for k, r in enumerate(real)]
-        self.forwards = [0] * len(real)  # forward passes each row took part in
-        self.calls = 0
-        self.width = 0  # the widest row of the last block read, in tokens
-
-    def _after_extend(self, rows: list[int]) -> torch.Tensor:
-        return self.current()
-
-    def served(self, row: int) -> torch.Tensor | None:
-        length = len(self.virtual[row])
-        dist = self.known[row].get(length)
-        if dist is None or self.real[row][:length] != self.virtual[row]:
-            return None
-        return dist
-
-    def current(self) -> torch.Tensor:
-        """The focused rows' distributions [rows, V] (those not known fetched first, in one forward)."""
-        missing = {r: (self.virtual[r], [len(self.virtual[r])]) for r in self.focus if self.served(r) is None}
-        if missing:
-            self.fetch(missing)
-        return torch.stack([self.served(r) for r in self.focus])
-
-    def fetch(self, plans: dict[int, tuple[list[int], list[int]]]) -> None:
-        """For each row r in ``plans`` = (target ids, lengths needed): hold ``target`` and know its
-        distributions at the needed lengths. One crop and one ``read_block`` for all rows."""
-        lengths = [len(r) for r in self.real]
-        blocks: list[list[int]] = [[] for _ in self.real]
-        wanted: list[list[int]] = [[] for _ in self.real]
-        for r, (target, needed) in plans.items():
-            keep = common_length(self.real[r], target)
-            missing = sorted({n for n in needed if n > keep or n not in self.known[r]})
-            if not missing:
-                continue
-            keep = min(keep, missing[0] - 1)
-            lengths[r], blocks[r], wanted[r] = keep, list(target[keep:]), missing
-        if not any(blocks):
-            return
-        if any(n < len(r) for n, r in zip(lengths, self.real)):
-            self.member.crop(lengths)
-            for r, n in enumerate(lengths):
-                del self.real[r][n:]
-                self.known[r] = {m: d for m, d in self.known[r].items() if m <= n}
-        dists = self.member.read_block(blocks, [[n - lengths[r] - 1 for n in wanted[r]] for r in range(len(blocks))])
-        self.calls += 1
-        self.width = max(len(block) for block in blocks)
-        for r, block in enumerate(blocks):
-            if block:
-                self.real[r].extend(block)
-                self.forwards[r] += 1
-                self.known[r].update(zip(wanted[r], dists[r]))
-
-    def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows stay (finished rows leave), in the member too."""
-        self.member.keep(rows)
-        for name in ("virtual", "real", "known", "forwards"):
-            values = getattr(self, name)
-            setattr(self, name, [values[r] for r in rows])
-        self.focus = list(range(len(rows)))
-
-    def prune(self) -> None:
-        """Forget distributions no later decision can ask for (shorter than what the row holds now)."""
-        for r, row in enumerate(self.virtual):
-            self.known[r] = {n: d for n, d in self.known[r].items() if n >= len(row)}
 
 
 @runtime_checkable
@@ -268,105 +130,6 @@ class SpeculativeSteps:
 
     def copy_states(self, states: Sequence[RequestState]) -> list:
         return [state.copy() for state in states]
-
-
-def focus(members: Sequence[Focused], rows: list[int]) -> None:
-    for member in members:
-        member.focus = list(rows)
-
-
-@dataclass
-class Rate:
-    """A row's recent rate of drafted tokens taken (each round's observations weigh DECAY times the last's)."""
-
-    taken: float = 0.0
-    trials: float = 0.0
-
-    def observe(self, accepted: int, drafted: int, agreed_after: bool) -> None:
-        """Drafted tokens taken, the first one refused, and the proposer's agreement at the next position."""
-        self.taken = DECAY * self.taken + accepted + (accepted == drafted and agreed_after)
-        self.trials = DECAY * self.trials + accepted + 1
-
-    @property
-    def value(self) -> float:
-        return (self.taken + 1) / (self.trials + 2)
-
-
-@dataclass
-class Costs:
-    """Forward seconds (the members' clocks) of one proposer step, and of one round's verifier
-    blocks by their width in tokens, each averaged with the same decay; None / empty until measured."""
-
-    step: float | None = None
-    blocks: dict[int, float] = field(default_factory=dict)
-
-    @contextmanager
-    def timing(self, *members: StandIn, name: str) -> Iterator[None]:
-        """Time the members' reads in the block: a proposer ``step`` or the verifiers' ``block``."""
-        before = sum(m.member.clock.decode_seconds for m in members)
-        calls = [m.calls for m in members]
-        yield
-        read = [m for m, count in zip(members, calls) if m.calls > count]
-        if not read:
-            return
-        spent = sum(m.member.clock.decode_seconds for m in members) - before
-        if name == "step":
-            self.step = spent if self.step is None else DECAY * self.step + (1 - DECAY) * spent
-            return
-        width = max(m.width for m in read)
-        old = self.blocks.get(width)
-        self.blocks[width] = spent if old is None else DECAY * old + (1 - DECAY) * spent
-
-    def block(self, width: int) -> float:
-        """The verifiers' block of ``width`` tokens: measured, else a least-squares line through the
-        widths measured, else the one measured width grown by BLOCK_SLOPE per token."""
-        if width in self.blocks:
-            return self.blocks[width]
-        widths, seconds = list(self.blocks), list(self.blocks.values())
-        if len(widths) == 1:
-            return seconds[0] * max(0.1, 1 + BLOCK_SLOPE * (width - widths[0]))
-        mean_w, mean_s = sum(widths) / len(widths), sum(seconds) / len(seconds)
-        slope = (sum((w - mean_w) * (t - mean_s) for w, t in zip(widths, seconds))
-                 / sum((w - mean_w) ** 2 for w in widths))
-        return max(0.1 * min(seconds), mean_s + slope * (width - mean_w))
-
-
-@dataclass
-class RowRecord:
-    """One request's speculative decoding, for its results."""
-
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens: int = 0
-    forwards: list[int] = field(default_factory=list)
-
-    def summary(self) -> dict:
-        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted, "tokens": self.tokens,
-                "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-                "tokens_per_round": self.tokens / self.rounds if self.rounds else None,
-                "forwards_per_token": [f / self.tokens if self.tokens else None for f in self.forwards]}
-
-
-@dataclass
-class SpeculationStats:
-    rows: list[RowRecord] = field(default_factory=list)
-    agreed: list[int] = field(default_factory=list)   # per member: positions where its argmax was the choice
-    positions: int = 0
-
-    def summary(self, names: Sequence[str], proposer: int | None) -> dict:
-        drafted = sum(r.drafted for r in self.rows)
-        rounds = sum(r.rounds for r in self.rows)
-        tokens = sum(r.tokens for r in self.rows)
-        forwards = [sum(r.forwards[m] for r in self.rows if r.forwards) for m in range(len(names))]
-        return {"speculative_proposer": AUTO if proposer is None else names[proposer],
-                "speculative_acceptance_rate": sum(r.accepted for r in self.rows) / drafted if drafted else None,
-                "speculative_tokens_per_round": tokens / rounds if rounds else None,
-                "speculative_draft_length_mean": drafted / rounds if rounds else None,
-                "speculative_forwards_per_token": {n: f / tokens if tokens else None for n, f in zip(names, forwards)},
-                "speculative_agreement": {n: a / self.positions if self.positions and proposer in (None, m) else None
-                                          for m, (n, a) in enumerate(zip(names, self.agreed))},  # counted members
-                "speculative_rows": [r.summary() for r in self.rows]}
 
 
 class RowRound(NamedTuple):

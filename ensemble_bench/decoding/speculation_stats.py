@@ -1,0 +1,111 @@
+"""What a speculative decoding measures while it runs (decoding/speculative.py): each row's recent
+acceptance (``Rate``), the members' forward costs of a proposer step and of a verifier block
+(``Costs``), and the per-row and per-run statistics written to timing.json."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from ensemble_bench.decoding.stand_ins import StandIn
+
+AUTO = "auto"
+DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
+BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
+
+
+@dataclass
+class Rate:
+    """A row's recent rate of drafted tokens taken (each round's observations weigh DECAY times the last's)."""
+
+    taken: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, accepted: int, drafted: int, agreed_after: bool) -> None:
+        """Drafted tokens taken, the first one refused, and the proposer's agreement at the next position."""
+        self.taken = DECAY * self.taken + accepted + (accepted == drafted and agreed_after)
+        self.trials = DECAY * self.trials + accepted + 1
+
+    @property
+    def value(self) -> float:
+        return (self.taken + 1) / (self.trials + 2)
+
+
+@dataclass
+class Costs:
+    """Forward seconds (the members' clocks) of one proposer step, and of one round's verifier
+    blocks by their width in tokens, each averaged with the same decay; None / empty until measured."""
+
+    step: float | None = None
+    blocks: dict[int, float] = field(default_factory=dict)
+
+    @contextmanager
+    def timing(self, *members: StandIn, name: str) -> Iterator[None]:
+        """Time the members' reads in the block: a proposer ``step`` or the verifiers' ``block``."""
+        before = sum(m.member.clock.decode_seconds for m in members)
+        calls = [m.calls for m in members]
+        yield
+        read = [m for m, count in zip(members, calls) if m.calls > count]
+        if not read:
+            return
+        spent = sum(m.member.clock.decode_seconds for m in members) - before
+        if name == "step":
+            self.step = spent if self.step is None else DECAY * self.step + (1 - DECAY) * spent
+            return
+        width = max(m.width for m in read)
+        old = self.blocks.get(width)
+        self.blocks[width] = spent if old is None else DECAY * old + (1 - DECAY) * spent
+
+    def block(self, width: int) -> float:
+        """The verifiers' block of ``width`` tokens: measured, else a least-squares line through the
+        widths measured, else the one measured width grown by BLOCK_SLOPE per token."""
+        if width in self.blocks:
+            return self.blocks[width]
+        widths, seconds = list(self.blocks), list(self.blocks.values())
+        if len(widths) == 1:
+            return seconds[0] * max(0.1, 1 + BLOCK_SLOPE * (width - widths[0]))
+        mean_w, mean_s = sum(widths) / len(widths), sum(seconds) / len(seconds)
+        slope = (sum((w - mean_w) * (t - mean_s) for w, t in zip(widths, seconds))
+                 / sum((w - mean_w) ** 2 for w in widths))
+        return max(0.1 * min(seconds), mean_s + slope * (width - mean_w))
+
+
+@dataclass
+class RowRecord:
+    """One request's speculative decoding, for its results."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    forwards: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted, "tokens": self.tokens,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+                "tokens_per_round": self.tokens / self.rounds if self.rounds else None,
+                "forwards_per_token": [f / self.tokens if self.tokens else None for f in self.forwards]}
+
+
+@dataclass
+class SpeculationStats:
+    rows: list[RowRecord] = field(default_factory=list)
+    agreed: list[int] = field(default_factory=list)   # per member: positions where its argmax was the choice
+    positions: int = 0
+
+    def summary(self, names: Sequence[str], proposer: int | None) -> dict:
+        drafted = sum(r.drafted for r in self.rows)
+        rounds = sum(r.rounds for r in self.rows)
+        tokens = sum(r.tokens for r in self.rows)
+        forwards = [sum(r.forwards[m] for r in self.rows if r.forwards) for m in range(len(names))]
+        return {"speculative_proposer": AUTO if proposer is None else names[proposer],
+                "speculative_acceptance_rate": sum(r.accepted for r in self.rows) / drafted if drafted else None,
+                "speculative_tokens_per_round": tokens / rounds if rounds else None,
+                "speculative_draft_length_mean": drafted / rounds if rounds else None,
+                "speculative_forwards_per_token": {n: f / tokens if tokens else None for n, f in zip(names, forwards)},
+                "speculative_agreement": {n: a / self.positions if self.positions and proposer in (None, m) else None
+                                          for m, (n, a) in enumerate(zip(names, self.agreed))},  # counted members
+                "speculative_rows": [r.summary() for r in self.rows]}
+
+
