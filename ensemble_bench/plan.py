@@ -78,7 +78,7 @@ def reuse_notes(recipe, fresh: bool) -> list[str]:
 
 def task_code_notes(recipe) -> list[str]:
     """A line per module of an include_path folder that the tasks import (``!function``) and so run."""
-    from ensemble_bench.tasks.lm_eval_tasks import recipe_task_code
+    from ensemble_bench.tasks.recipe_tasks import recipe_task_code
 
     try:
         found = recipe_task_code(recipe)

@@ -34,7 +34,7 @@ from ensemble_bench.methods import ALONE, get_method, is_alone
 from ensemble_bench.overrides import Override, blame
 from ensemble_bench.overrides import apply as apply_overrides
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
-from ensemble_bench.tasks.lm_eval_tasks import task_benchmarks
+from ensemble_bench.tasks.recipe_tasks import task_benchmarks
 from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.py's names too
     MAX_RECIPE_BYTES,
     MAX_YAML_DEPTH,
@@ -512,7 +512,7 @@ def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
 def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
     """Every problem of the recipe's tasks, one ``<source>: tasks[i].<field>: <message>`` line each, read
     from the recipe alone. A name that is not built in is taken as an lm-eval task or group: the preflight
-    looks it up (``tasks.lm_eval_tasks.task_preflight``), since indexing lm-eval's tasks takes seconds."""
+    looks it up (``tasks.recipe_tasks.task_preflight``), since indexing lm-eval's tasks takes seconds."""
     lines: list[str] = []
     listed: dict[str, int] = {}  # the lm-eval task or group -> the first task naming it
     for i, task in enumerate(recipe.tasks):

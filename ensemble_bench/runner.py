@@ -56,7 +56,7 @@ from ensemble_bench.row_store import (
     seed_cache,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
-from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
+from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
 from ensemble_bench.tasks.task_sources import data_fingerprint
@@ -200,7 +200,7 @@ def preflight(recipe: Recipe, source: str = "recipe") -> list[str]:
     models = _model_problems(recipe)
     mistakes = [f"{source}: {line}" for line in (*[line for kind, line in models if kind is UserError],
                                                  *_package_problems(recipe), *_data_problems(recipe),
-                                                 *lm_eval_tasks.task_preflight(recipe))]
+                                                 *recipe_tasks.task_preflight(recipe))]
     problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe),
                 _cache_problem(), *_device_problems(recipe), _network_problem(recipe)]
     problems = [p for p in problems if p]
@@ -504,7 +504,7 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     """Task configs for the run: one lm-eval group per distinct limit, all in one folder; and the TaskManager
     reading them (lm-eval's tasks, the recipe's include_path folders, then that folder). A task's gen_kwargs
     update its own generation_kwargs on its member of the group, as lm-eval's --gen_kwargs does."""
-    if problems := lm_eval_tasks.task_preflight(recipe):
+    if problems := recipe_tasks.task_preflight(recipe):
         raise several(UserError, problems)
     chosen = selected_benchmarks(recipe)
     builtin = [bench for bench, _, _ in chosen if bench.builtin]
@@ -513,15 +513,15 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
-    dest, own_folders = run_dir / "tasks", lm_eval_tasks.include_folders(recipe)
+    dest, own_folders = run_dir / "tasks", recipe_tasks.include_folders(recipe)
     consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
 
     def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
         return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, own_folders, consent))
                 for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
 
-    groups, folders = write(), [*lm_eval_tasks.include_folders(recipe), dest]
-    extra = lm_eval_tasks.generation_overrides(recipe, [bench for bench, _, _ in chosen],
+    groups, folders = write(), [*recipe_tasks.include_folders(recipe), dest]
+    extra = recipe_tasks.generation_overrides(recipe, [bench for bench, _, _ in chosen],
                                                lm_eval_tasks.task_index(folders))
     groups = write(extra) if extra else groups
     return lm_eval_tasks.task_manager(folders), groups
@@ -555,7 +555,7 @@ def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
         return {}
     with tempfile.TemporaryDirectory() as scratch:
         _, groups = _task_groups(recipe, Path(scratch))
-        folders = [*lm_eval_tasks.include_folders(recipe), Path(scratch) / "tasks"]
+        folders = [*recipe_tasks.include_folders(recipe), Path(scratch) / "tasks"]
         group_names = [group for _, group in groups]
         keys = row_keys(recipe, recipe.plan, [folders[-1], *folders[:-1]], groups,
                         tasks_read(folders, group_names))
@@ -598,7 +598,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     pool = MemberPool(recipe)
     rows = recipe.plan
     store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
-    folders = [*lm_eval_tasks.include_folders(recipe), run_dir / "tasks"]
+    folders = [*recipe_tasks.include_folders(recipe), run_dir / "tasks"]
     keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))
     for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
         on_row and on_row(row, "loading")

@@ -9,7 +9,7 @@ import yaml
 
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe, task_notes
-from ensemble_bench.tasks import lm_eval_tasks
+from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
 from tests.test_faults import one_line, run_cli
 
 QA = [{"question": f"{a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (2, 2), (3, 4), (1, 1))]
@@ -117,7 +117,7 @@ def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_pa
          "generation_kwargs": {"until": ["\n"], "do_sample": False, "temperature": 0.0}},
         {"group": "mmlu_pro"}]  # its own shots (5) and settings: nothing written over them
     assert limit is None and group in manager.task_index and "gsm8k_cot" in manager.task_index
-    cot, _, pro = lm_eval_tasks.task_benchmarks(parsed)
+    cot, _, pro = recipe_tasks.task_benchmarks(parsed)
     assert (cot.task, cot.primary_metric, cot.builtin, cot.is_group) == ("gsm8k_cot", "exact_match,strict-match",
                                                                          False, False)
     assert (pro.primary_metric, pro.default_shots, pro.is_group) == ("exact_match,custom-extract", 5, True)

@@ -13,7 +13,7 @@ import pytest
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.row_check import damage
-from ensemble_bench.tasks import lm_eval_tasks, task_sources
+from ensemble_bench.tasks import recipe_tasks, task_sources
 from tests.test_any_task import QA, task_yaml
 from tests.test_faults import run_cli
 
@@ -194,7 +194,7 @@ def folder_lines(folder):
     recipe = parse_recipe({"name": "r", "members": [{"model": "smollm2-135m"}], "method": "single",
                            "tasks": ["piqa"], "include_path": str(folder)})
     with pytest.raises(UserError) as caught:
-        lm_eval_tasks.include_folders(recipe)
+        recipe_tasks.include_folders(recipe)
     return lines_of(caught.value)
 
 

@@ -5,7 +5,6 @@ answered (none: said so), speculative rows show acceptance and forwards per toke
 import json
 
 from ensemble_bench.decoding.speculation_stats import RowRecord, SpeculationStats
-
 from ensemble_bench.methods import RunStats
 from ensemble_bench.report.summary import reuse_section, timing_cells
 

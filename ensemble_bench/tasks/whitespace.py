@@ -79,7 +79,8 @@ def recipe_warnings(recipe) -> list[str]:
     templates are ensbench's own); a task the index cannot find is the preflight's to name."""
     from ensemble_bench.errors import UserError
     from ensemble_bench.tasks import is_builtin
-    from ensemble_bench.tasks.lm_eval_tasks import include_folders, task_index
+    from ensemble_bench.tasks.lm_eval_tasks import task_index
+    from ensemble_bench.tasks.recipe_tasks import include_folders
 
     names = [task.name for task in recipe.tasks if not is_builtin(task.name)]
     if not names:

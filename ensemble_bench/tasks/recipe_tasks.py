@@ -1,0 +1,192 @@
+"""A recipe's tasks as lm-eval will run them, read from the recipe by attribute (this package does not
+import ensemble_bench.recipe): its include_path folders (their task files checked before lm-eval's
+index opens them), each task as a Benchmark, what stops the tasks on this machine (unknown names,
+gen_kwargs that do not apply, hub data not cached while offline, task code without consent), and the
+gen_kwargs to write. lm-eval's task index itself: tasks/lm_eval_tasks.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ensemble_bench import settings
+from ensemble_bench.errors import UserError
+from ensemble_bench.tasks import DEFAULT_VARIANT, Benchmark, get_benchmark, is_builtin
+from ensemble_bench.tasks.lm_eval_tasks import (
+    Found,
+    entry_yamls,
+    find_entry,
+    generation_kwargs,
+    leaf_configs,
+    lm_eval_benchmark,
+    stock_index,
+    task_index,
+)
+from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, TaskCode, task_code, task_file_problems
+
+
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _named_folders(recipe) -> list[tuple[str, str]]:
+    """(field, folder as written) of every include_path: the recipe's, then each task's."""
+    named = [("include_path", folder) for folder in _as_list(recipe.include_path)]
+    return named + [(f"tasks[{i}].include_path", folder) for i, task in enumerate(recipe.tasks)
+                    for folder in _as_list(task.include_path)]
+
+
+def include_folders(recipe) -> list[Path]:
+    """The recipe's include_path folders with ``~`` and ``$VARS`` expanded (settings.expand_path),
+    recipe level first; UserError (one line each) for one that is not a folder."""
+    from ensemble_bench.errors import lines_of, several
+
+    folders, lines = [], []
+    for field, written in _named_folders(recipe):
+        try:
+            folder = settings.expand_path(written, f"{field}: '{written}'")
+        except UserError as err:
+            lines += lines_of(err)
+            continue
+        if not folder.is_dir():
+            lines.append(f"{field}: '{written}' is not a folder: name a folder of lm-eval task YAML files")
+        elif folder not in folders:
+            folders.append(folder)
+    lines += task_file_problems(folders)  # before lm-eval's index opens any of them
+    if lines:
+        raise several(UserError, lines)
+    return folders
+
+
+def task_benchmarks(recipe, index: dict[str, Found] | None = None) -> list[Benchmark]:
+    """The Benchmark of every recipe task; a task that is not built in is looked up in lm-eval's task
+    index (``index``, else the stock one with the recipe's include_path folders: seconds, once a process).
+    One that cannot be found is given as named, with no metric: :func:`task_preflight` says why."""
+    if index is None and not all(is_builtin(task.name) for task in recipe.tasks):
+        try:
+            index = task_index(include_folders(recipe))
+        except UserError:  # a folder that is not there: task_preflight names it
+            index = stock_index()
+    return [get_benchmark(task.name, task.variant) if is_builtin(task.name) else _as_found(task.name, index)
+            for task in recipe.tasks]
+
+
+def _as_found(name: str, index: dict[str, Found]) -> Benchmark:
+    try:
+        return lm_eval_benchmark(name, index)
+    except UserError:
+        return Benchmark(name, DEFAULT_VARIANT, name, 0, "", offline=False, builtin=False)
+
+
+def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
+    """A line per task that is not built in and that lm-eval's index cannot run as written: an unknown
+    name, gen_kwargs that do not apply."""
+    lines = []
+    for i, task in enumerate(recipe.tasks):
+        if is_builtin(task.name):
+            continue
+        try:
+            entry = find_entry(task.name, index)
+        except UserError as err:
+            lines.append(f"tasks[{i}].name: {err}")
+            continue
+        if task.gen_kwargs is not None:
+            try:
+                generation_kwargs(entry, index, task.gen_kwargs.given())
+            except UserError as err:
+                lines.append(f"tasks[{i}].gen_kwargs: {err}")
+        lines += _task_code_lines(recipe, i, entry, index)
+        if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
+            lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
+                         "is set and no copy is cached here: unset it to download, or run where it is cached")
+    return lines
+
+
+def _code_below(recipe, entry: Found, index: dict[str, Found]) -> tuple[list[TaskCode], list[str]]:
+    return task_code(entry_yamls(entry, index), include_folders(recipe))
+
+
+def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
+    """A line per ``!function`` of task ``i`` naming a module found nowhere, and, unless the recipe allows
+    task code, a line per module of an include_path folder that the task would import and run."""
+    code, missing = _code_below(recipe, entry, index)
+    lines = [f"tasks[{i}].name: {line}" for line in missing]
+    if not getattr(recipe, "allow_task_code", False):
+        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.module} (!function "
+                  f"{found.reference} in {found.task_yaml.name}), unsandboxed: set allow_task_code: true (or "
+                  "--set allow_task_code=true) to run it" for found in code]
+    return lines
+
+
+def recipe_task_code(recipe) -> list[TaskCode]:
+    """The modules of include_path folders that the recipe's tasks import through ``!function``."""
+    if all(is_builtin(task.name) for task in recipe.tasks):
+        return []
+    index = task_index(include_folders(recipe))
+    found: dict[Path, TaskCode] = {}
+    for task in recipe.tasks:
+        if not is_builtin(task.name) and task.name in index:
+            found.update((code.module, code) for code in _code_below(recipe, index[task.name], index)[0])
+    return list(found.values())
+
+
+def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool = False) -> str | None:
+    """The first hub dataset below ``entry`` that cannot be read here: the hub switched off and neither
+    the datasets cache nor the hub cache holding it (None when the hub is on). ``packaged_ok``
+    (``data: offline``): a dataset ensemble-bench packages is read from its local copy (tasks/stock_data.py)."""
+    if not settings.hub_offline():
+        return None
+    import datasets.config
+    import huggingface_hub.constants
+
+    from ensemble_bench.tasks.data_store import packaged_copy_available
+
+    for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
+        if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
+            continue
+        if packaged_ok and packaged_copy_available(path):
+            continue
+        cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
+                  Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
+        if not any(folder.exists() for folder in cached):
+            return path
+    return None
+
+
+def task_preflight(recipe) -> list[str]:
+    """What stops the recipe's tasks on this machine, one line each: an include_path that is not a folder,
+    a name that is neither built in nor an lm-eval task or group here (close matches named), gen_kwargs
+    that do not apply, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
+    when a task is not built in."""
+    from ensemble_bench.errors import lines_of
+
+    try:
+        folders = include_folders(recipe)
+    except UserError as err:
+        return list(lines_of(err))
+    if all(is_builtin(task.name) for task in recipe.tasks):
+        return []
+    return _task_lines(recipe, task_index(folders))
+
+
+def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Found]) -> dict[str, dict[str, Any]]:
+    """lm-eval task name -> ``{"generation_kwargs": ...}`` for every recipe task with gen_kwargs (``benches``:
+    the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder included)."""
+    from ensemble_bench.errors import several
+
+    found, lines = {}, []
+    for i, (task, bench) in enumerate(zip(recipe.tasks, benches)):
+        if task.gen_kwargs is None:
+            continue
+        try:
+            found[bench.task] = {"generation_kwargs": generation_kwargs(find_entry(bench.task, index), index,
+                                                                        task.gen_kwargs.given())}
+        except UserError as err:
+            lines.append(f"tasks[{i}].gen_kwargs: {err}")
+    if lines:
+        raise several(UserError, lines)
+    return found
+
+
+__all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_preflight"]
