@@ -11,6 +11,7 @@ members/rendered.py) and each member renders them with its own template, or as p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -66,12 +67,16 @@ class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
     method_name: str | None = None  # set on the per-method subclasses below
+    # progress(label, examples done, examples in the pass) of a model made without one (lm-eval's CLI)
+    default_progress: Callable[[str, int, int], None] | None = None
 
     def __init__(self, method: Method, label: str, progress: Callable[[int, int], None] | None = None,
                  chunk_size: int | None = None):
         super().__init__()
         self.method = method
         self.label = label
+        if progress is None and self.default_progress is not None:
+            progress = functools.partial(self.default_progress, label)
         self.progress = progress
         self.chunk_size = chunk_size or max(1, method.batch_size)  # answers are cached per batch
         self.requests_computed = 0  # answered by the method in this process (not from the response cache)

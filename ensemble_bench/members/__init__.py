@@ -101,6 +101,16 @@ def _refused_pickle(source: ModelSource, err: pickle.UnpicklingError) -> str:
             "instead (model.safetensors beside config.json, from a source you trust)")
 
 
+def _weights_source(model: str, source: ModelSource, seq2seq: bool, quantization: str | None) -> ModelSource:
+    """Where to load the weights from: a packaged model's de-quantised folder (members/converted.py,
+    converted on first use), otherwise the source itself."""
+    if model not in PACKAGED or seq2seq or quantization is not None or source.gguf_file is None:
+        return source
+    from ensemble_bench.members.converted import converted_source
+
+    return converted_source(PACKAGED[model], source)
+
+
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
@@ -135,8 +145,9 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     try:
         seq2seq = is_seq2seq(source.location, source.gguf_file, kind, trust_remote_code)
         tokenizer = load_tokenizer(source, trust_remote_code)
+        stored = _weights_source(model, source, seq2seq, quantization)
         weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
-            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype),
+            stored.location, gguf_file=stored.gguf_file, dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code, **placement)
     except pickle.UnpicklingError as err:
         raise UserError(f"cannot load model '{model}': {_refused_pickle(source, err)}") from None
