@@ -67,10 +67,12 @@ class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
     method_name: str | None = None  # set on the per-method subclasses below
-    # progress(label, examples done, examples in the pass) of a model made without one (lm-eval's CLI)
-    default_progress: Callable[[str, int, int], None] | None = None
+    # progress(label, examples done, examples in the pass, each per task) of a model made without one
+    # (lm-eval's CLI sets it)
+    default_progress: Callable[[str, dict[str, int], dict[str, int]], None] | None = None
 
-    def __init__(self, method: Method, label: str, progress: Callable[[int, int], None] | None = None,
+    def __init__(self, method: Method, label: str,
+                 progress: Callable[[dict[str, int], dict[str, int]], None] | None = None,
                  chunk_size: int | None = None):
         super().__init__()
         self.method = method
@@ -125,7 +127,7 @@ class EnsembleLM(LM):
         """Answer requests in chunks (longest first), caching each answer as soon as it exists.
         A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
-        examples = _examples(requests, range(len(requests)))  # for progress: the choices of a question are one
+        examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
         for chunk in self._chunks(requests):
             try:
                 computed = call([convert(requests[i].args) for i in chunk])
@@ -136,7 +138,7 @@ class EnsembleLM(LM):
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
                 self.requests_computed += 1
             if self.progress:
-                self.progress(_examples(requests, chunk), examples)
+                self.progress(_tally(requests, chunk), examples)
         return answers
 
     def _chunks(self, requests) -> list[list[int]]:
@@ -193,9 +195,14 @@ class EnsembleLM(LM):
         return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
 
 
-def _examples(requests, indices) -> int:
-    """The benchmark examples among ``requests[indices]`` (lm-eval's task name and document id)."""
-    return len({(getattr(requests[i], "task_name", None), getattr(requests[i], "doc_id", i)) for i in indices})
+def _tally(requests, indices) -> dict[str, int]:
+    """The benchmark examples among ``requests[indices]`` per task (``""`` for requests without one),
+    in the order the tasks come: what a progress report counts."""
+    seen: dict[str, set] = {}
+    for i in indices:
+        task = getattr(requests[i], "task_name", None) or ""
+        seen.setdefault(task, set()).add(getattr(requests[i], "doc_id", i))
+    return {task: len(docs) for task, docs in seen.items()}
 
 
 def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:

@@ -108,6 +108,18 @@ def test_a_second_check_of_the_folder_reads_no_file_again(fake_gguf, monkeypatch
     assert converted.usable(converted.converted_folder(model), model)
 
 
+def test_loading_is_announced_and_the_first_load_says_it_converts(fake_gguf):
+    model, _, _ = fake_gguf
+    heard = []
+    with members.load_listener(lambda name, event: heard.append((name, event))):
+        members.load_member(model.name, name="fake")
+        members.load_member(model.name, name="fake")
+    assert heard == [("fake", "loading"), ("fake", members.CONVERTING), ("fake", "loaded"),
+                     ("fake", "loading"), ("fake", "loaded")]
+    members.load_member(model.name)  # no listener outside the block
+    assert len(heard) == 5
+
+
 @pytest.mark.integration
 def test_smollm2_from_its_converted_folder_gives_the_gguf_logits(tmp_path, monkeypatch):
     """The real packaged SmolLM2: logits from the converted folder equal those of the GGUF loaded

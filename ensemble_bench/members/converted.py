@@ -86,15 +86,17 @@ def _write(folder: Path, model: PackagedModel, source: ModelSource) -> None:
             record_stamp(staging / name, sha256)  # renaming the folder keeps the files' stat
 
 
-def converted_source(model: PackagedModel, source: ModelSource) -> ModelSource:
-    """The de-quantised folder of a packaged model, converted on first use; the GGUF source itself
-    when the folder cannot be written (a read-only or full cache: said once in the log)."""
+def converted_source(model: PackagedModel, source: ModelSource, converting=lambda: None) -> ModelSource:
+    """The de-quantised folder of a packaged model, converted on first use (``converting()`` is called
+    first); the GGUF source itself when the folder cannot be written (a read-only or full cache: said
+    in the log)."""
     folder = converted_folder(model)
     if usable(folder, model):
         return ModelSource(str(folder))
     if folder.exists():
         log.warning("%s: not the packaged model's converted weights (damaged, or another transformers); "
                     "converting it again", folder)
+    converting()
     try:
         _write(folder, model, source)
     except OSError as err:
