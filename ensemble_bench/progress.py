@@ -100,12 +100,14 @@ class LoadClock:
         self.started: dict[str, float] = {}
 
     def text(self, member: str, event: str, now: float) -> str:
-        """``loading qwen2.5``, ``qwen2.5: converting its GGUF once``, ``qwen2.5 loaded in 0.9 s``."""
+        """``loading qwen2.5``, ``converting qwen2.5's GGUF once ...``, ``qwen2.5 loaded in 0.9 s``."""
         if event == "loading":
             self.started[member] = now
             return f"loading {member}"
         if event == "loaded":
             return f"{member} loaded in {now - self.started.pop(member, now):.1f} s"
+        if event == "converting":
+            return f"converting {member}'s GGUF once (first use; later runs load the converted weights)"
         return f"{member}: {event}"
 
 

@@ -63,9 +63,12 @@ def test_loading_says_which_member_and_how_long(plain):
     progress, lines, clock = plain
     progress.on_row(ROW, "loading")
     progress.on_load("qwen2.5", "loading")
+    progress.on_load("qwen2.5", "converting")
     clock.now = 12.5
     progress.on_load("qwen2.5", "loaded")
-    assert lines == ["gac: loading, 0 s elapsed", "gac: loading qwen2.5", "gac: qwen2.5 loaded in 12.5 s"]
+    assert lines == ["gac: loading, 0 s elapsed", "gac: loading qwen2.5",
+                     "gac: converting qwen2.5's GGUF once (first use; later runs load the converted weights)",
+                     "gac: qwen2.5 loaded in 12.5 s"]
 
 
 class FakeBars:

@@ -19,7 +19,7 @@ from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
 __all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
 
 DTYPES = ("float32", "bfloat16", "float16")
-CONVERTING = "converting its GGUF once (first use; later runs load the converted weights)"
+CONVERTING = "converting"  # the load event of a packaged model's first load (members/converted.py)
 log = logging.getLogger(__name__)
 
 
@@ -38,7 +38,7 @@ _listeners: list[Callable[[str, str], None]] = []
 @contextmanager
 def load_listener(listener: Callable[[str, str], None]) -> Iterator[None]:
     """While the block runs, ``listener(member name, event)`` hears every load_member: ``loading``,
-    ``converting its GGUF once (first use)``, ``loaded`` (the progress display, progress.py)."""
+    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, progress.py)."""
     _listeners.append(listener)
     try:
         yield
