@@ -53,6 +53,8 @@ def test_a_packaged_model_is_converted_once_and_loads_the_same_weights(fake_gguf
     marker = json.loads((folder / converted.MARKER).read_text())
     assert marker["source_sha256"] == model.sha256 and {"model.safetensors", "config.json"} <= set(marker["files"])
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir() if not path.name.startswith(".")}
+    assert set(modes.values()) == {modes["config.json"]}, modes  # the weights are not left private
     direct = _logits(tiny_llama(len(tokenizer), seed=3), tokenizer)
     assert torch.equal(_logits(first.model, tokenizer), direct)
     assert torch.equal(_logits(second.model, tokenizer), direct)

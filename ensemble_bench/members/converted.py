@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_folder, cache_dir, file_sha256, record_stamp, verified
@@ -78,6 +79,8 @@ def _write(folder: Path, model: PackagedModel, source: ModelSource) -> None:
         weights.save_pretrained(staging)
         del weights
         load_tokenizer(source).save_pretrained(staging)
+        for path in staging.iterdir():  # safetensors writes its file private: the usual permissions, as config.json
+            shutil.copymode(staging / "config.json", path)
         files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
         marker = {"format": FORMAT, "source_sha256": model.sha256, "transformers": _transformers_version(),
                   "files": files}
