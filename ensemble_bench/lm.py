@@ -128,6 +128,8 @@ class EnsembleLM(LM):
         A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
         examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
+        if self.progress:  # the pass starts: its examples per task are known before the first batch ends
+            self.progress({}, examples)
         for chunk in self._chunks(requests):
             try:
                 computed = call([convert(requests[i].args) for i in chunk])

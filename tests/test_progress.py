@@ -50,6 +50,18 @@ def test_counts_are_per_task_across_passes(plain):
     assert lines[-1].startswith("gac: piqa 10 of 10, nq 1 of 10 examples done, 1 min 50 s elapsed, ETA 15 min 00 s")
 
 
+def test_a_pass_announced_before_its_first_batch_times_from_its_start(plain):
+    """The adapter reports a pass's examples when it starts (nothing done yet): the ETA is timed from
+    there, and the line shows the totals at once."""
+    progress, lines, clock = plain
+    clock.now = 5.0
+    progress.on_progress("gac", {}, {"nq": 4})
+    clock.now = 25.0
+    progress.on_progress("gac", {"nq": 1}, {"nq": 4})
+    assert lines[0].startswith("gac: nq 0 of 4 examples done, 0 s elapsed")
+    assert lines[1].startswith("gac: nq 1 of 4 examples done, 20 s elapsed, ETA 1 min 00 s")
+
+
 def test_a_pass_of_several_tasks_counts_each(plain):
     progress, lines, clock = plain
     progress.on_row(ROW, "evaluating")
@@ -118,5 +130,5 @@ def test_the_adapter_reports_examples_per_task(bpe_model, bpe_tokenizer):
     tasks = [("piqa", 0), ("piqa", 0), ("arc", 3)]
     lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=0,
                                metadata=(task, doc, 1)) for pair, (task, doc) in zip(pairs, tasks)])
-    assert reports == [({"piqa": 1, "arc": 1}, {"piqa": 1, "arc": 1})]
+    assert reports == [({}, {"piqa": 1, "arc": 1}), ({"piqa": 1, "arc": 1}, {"piqa": 1, "arc": 1})]
 
