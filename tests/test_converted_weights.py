@@ -91,14 +91,14 @@ def test_a_damaged_or_foreign_converted_folder_is_converted_again(fake_gguf, cap
 
 
 def test_an_unwritable_cache_loads_from_the_gguf(fake_gguf, monkeypatch, caplog):
-    model, conversions, _ = fake_gguf
+    model, conversions, tokenizer = fake_gguf
 
     def refuse(target):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(converted, "atomic_folder", refuse)
     source = sources.resolve(model.name)
-    assert converted.converted_source(model, source) == source
+    assert converted.converted_source(model, source, tokenizer) == source
     assert "cannot keep the converted weights (Permission denied)" in caplog.text
     assert not converted.converted_folder(model).exists()
 

@@ -125,14 +125,14 @@ def _refused_pickle(source: ModelSource, err: pickle.UnpicklingError) -> str:
 
 
 def _weights_source(model: str, name: str | None, source: ModelSource, seq2seq: bool,
-                    quantization: str | None) -> ModelSource:
+                    quantization: str | None, tokenizer) -> ModelSource:
     """Where to load the weights from: a packaged model's de-quantised folder (members/converted.py,
     converted on first use), otherwise the source itself."""
     if model not in PACKAGED or seq2seq or quantization is not None or source.gguf_file is None:
         return source
     from ensemble_bench.members.converted import converted_source
 
-    return converted_source(PACKAGED[model], source, lambda: tell_load(name or model, CONVERTING))
+    return converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name or model, CONVERTING))
 
 
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
@@ -181,7 +181,7 @@ def _load(model: str, dtype: str, device: str, chat_template: bool, name: str | 
     try:
         seq2seq = is_seq2seq(source.location, source.gguf_file, kind, trust_remote_code)
         tokenizer = load_tokenizer(source, trust_remote_code)
-        stored = _weights_source(model, name, source, seq2seq, quantization)
+        stored = _weights_source(model, name, source, seq2seq, quantization, tokenizer)
         weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
             stored.location, gguf_file=stored.gguf_file, dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code, **placement)

@@ -64,12 +64,10 @@ def usable(folder: Path, model: PackagedModel) -> bool:
     return True
 
 
-def _write(folder: Path, model: PackagedModel, source: ModelSource) -> None:
+def _write(folder: Path, model: PackagedModel, source: ModelSource, tokenizer) -> None:
     """Convert the GGUF into ``folder`` (atomically): float32 weights, config, tokenizer, marker."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from ensemble_bench.members import load_tokenizer
 
     weights = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=torch.float32)
     weights.hf_quantizer = None  # the weights are de-quantised: save them as plain tensors
@@ -78,7 +76,7 @@ def _write(folder: Path, model: PackagedModel, source: ModelSource) -> None:
     with atomic_folder(folder) as staging:
         weights.save_pretrained(staging)
         del weights
-        load_tokenizer(source).save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
         for path in staging.iterdir():  # safetensors writes its file private: the usual permissions, as config.json
             shutil.copymode(staging / "config.json", path)
         files = {path.name: file_sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
@@ -89,10 +87,10 @@ def _write(folder: Path, model: PackagedModel, source: ModelSource) -> None:
             record_stamp(staging / name, sha256)  # renaming the folder keeps the files' stat
 
 
-def converted_source(model: PackagedModel, source: ModelSource, converting=lambda: None) -> ModelSource:
-    """The de-quantised folder of a packaged model, converted on first use (``converting()`` is called
-    first); the GGUF source itself when the folder cannot be written (a read-only or full cache: said
-    in the log)."""
+def converted_source(model: PackagedModel, source: ModelSource, tokenizer, converting=lambda: None) -> ModelSource:
+    """The de-quantised folder of a packaged model (``tokenizer``: its converted tokenizer, saved beside
+    the weights), converted on first use (``converting()`` is called first); the GGUF source itself
+    when the folder cannot be written (a read-only or full cache: said in the log)."""
     folder = converted_folder(model)
     if usable(folder, model):
         return ModelSource(str(folder))
@@ -101,7 +99,7 @@ def converted_source(model: PackagedModel, source: ModelSource, converting=lambd
                     "converting it again", folder)
     converting()
     try:
-        _write(folder, model, source)
+        _write(folder, model, source, tokenizer)
     except OSError as err:
         log.warning("%s: cannot keep the converted weights (%s); loading the GGUF file each time", folder,
                     err.strerror or err)
