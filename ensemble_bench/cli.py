@@ -27,7 +27,7 @@ from rich.text import Text
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
-from ensemble_bench.progress import BarProgress, PlainProgress, RowClock  # noqa: F401 - RowClock: re-exported
+from ensemble_bench.progress import BarProgress, PlainProgress
 from ensemble_bench.tasks import list_benchmarks
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
