@@ -89,6 +89,7 @@ def run_cli() -> None:
     check_limit(getattr(args, "limit", None))
     config = lm_eval_step(EvaluatorConfig.from_cli, args)
     if config.model not in LM_CLASSES:
+        set_threads(threads)
         return parser.execute(args)
     with tempfile.TemporaryDirectory(prefix="ensbench-tasks-") as tasks_dir:
         plan = prepare(args, config, LM_CLASSES[config.model].method_name, Path(tasks_dir))
@@ -104,8 +105,7 @@ def add_own_flags(parser) -> None:
     run = parser._subparsers.choices["run"]
     group = run.add_argument_group("ensbench")
     group.add_argument("--threads", type=int, default=settings.threads(), metavar="<n>",
-                       help="torch CPU threads for ensbench models (0: torch's default; $ENSBENCH_THREADS), "
-                            "as ensbench run --threads")
+                       help="torch CPU threads (0: torch's default; $ENSBENCH_THREADS), as ensbench run --threads")
 
 
 def check_limit(limit) -> None:
