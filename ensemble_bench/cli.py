@@ -28,7 +28,6 @@ from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
 from ensemble_bench.progress import BarProgress, PlainProgress
-from ensemble_bench.tasks import list_benchmarks
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
 # runner and the reports load torch, transformers, lm-eval or pandas, which `ensbench --help` and a
@@ -56,6 +55,27 @@ class PipeConsole(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
+def _plain_help_names() -> None:
+    """Help as click writes it: a flag shows no ``<bool>`` type and a command's arguments read ``RECIPE``,
+    not ``{recipe}`` (typer >= 0.2x renders its own help; older versions have neither hook and need none)."""
+    core = getattr(typer, "core", None)
+    option, argument = getattr(core, "TyperOption", None), getattr(core, "TyperArgument", None)
+    if option is not None and hasattr(option, "display_type_rich") and not hasattr(option, "_ensbench_plain"):
+        typed = option.display_type_rich
+
+        def display_type_rich(self, ctx):
+            return None if getattr(self, "is_flag", False) and self.metavar is None else typed(self, ctx)
+
+        option.display_type_rich, option._ensbench_plain = display_type_rich, True
+    if argument is not None and hasattr(argument, "_usage_display_name"):
+        def usage_name(self) -> str:
+            name = self.metavar or self.name.upper()
+            return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+        argument._usage_display_name = usage_name
+
+
+_plain_help_names()
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Benchmark training-free ensembles of LLMs with different tokenizers.")
 console = PipeConsole()
@@ -92,38 +112,6 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _results_line(recipe, fresh: bool) -> Text:
-    """Where the run writes: the unfinished run it resumes, or the new run folder."""
-    from ensemble_bench.runner import planned_run_dir
-
-    try:
-        folder, resumed = planned_run_dir(recipe, fresh)
-    except (UserError, OSError) as err:  # the preflight says what is wrong with output:
-        return Text(f"results: output: {recipe.output} ({lines_of(err)[0] if isinstance(err, UserError) else err})")
-    return Text(f"results: {folder}" + (" (resumes this unfinished run)" if resumed else " (a new run)"))
-
-
-def _plan_tables(recipe, fresh: bool = False) -> list:
-    """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
-    readable at 80 columns."""
-    from ensemble_bench.recipe import plan_rows, selected_benchmarks, task_notes
-
-    heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
-    rows = Table(title="rows")
-    for column in ("row", "method", "members"):
-        rows.add_column(column, no_wrap=column != "members")
-    for row in plan_rows(recipe):
-        rows.add_row(row.label, row.method, " + ".join(recipe.members[i].label for i in row.members))
-    benches = Table(title="benchmarks")
-    for column in ("benchmark", "lm-eval task", "shots", "limit"):
-        benches.add_column(column, no_wrap=True, overflow="fold")
-    for bench, shots, limit in selected_benchmarks(recipe):
-        benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
-                        str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in task_notes(recipe)]
-    return [heading, _results_line(recipe, fresh), rows, benches, *notes]
-
-
 def _run_with_progress(loaded, fresh: bool):
     """Run the recipe with a live bar per row on a terminal, progress lines otherwise (progress.py): the
     members loading, the examples done per task, the row's elapsed time and an ETA."""
@@ -151,22 +139,30 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
                                                           "compute every row (no finished row of another run reused)."),
         reuse: bool = typer.Option(False, "--reuse",
                                    help="If this exact recipe has a finished run, show it; run nothing."),
-        threads: int = typer.Option(settings.threads, help="torch CPU threads (0: default; $ENSBENCH_THREADS)."),
-        limit: int = typer.Option(None, min=1, help="Override: at most this many examples of every task."),
-        tasks: str = typer.Option(None, help="Override: only these benchmarks, comma-separated (e.g. piqa,nq)."),
-        batch_size: int = typer.Option(None, "--batch-size", min=1, help="Override: the recipe's batch_size."),
-        output: str = typer.Option(None, help="Override: the folder results go to (~ and $VARS expanded)."),
-        set_: list[str] = typer.Option(None, "--set", help="Override any field: --set method.weights=[2,1] "
-                                                          "(dotted path, list indices, a YAML value; repeatable).")):
+        threads: int = typer.Option(settings.threads, metavar="N",
+                                    help="torch CPU threads (0: default; $ENSBENCH_THREADS)."),
+        limit: int = typer.Option(None, min=1, metavar="N", help="Override: at most this many examples of every task."),
+        tasks: str = typer.Option(None, metavar="NAMES",
+                                  help="Override: only these benchmarks, comma-separated (e.g. piqa,nq)."),
+        batch_size: int = typer.Option(None, "--batch-size", min=1, metavar="N",
+                                       help="Override: the recipe's batch_size."),
+        output: str = typer.Option(None, metavar="DIR",
+                                   help="Override: the folder results go to (~ and $VARS expanded)."),
+        seed: int = typer.Option(None, min=0, metavar="N",
+                                 help="Override: the recipe's seed (lm-eval's few-shot sampling and random seeds)."),
+        set_: list[str] = typer.Option(None, "--set", metavar="KEY=VALUE",
+                                       help="Override any field: --set method.weights=[2,1] (dotted path, list "
+                                            "indices, a YAML value; repeatable).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.overrides import option_overrides, parse_set
+    from ensemble_bench.plan import plan_tables
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.runner import finished_run, preflight
 
-    overrides = option_overrides(limit, tasks, batch_size, output) + [parse_set(text) for text in set_ or []]
+    overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)
     problems = preflight(loaded, str(recipe))  # a task lm-eval lacks here is named before the plan lists it
-    console.print(*_plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
+    console.print(*plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
     if problems:
         raise several(EnvironmentFault, problems)
     if dry_run:
@@ -315,119 +311,37 @@ def plot(runs: list[Path] = typer.Argument(..., help="finished runs, or results/
 
 
 @app.command("list")
-def list_things(details: bool = typer.Option(False, "--details", help="add lm-eval task names and metric keys"),
+def list_things(details: bool = typer.Option(False, "--details", help="add each method's parameters (default and "
+                                                                      "meaning) and where each benchmark's data "
+                                                                      "comes from"),
                 method: str | None = typer.Option(None, "--method",
                                                   help="one method's parameters: type, default, meaning")):
     """Methods, packaged offline models and benchmarks (what is missing as notes below the table)."""
-    from ensemble_bench.members.sources import PACKAGED
-    from ensemble_bench.methods import METHODS, describe_params
+    from ensemble_bench.listing import listing, method_table
 
     if method is not None:  # one method's parameters (UserError for an unknown method)
-        params = Table(*("name", "type", "default", "meaning"), title=f"method {method}: parameters")
-        for param in describe_params(method):
-            params.add_row(*(Text(value) for value in param))
-        return console.print(params)
-
-    methods = Table(title="methods")
-    methods.add_column("name", no_wrap=True)
-    methods.add_column("members", no_wrap=True)
-    methods.add_column("parameters")
-    for name, cls in sorted(METHODS.items()):
-        count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
-        param_names = ", ".join(p.name for p in describe_params(name)) or "-"
-        methods.add_row(name, "1 per row" if cls.alone else count, param_names)
-    models = Table(title="packaged offline models (fetched from PyPI on first use)")
-    models.add_column("name", no_wrap=True)
-    models.add_column("what")
-    for model in PACKAGED.values():
-        models.add_row(model.name, model.description)
-    for table in (methods, models):
-        console.print(table)
-    console.print(*(_benchmark_blocks() if details else [_benchmark_table()]), sep="\n")
-    for number, (name, needs) in enumerate(_missing(), 1):
-        console.print(f"[{number}] {name}: {needs}", markup=False)
-
-
-def _label(bench) -> str:
-    return bench.name if bench.variant == "default" else f"{bench.name}/{bench.variant}"
-
-
-def _offline_missing(bench) -> str | None:
-    """What this machine lacks to build the benchmark's offline copy (BBH: its folder), unless built."""
-    from ensemble_bench.tasks.data_store import data_root, is_complete
-    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
-
-    spec = LOCAL_DATASETS.get(bench.name) if bench.offline else None
-    needs = spec.missing() if spec is not None else None
-    return needs if needs and not is_complete(spec, data_root()) else None
-
-
-def _missing() -> list[tuple[str, str]]:
-    """(benchmark, what it needs) of the benchmarks that cannot run yet, or not with data: offline, one
-    note each (naming no path of this machine)."""
-    notes = []
-    for b in list_benchmarks():
-        if b.needs:
-            notes.append((_label(b), b.needs))
-        elif needs := _offline_missing(b):
-            notes.append((_label(b), f"for data: offline, {needs}"))
-    return notes
-
-
-def _status(bench, notes: list[str]) -> str:
-    """ready, or the note that says what is missing: ``needs [n]``, or ``hub only [n]`` (no offline copy here)."""
-    if _label(bench) not in notes:
-        return "ready"
-    return f"{'needs' if bench.needs else 'hub only'} [{notes.index(_label(bench)) + 1}]"
-
-
-def _benchmark_table() -> Table:
-    """Short columns; a benchmark that cannot run points at its numbered note below the table."""
-    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
-
-    benches = Table(title="benchmarks (--details: where the data comes from)")
-    for column in ("name", "variant", "shots", "metric", "offline", "status"):
-        benches.add_column(column, no_wrap=True, overflow="fold")
-    notes = [name for name, _ in _missing()]
-    for b in list_benchmarks():
-        spec = LOCAL_DATASETS.get(b.name) if b.offline else None
-        offline = "no" if spec is None else "fixture" if "fixture" in spec.source else "yes"
-        benches.add_row(b.name, b.variant, str(b.default_shots), b.primary_metric.split(",")[0], offline,
-                        _status(b, notes))
-    return benches
-
-
-def _benchmark_blocks() -> list[Text]:
-    """One block per benchmark, a fact per line (readable at 80 columns, long values wrap at words)."""
-    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
-
-    blocks = [Text("benchmarks (data: hub reads the hub dataset; data: offline a local copy built from the "
-                   "offline source)", style="italic")]
-    notes = [name for name, _ in _missing()]
-    for b in list_benchmarks():
-        spec = LOCAL_DATASETS.get(b.name) if b.offline else None
-        block = Text.assemble((_label(b), "bold"), f"  {_status(b, notes)}\n")
-        block.append(f"  lm-eval task: {b.task}, shots: {b.default_shots}, metric key: {b.primary_metric}\n")
-        block.append(f"  hub dataset: {spec.hub_id if spec else 'the stock lm-eval task'}\n")
-        block.append(f"  offline source: {spec.source if spec else 'none'}")
-        blocks.append(block)
-    return blocks
+        return console.print(method_table(method))
+    console.print(*listing(details), sep="\n")
 
 
 @app.command()
-def compare(run: Path = typer.Argument(..., help="finished run, or results/<recipe> (its newest run)"),
-            row: list[str] = typer.Option(None, "--row", help="a row to compare (twice or more; default: all rows)"),
+def compare(runs: list[Path] = typer.Argument(..., help="finished run, or results/<recipe> (its newest run); "
+                                                        "several: their rows side by side, the first row against "
+                                                        "the others"),
+            row: list[str] = typer.Option(None, "--row", metavar="ROW",
+                                          help="a row to compare (twice or more; default: all rows)"),
             benchmark: str = typer.Option(None, help="only this benchmark"),
             show: int = typer.Option(5, min=0, help="differing examples shown per benchmark"),
             out: Path = typer.Option(None,
                                      help="also write <out>.md (as printed) and <out>.csv (every differing example)")):
-    """What the rows of a run did differently: intervals, paired tests, oracle, differing examples."""
+    """What the rows of a run (or of several runs) did differently: intervals, paired tests, oracle, differing
+    examples."""
     from ensemble_bench.report.compare import build_report, render_csv, render_markdown
     from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.tables import resolve_run
 
     targets = checked_files(user_path(out), (".md", ".csv")) if out is not None else []
-    report = build_report(resolve_run(run), row or None, benchmark)
+    report = build_report([resolve_run(run) for run in runs], row or None, benchmark)
     text = render_markdown(report, show)
     print(text, end="")
     if targets:

@@ -69,15 +69,14 @@ def main() -> None:
 
 def run_cli() -> None:
     """lm-eval's command line (sys.argv), an ensbench model's run prepared before and written after."""
-    import lm_eval.evaluator
     from lm_eval._cli import HarnessCLI
     from lm_eval.config.evaluate_config import EvaluatorConfig
     from lm_eval.utils import setup_logging
 
     from ensemble_bench.lm import LM_CLASSES, register_all
-    from ensemble_bench.runner import quiet_git_hash
+    from ensemble_bench.runner import patch_lm_eval
 
-    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash  # no "fatal: not a git repository" outside a checkout
+    patch_lm_eval()
     register_all()
     setup_logging()
     parser = HarnessCLI()

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ensemble_bench.errors import UserError, lines_of, several
+from ensemble_bench.yaml_limits import MAX_RECIPE_BYTES, MAX_YAML_DEPTH, RecipeLimit, RecipeLoader
 
 _PART = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]|(\d+)")
 
@@ -40,30 +41,53 @@ def _path(key: str, shown: str) -> tuple[str | int, ...]:
     for piece in key.split("."):
         found = list(_PART.finditer(piece))
         if not piece or "".join(m.group(0) for m in found) != piece:
-            raise UserError(f"{shown}: '{key}' is not a field path (write it like method.weights or members[0].dtype)")
+            cut = key if len(key) <= 40 else key[:39] + "…"
+            raise UserError(f"{shown}: '{cut}' is not a field path (write it like method.weights or members[0].dtype)")
         parts += [m.group(1) if m.group(1) else int(m.group(2) or m.group(3)) for m in found]
     if isinstance(parts[0], int):
         raise UserError(f"{shown}: a field path starts with a field name, not an index")
     return tuple(parts)
 
 
-def parse_set(text: str) -> Override:
-    """``key=value`` of ``--set``: the value read as YAML (``[2, 1]``, ``0.5``, ``true``, ``org/model``)."""
+SHOWN_CHARS = 100  # an override quoted in an error line is cut to this many characters
+
+
+def _quoted(text: str) -> str:
+    """``--set TEXT`` as an error line quotes it: on one line, at most SHOWN_CHARS long."""
     shown = f"--set {text}"
+    return shown if len(shown) <= SHOWN_CHARS else shown[:SHOWN_CHARS - 1] + "…"
+
+
+def _yaml_value(value: str, shown: str) -> Any:
+    """``value`` read as YAML under the recipe file's limits (size, nesting, aliases written out)."""
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_RECIPE_BYTES:
+        raise UserError(f"{shown}: the value is larger than {MAX_RECIPE_BYTES} bytes, the most a recipe may have")
+    try:
+        return yaml.load(value, Loader=RecipeLoader)  # noqa: S506 - a SafeLoader
+    except RecipeLimit as err:
+        raise UserError(f"{shown}: the value is past the recipe's YAML limits: {err.problem}") from None
+    except (yaml.YAMLError, ValueError) as err:
+        raise UserError(f"{shown}: the value is not valid YAML ({getattr(err, 'problem', None) or err})") from None
+
+
+def parse_set(text: str) -> Override:
+    """``key=value`` of ``--set``: the value read as YAML (``[2, 1]``, ``0.5``, ``true``, ``org/model``) with the
+    recipe file's limits; a field path at most MAX_YAML_DEPTH fields deep."""
+    shown = _quoted(text)
     key, equals, value = text.partition("=")
     if not equals or not key.strip():
         raise UserError(f"{shown}: write --set key=value (e.g. --set method.weights=[2,1])")
-    try:
-        parsed = yaml.safe_load(value)
-    except (yaml.YAMLError, ValueError) as err:
-        raise UserError(f"{shown}: the value is not valid YAML ({getattr(err, 'problem', None) or err})") from None
-    return Override(_path(key.strip(), shown), parsed, shown)
+    path = _path(key.strip(), shown)
+    if len(path) > MAX_YAML_DEPTH:
+        raise UserError(f"{shown}: the field path is {len(path)} fields deep; a recipe nests at most {MAX_YAML_DEPTH}")
+    return Override(path, _yaml_value(value, shown), shown)
 
 
 def option_overrides(limit: int | None, tasks: str | None, batch_size: int | None,
-                     output: str | None) -> list[Override]:
+                     output: str | None, seed: int | None = None) -> list[Override]:
     """The overrides of ``run``'s own options (``--tasks`` is applied by ``apply``: it selects tasks)."""
     found = [Override(("batch_size",), batch_size, f"--batch-size {batch_size}") if batch_size is not None else None,
+             Override(("seed",), seed, f"--seed {seed}") if seed is not None else None,
              Override(("output",), output, f"--output {output}") if output is not None else None,
              Override(("limit",), limit, f"--limit {limit}", "limit") if limit is not None else None,
              Override(("tasks",), [t.strip() for t in tasks.split(",") if t.strip()], f"--tasks {tasks}", "tasks")
@@ -105,6 +129,44 @@ def _select_tasks(data: dict, names: list[str]) -> list[Any]:
     return [by_name.get(name, {"name": name}) for name in names]
 
 
+SPEC_FIELDS = ("name", "label", "members", "paper_row")  # a method entry's own fields, not parameters
+
+
+def _method_rows(data: dict, override: Override) -> bool:
+    """Whether ``override`` sets ``method.X`` on a recipe that lists its methods (``methods:``)."""
+    return (override.kind == "set" and override.path[0] == "method" and "method" not in data
+            and isinstance(data.get("methods"), list))
+
+
+def _takes(name: Any, parameter: Any) -> bool:
+    """Whether the method ``name`` has the parameter ``parameter`` (False for an unknown method)."""
+    from ensemble_bench.methods import get_method  # methods load torch: only for this kind of override
+
+    try:
+        return isinstance(name, str) and parameter in get_method(name).Params.model_fields
+    except UserError:
+        return False
+
+
+def _set_each_method(data: dict, override: Override) -> dict:
+    """``method.X`` on a ``methods:`` recipe: X set on every method row whose method takes X; else a
+    UserError of one line naming the row to write instead (``methods[0].X``)."""
+    rows = [_as_mapping(entry) for entry in data["methods"]]
+    names = [row.get("name") if isinstance(row, dict) else row for row in rows]
+    rest = override.path[1:]
+    taking = [i for i, row in enumerate(rows) if isinstance(row, dict) and _takes(row.get("name"), rest[0])] \
+        if rest and rest[0] not in SPEC_FIELDS else []
+    if not taking:
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
+        value = override.shown.partition("=")[2]
+        why = f"no method row takes '{rest[0]}'" if rest and rest[0] not in SPEC_FIELDS else "method is one of several"
+        raise UserError(f"{override.shown}: this recipe lists its methods under 'methods:' "
+                        f"({', '.join(map(str, names))}) and {why}: name the row, e.g. --set methods[0]{field}={value}")
+    for i in taking:
+        data = _set(data, ("methods", i, *rest), override.value, override.shown)
+    return data
+
+
 def apply(data: Any, overrides: list[Override]) -> Any:
     """The recipe mapping with every override applied, in order: ``--tasks``, then ``--limit`` (every
     task's limit), then the other options and each ``--set``."""
@@ -118,6 +180,8 @@ def apply(data: Any, overrides: list[Override]) -> Any:
             data["tasks"] = [{**_as_mapping(t), "limit": override.value} if isinstance(_as_mapping(t), dict) else t
                              for t in data.get("tasks") or []]
             data.pop("limit", None)
+        elif _method_rows(data, override):
+            data = _set_each_method(data, override)
         else:
             data = _set(data, override.path, override.value, override.shown)
     return data
@@ -128,6 +192,8 @@ def _blamed(line: str, source: str, overrides: list[Override]) -> str:
     field = line.removeprefix(f"{source}: ").split(":", 1)[0]
     for override in reversed(overrides):
         taken = r"tasks\[\d+\]\.limit" if override.kind == "limit" else re.escape(override.field)
+        if override.path[0] == "method":  # set on every row of a methods: list that takes it
+            taken = r"(method|methods\[\d+\])" + taken[len("method"):]
         if re.fullmatch(rf"{taken}([.\[].*)?", field):
             return f"{source}: {override.shown}: {line.removeprefix(f'{source}: ')}"
     return line

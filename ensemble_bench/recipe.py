@@ -20,11 +20,20 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ensemble_bench.errors import UserError, lines_of, several
+from ensemble_bench.field_names import close_fields
 from ensemble_bench.methods import ALONE, get_method, is_alone
 from ensemble_bench.overrides import Override, blame
 from ensemble_bench.overrides import apply as apply_overrides
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import task_benchmarks
+from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.py's names too
+    MAX_RECIPE_BYTES,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    RecipeLimit,
+    RecipeLoader,
+    check_expanded_size,
+)
 
 # every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -215,6 +224,7 @@ class Recipe(BaseModel):
     fewshot_as_multiturn: bool = False
     allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
     allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
+    allow_task_code: bool = False  # include_path tasks may import their own Python (!function), unsandboxed
     placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 
@@ -360,12 +370,14 @@ def _shortened(text: str, most: int = 80) -> str:
     return text if len(text) <= most else text[:most - 3] + "..."
 
 
-def _error_line(source: str, error: dict, prefix: str = "") -> str:
-    """One pydantic error as ``<file>: <field path>: <message> (got <value>)``."""
+def _error_line(source: str, error: dict, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One pydantic error as ``<file>: <field path>: <message> (got <value>)``; an unknown field of
+    ``model`` names the close field names (did you mean)."""
     loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown field"
+        close = close_fields(model, loc)
+        message = "unknown field" + (f" (did you mean {' or '.join(repr(name) for name in close)}?)" if close else "")
     if error["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
         message = f"not a safe folder name: use {SAFE_NAME}, no path separators"
     given = error.get("input")
@@ -380,12 +392,14 @@ def _field_of(error: dict) -> tuple:
     return loc[:next((k for k, part in enumerate(loc) if isinstance(part, str) and "[" in part), len(loc))]
 
 
-def _pydantic_lines(source: str, err: ValidationError, prefix: str = "") -> list[str]:
-    """Every mistake pydantic found, one line per field (of a union's branches, the telling one)."""
+def _pydantic_lines(source: str, err: ValidationError, prefix: str = "",
+                    model: type[BaseModel] | None = None) -> list[str]:
+    """Every mistake pydantic found, one line per field (of a union's branches, the telling one); ``model``:
+    the validated model, whose field names an unknown field is matched against."""
     by_field: dict[tuple, list[dict]] = {}
     for error in err.errors():
         by_field.setdefault(_field_of(error), []).append(error)
-    lines = [_error_line(source, _telling_error(errors), prefix) for errors in by_field.values()]
+    lines = [_error_line(source, _telling_error(errors), prefix, model) for errors in by_field.values()]
     return list(dict.fromkeys(lines))
 
 
@@ -419,7 +433,7 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        raise several(UserError, _pydantic_lines(source, err)) from None
+        raise several(UserError, _pydantic_lines(source, err, model=Recipe)) from None
     lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
              *check_placement(recipe, source), *_problems(lambda: plan_rows(recipe), f"{source}: ")]
     if lines:
@@ -496,7 +510,7 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
     try:
         params = method.Params.model_validate(given)
     except ValidationError as err:
-        raise several(UserError, _pydantic_lines(source, err, prefix=field)) from None
+        raise several(UserError, _pydantic_lines(source, err, prefix=field, model=method.Params)) from None
     try:
         method.check_members(params, [m.label for m in members])
     except UserError as err:
@@ -507,79 +521,6 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
         raise UserError(f"{source}: members: method '{method.name}' takes {method.min_members}"
                         f"{'+' if method.max_members is None else f'-{method.max_members}'} members, got {count}")
     return method, params
-
-
-MAX_RECIPE_BYTES = 1 << 20  # 1 MiB; recipes are a few KiB
-MAX_YAML_DEPTH = 32  # nesting of mappings and lists; a recipe needs about 5
-MAX_YAML_NODES = 100_000  # values of the document with every alias expanded (a "billion laughs" has 10**9)
-MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class RecipeLimit(yaml.MarkedYAMLError):
-    """A recipe document past one of RecipeLoader's limits."""
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
-
-
-def check_expanded_size(root: yaml.Node) -> None:
-    """RecipeLimit if the document, every alias written out, has more than MAX_YAML_NODES values, or
-    if a mapping or list contains itself. Linear in the nodes as written (each counted once)."""
-    sizes: dict[int, int] = {}  # id(node) -> values below it, itself included, aliases expanded
-    open_nodes: set[int] = set()  # the nodes on the path from the root to the node being visited
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if children_done:
-            open_nodes.discard(id(node))
-            sizes[id(node)] = 1 + sum(sizes[id(child)] for child in _children(node))
-            if sizes[id(node)] > MAX_YAML_NODES:
-                raise RecipeLimit(None, None, f"more than {MAX_YAML_NODES} values with every alias written out "
-                                  "(a recipe has a few hundred)", node.start_mark)
-        elif id(node) in open_nodes:
-            raise RecipeLimit(None, None, "an alias names a mapping or list that contains it: a recipe cannot "
-                              "be recursive", node.start_mark)
-        elif id(node) not in sizes:
-            open_nodes.add(id(node))
-            stack.append((node, True))
-            stack.extend((child, False) for child in _children(node))
-
-
-class RecipeLoader(yaml.SafeLoader):
-    """YAML of a recipe: refuses a key given twice in one mapping (plain YAML keeps the last one
-    silently), nesting deeper than MAX_YAML_DEPTH and aliases past check_expanded_size."""
-
-    depth = 0
-
-    def compose_node(self, parent, index):
-        if self.depth >= MAX_YAML_DEPTH:
-            raise RecipeLimit(None, None, f"nested deeper than {MAX_YAML_DEPTH} mappings and lists",
-                              self.peek_event().start_mark)
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def get_single_node(self):
-        node = super().get_single_node()
-        if node is not None:
-            check_expanded_size(node)
-        return node
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == MERGE_TAG:  # `<<: *defaults`: keys given beside it override the merged ones
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
-            seen.add(key if isinstance(key, (str, int, float, bool)) else id(key_node))
-        return super().construct_mapping(node, deep)
 
 
 def _read_text(path: Path) -> str:

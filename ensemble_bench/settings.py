@@ -16,11 +16,9 @@ from ensemble_bench.errors import EnvironmentFault, UserError
 CACHE = "ENSBENCH_CACHE"                    # where models, data and derived caches are kept
 THREADS = "ENSBENCH_THREADS"                # default of `ensbench run --threads`
 BBH_DIR = "ENSBENCH_BBH_DIR"                # a folder of BIG-Bench-Hard <task>.json files
-ALLOW_CODE_EXECUTION = "ENSBENCH_ALLOW_CODE_EXECUTION"            # set by the runner from the recipe
-ALLOW_UNISOLATED_EXECUTION = "ENSBENCH_ALLOW_UNISOLATED_EXECUTION"  # set by the runner from the recipe
+YES = ("1", "true", "yes", "on")  # how the Hugging Face libraries read a switch that is on
 HUB_OFFLINE = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")        # the Hugging Face libraries' own switches
 DEFAULT_CACHE = Path("~/.cache/ensbench")
-YES, NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 _VARIABLE = re.compile(r"\$(?:\{([^}]*)\}|(\w+))")  # $NAME or ${NAME}, as os.path.expandvars reads them
 
 
@@ -53,16 +51,6 @@ def threads() -> int:
     if not value.isdecimal():
         raise UserError(f"{THREADS}={value!r}: must be a non-negative integer (0 or unset: torch's default)")
     return int(value)
-
-
-def flag(name: str) -> bool:
-    """A yes/no variable: 1/true/yes/on, or 0/false/no/off (unset: no)."""
-    value = raw(name)
-    if value is None or value.lower() in NO:
-        return False
-    if value.lower() in YES:
-        return True
-    raise UserError(f"{name}={value!r}: must be 1 (or true/yes/on) or 0 (or false/no/off, or unset)")
 
 
 def hub_offline() -> str | None:
@@ -111,5 +99,3 @@ def check_environment() -> None:
     (ENSBENCH_THREADS is read only as the default of ``--threads``: an explicit option overrides it)."""
     cache_root()
     bbh_dir()
-    flag(ALLOW_CODE_EXECUTION)
-    flag(ALLOW_UNISOLATED_EXECUTION)

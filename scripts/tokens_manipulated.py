@@ -78,7 +78,7 @@ def main() -> None:
         measured = method.info()["tokens_manipulated_per_step"]
         sizes = " + ".join(str(m.vocab.size) for m in members)
         print(f"| {' + '.join(names)} | {sizes} | {union} | {anchors} | {measured:.2f} "
-              f"(measured, {method.union_rows} steps, {time.perf_counter() - start:.0f} s) |")
+              f"(measured, {method.stats.union_rows} steps, {time.perf_counter() - start:.0f} s) |")
 
 
 if __name__ == "__main__":

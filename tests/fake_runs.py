@@ -5,7 +5,8 @@ import json
 
 import yaml
 
-TASKS = {"arc_c": ("arc_challenge", "acc,none"), "nq": ("nq_open", "exact_match,remove_whitespace")}
+TASKS = {"arc_c": ("arc_challenge", "acc,none"), "nq": ("nq_open", "exact_match,remove_whitespace"),
+         "triviaqa": ("triviaqa", "exact_match,remove_whitespace")}
 
 
 def fake_run(folder, rows, recipe=None, results_extras=None):

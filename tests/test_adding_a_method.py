@@ -95,3 +95,33 @@ def test_it_runs_through_the_lm_eval_adapter(shortest, tiny_dirs):
                        arguments=(REQUESTS[0].prompt.text, {"until": ["\n"], "max_gen_toks": 4}))
     [answer] = lm.generate_until([request])
     assert isinstance(answer, str) and lm.get_model_info()["ensbench"]["method"] == "shortest"
+
+
+def token_level_example(folder: Path, monkeypatch):
+    """The page's second module (section 5: a token-level method that decodes speculatively)."""
+    code = re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.S)[-1]
+    path = folder / "confident.py"
+    path.write_text(code, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("confident_example", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_token_level_example_decodes_speculatively_with_its_every_token_outputs(
+        tmp_path, monkeypatch, bpe_model, bpe_tokenizer, sp_model, sp_tokenizer):
+    from ensemble_bench.decoding.speculative import Speculable
+
+    cls = register_method(token_level_example(tmp_path, monkeypatch).Confident)
+    try:
+        members = [LocalMember(bpe_model, bpe_tokenizer, name="bpe"), LocalMember(sp_model, sp_tokenizer, name="sp")]
+        plain = cls(members, cls.Params(), batch_size=2)
+        drafted = cls(members, cls.Params(speculative=3, proposer=1), batch_size=2)
+        assert isinstance(drafted, Speculable) and drafted.speculation is not None
+        assert outputs(drafted) == outputs(plain)
+        assert drafted.info()["speculative_acceptance_rate"] is not None  # drafts were verified, not skipped
+        twins = [LocalMember(bpe_model, bpe_tokenizer, name="a"), LocalMember(bpe_model, bpe_tokenizer, name="b")]
+        assert outputs(cls(twins, cls.Params())) == outputs(Single(twins[:1], Single.Params()))
+    finally:
+        METHODS.pop(cls.name)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.covering import END, SortedVocab, branch_at, next_byte_distribution
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from tests.tiny import CORPUS, REQUESTS

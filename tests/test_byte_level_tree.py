@@ -1,4 +1,4 @@
-"""byte_level's multiple-choice scoring read as one token tree per member (methods/byte_tree.py)
+"""byte_level's multiple-choice scoring read as one token tree per member (vocab/byte_tree.py)
 against the byte-by-byte loop it replaces (one forward per member per byte, kept for members that
 do not read trees): same log-probabilities within float tolerance, same greedy flags, the same
 error for a model that gives NaN."""
@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest, byte_level
 from ensemble_bench.methods.base import NonFiniteScore
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
-from ensemble_bench.methods.byte_tree import ContinuationTree
-from ensemble_bench.methods.feeding import canonical_tail
+from ensemble_bench.vocab.byte_tree import ContinuationTree
 from tests.test_byte_level import SCORED, nihon_member  # noqa: F401 (a fixture)
 from tests.tiny import CORPUS
 

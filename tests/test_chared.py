@@ -7,12 +7,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.feeding import member_continuation
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, member_readers
-from ensemble_bench.methods.feeding import member_continuation
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.covering import SortedVocab
 from tests.tiny import REQUESTS

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ensemble_bench.tasks.code_exec import ALLOW_ENV, estimate_pass_at_k, run_program, score_candidates
+from ensemble_bench.tasks.code_exec import Consent, estimate_pass_at_k, run_program, score_candidates
 
 
 def test_programs_pass_fail_and_are_limited():
@@ -22,11 +22,33 @@ def test_pass_at_k_estimator_hand_checked():
 
 def test_scoring_needs_the_opt_in(monkeypatch):
     tests = "assert square(3) == 9"
-    monkeypatch.delenv(ALLOW_ENV, raising=False)
     with pytest.raises(RuntimeError, match="allow_code_execution"):
         score_candidates(tests, ["def square(x):\n    return x * x"])
-    monkeypatch.setenv(ALLOW_ENV, "1")
-    assert score_candidates(tests, ["def square(x):\n    return x * x", "def square(x):\n    return x + x"]) == 0.5
+    monkeypatch.setenv("ENSBENCH_ALLOW_CODE_EXECUTION", "1")  # no longer a way in: consent is passed, not global
+    with pytest.raises(RuntimeError, match="allow_code_execution"):
+        score_candidates(tests, ["def square(x):\n    return x * x"])
+    candidates = ["def square(x):\n    return x * x", "def square(x):\n    return x + x"]
+    assert score_candidates(tests, candidates, consent=Consent(run_code=True, unisolated=True)) == 0.5
+
+
+def test_the_hooks_module_carries_the_runs_consent(tmp_path, monkeypatch):
+    import importlib.util
+
+    from ensemble_bench.tasks.code_exec import hooks_source
+
+    verdicts = []
+    for allowed in (False, True):
+        path = tmp_path / f"hooks_{allowed}.py"
+        path.write_text(hooks_source(Consent(run_code=allowed, unisolated=True)))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.pass_at_1.__name__ == "pass_at_1" and module.pass_at_k.__name__ == "pass_at_k"
+        try:
+            verdicts.append(module.pass_at_1(["assert f() == 1"], ["def f():\n    return 1"]))
+        except RuntimeError as err:
+            verdicts.append(str(err))
+    assert verdicts == ["running generated code needs the recipe's allow_code_execution: true", 1.0]
 
 
 # ------------------------------------------------------------------ through lm-eval's own evaluation
@@ -70,8 +92,8 @@ def test_mbpp_and_humaneval_pass_at_1_through_lm_eval(tmp_path, monkeypatch, wro
         def loglikelihood_rolling(self, requests, disable_tqdm=False):
             raise NotImplementedError
 
-    monkeypatch.setenv(ALLOW_ENV, "1")
-    group = write_task_configs([(benches[0], 1), (benches[1], 0)], tmp_path, "offline")
+    group = write_task_configs([(benches[0], 1), (benches[1], 0)], tmp_path, "offline",
+                               consent=Consent(run_code=True, unisolated=True))
     results = simple_evaluate(model=Model(), tasks=[group], limit=4, bootstrap_iters=0, confirm_run_unsafe_code=True,
                               task_manager=TaskManager(include_path=str(tmp_path), include_defaults=True))
     expected = 0.0 if wrong else 1.0

@@ -145,10 +145,8 @@ def test_without_isolation_the_run_refuses_unless_allowed(monkeypatch):
     assert "\n" not in str(err.value)
     assert lines == ["code execution isolation: none (no unshare command (util-linux))"]
     assert check_isolation(True, say=lines.append) == "none"
-    monkeypatch.setenv(code_exec.ALLOW_ENV, "1")
-    monkeypatch.delenv(code_exec.UNISOLATED_ENV, raising=False)
     with pytest.raises(RuntimeError, match="allow_unisolated_execution"):
-        code_exec.score_candidates("assert True", ["pass"])
+        code_exec.score_candidates("assert True", ["pass"], consent=code_exec.Consent(run_code=True))
 
 
 def test_detection_falls_back_without_unshare(monkeypatch):

@@ -1,4 +1,4 @@
-"""The one decoding loop (methods/decode.py) with scripted steps: how requests stop, which rows
+"""The one decoding loop (decoding/decode.py) with scripted steps: how requests stop, which rows
 leave the members, what each round counts for timing; and that methods load no model code."""
 
 import subprocess
@@ -6,10 +6,10 @@ import sys
 
 import torch
 
+from ensemble_bench.decoding.decode import STOP, Advance, RequestState, Round, Steps, decode_batch, text_of
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.base import Timing
-from ensemble_bench.methods.decode import STOP, Advance, RequestState, Round, Steps, decode_batch, text_of
 from ensemble_bench.vocab import VocabView
 
 

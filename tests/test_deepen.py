@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ensemble_bench.decoding.feeding import text_appender
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams, resolve_deepen_weights
-from ensemble_bench.methods.feeding import text_appender
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform, kl_divergence
 from tests.naive import feed_chosen

@@ -42,6 +42,7 @@ from tests.test_faults import BASE_RECIPE, ROWS, one_line, run_cli
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ensbench-hypothesis-"))  # nothing of hypothesis in the checkout
 EXAMPLES = int(os.environ.get("ENSBENCH_FUZZ_EXAMPLES", "40"))
 SEED = int(os.environ.get("ENSBENCH_FUZZ_SEED", "30"))
+SHIPPED_DEMO = yaml.safe_load((ROOT / "recipes/offline/demo.yaml").read_text())
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=False,
                 suppress_health_check=list(HealthCheck))
 
@@ -238,3 +239,52 @@ def test_ensbench_threads_abc_is_one_line(command):
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.returncode == 0 or (done.returncode == 2 and len(lines) == 1 and "ENSBENCH_THREADS" in lines[0])
+
+
+# --- hostile task folders (issue 41): include_path entries lm-eval's index would open ---------------------------
+TASK = ("task: my_task\ndataset_path: json\ndataset_kwargs: {data_files: {test: data.jsonl}}\ntest_split: test\n"
+        "output_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
+FOLDER_ENTRIES = {  # name -> how to make it in a folder
+    "pipe": lambda folder: os.mkfifo(folder / "pipe.yaml"),
+    "symlink loop": lambda folder: (folder / "loop").symlink_to(folder, target_is_directory=True),
+    "dangling link": lambda folder: (folder / "gone.yaml").symlink_to(folder / "nowhere.yaml"),
+    "huge data file": lambda folder: os.truncate(_touch(folder / "big.jsonl"), 1 << 31),
+    "huge task file": lambda folder: os.truncate(_touch(folder / "huge.yaml"), 64 << 20),
+    "alias bomb": lambda folder: (folder / "bomb.yaml").write_text(f"task: bomb\nx: {alias_bomb(9, 7)}\n"),
+    "deep nesting": lambda folder: (folder / "deep.yaml").write_text(f"task: deep\nx: {deep_flow(3000, False)}\n"),
+    "not UTF-8": lambda folder: (folder / "latin.yaml").write_bytes(b"task: caf\xe9\n"),
+    "not YAML": lambda folder: (folder / "broken.yaml").write_text("task: [unclosed\n"),
+    "missing module": lambda folder: _append(folder / "my_task.yaml", "process_docs: !function nowhere_mod.fn\n"),
+    "local module": lambda folder: (_append(folder / "my_task.yaml", "process_docs: !function helpers.fn\n"),
+                                    (folder / "helpers.py").write_text("raise SystemExit('imported')\n")),
+}
+
+
+def _touch(path):
+    path.touch()
+    return path
+
+
+def _append(path, text):
+    path.write_text(path.read_text() + text)
+
+
+@seed(SEED)
+@FUZZ
+@given(kinds=st.lists(st.sampled_from(sorted(FOLDER_ENTRIES)), min_size=1, max_size=4, unique=True))
+def test_a_hostile_task_folder_is_a_plan_or_one_line_within_the_time_limit(kinds):
+    with sandbox() as box:
+        folder = box.cwd / "tasks"
+        folder.mkdir()
+        (folder / "data.jsonl").write_text('{"q": "1+1?", "a": "2"}\n')
+        (folder / "my_task.yaml").write_text(TASK)
+        for kind in kinds:
+            FOLDER_ENTRIES[kind](folder)
+        recipe = {**SHIPPED_DEMO, "output": "out", "tasks": [{"name": "my_task", "limit": 1}],
+                  "include_path": str(folder)}
+        path = box.root / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        outcome = call_cli(box, ["run", str(path), "--dry-run"], [box.cwd / "out"])
+    assert not outcome.problems(), (kinds, outcome.problems(), outcome.code, outcome.err[-2000:])
+    refused = {"pipe", "huge task file", "alias bomb", "deep nesting", "missing module", "local module"}
+    assert (outcome.code == 2) == bool(refused & set(kinds)), (kinds, outcome.code, outcome.err[-2000:])

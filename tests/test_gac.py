@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from ensemble_bench.decoding.feeding import member_continuation
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
-from ensemble_bench.methods.feeding import member_continuation
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.vocab import VocabView
@@ -168,7 +168,7 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
     for request, generation in zip(REQUESTS, fast):
         slow = naive_gac(reference_members, [bpe_model, sp_model], request, [1.0, 1.5],
                          gate=1 if gated else None, threshold=0.2)
-        from ensemble_bench.methods.stopping import cut_at_until
+        from ensemble_bench.decoding.stopping import cut_at_until
         assert generation.text == cut_at_until(slow, request.until)
 
 

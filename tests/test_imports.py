@@ -13,6 +13,12 @@ FORBIDDEN = {  # package -> modules (and their submodules) it must not import
     f"{TOP}.members": (f"{TOP}.methods", f"{TOP}.runner", f"{TOP}.lm", f"{TOP}.cli"),
     f"{TOP}.vocab": (f"{TOP}.methods", f"{TOP}.runner", f"{TOP}.lm", f"{TOP}.cli"),
     f"{TOP}.methods": (f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
+    # the engine runs methods through their base interface only, never one paper's module
+    f"{TOP}.decoding": (*[f"{TOP}.methods.{name}" for name in ("gac", "unite", "deepen", "packllm", "chared",
+                                                               "safe", "byte_level", "coolfusion", "sweetspan",
+                                                               "single", "voting", "mbr", "rerank", "token_level",
+                                                               "span_level", "sample_level")],
+                        f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
 }
 
 

@@ -24,6 +24,8 @@ def strict_problems(tex: str) -> list[str]:
     """What would make this LaTeX fail or print something else than its text, one line each."""
     problems, depth, columns = [], 0, None
     for number, line in enumerate(tex.splitlines(), 1):
+        if line.startswith("%"):  # a comment line (the preamble requirements)
+            continue
         spec = re.search(r"\\begin\{tabular\}\{([lrc]+)\}", line)
         if spec:
             columns = len(spec.group(1))

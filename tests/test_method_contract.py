@@ -24,10 +24,10 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
+from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import ALONE, METHODS, LoglikelihoodRequest, Method, MethodParams, get_method
-from ensemble_bench.methods.stats import RunStats
 from ensemble_bench.recipe import parse_recipe
 from tests.tiny import CORPUS, REQUESTS, outputs
 
@@ -245,3 +245,28 @@ def test_ray_placement_equals_local(ray_members, name):
     assert far.loglikelihood(SCORED[:3]) == near.loglikelihood(SCORED[:3])
     assert without_clocks(far.info()) == without_clocks(near.info())
     assert getattr(far, "traces", None) == getattr(near, "traces", None)  # span_trace.jsonl (runner)
+
+
+def takes_speculation(cls: type[Method]) -> bool:
+    from ensemble_bench.decoding.speculative import SpeculativeParams
+
+    return issubclass(cls.Params, SpeculativeParams)
+
+
+@pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS
+                                  and takes_speculation(METHODS[name])])
+def test_a_speculative_method_declares_the_interface_and_is_never_patched(mixed, name):
+    """A method that takes ``speculative`` is a ``Speculable`` (decoding/speculative.py), and decoding
+    speculatively leaves its own members, feeders and their members as they were (stand-ins are
+    passed to a view of it, ``speaking_to``, never swapped into it)."""
+    from ensemble_bench.decoding.speculative import Speculable
+
+    index = next(i for i, p in enumerate(CONTRACT_PARAMS[name]) if p.get("speculative"))
+    method = build(name, index, mixed, batch_size=2)
+    assert isinstance(method, Speculable)
+    members, feeders = list(method.members), list(method.feeders)
+    fed_members = [feeder and feeder.member for feeder in feeders]
+    outputs(method, REQUESTS[:2])
+    assert method.members == members and method.feeders == feeders
+    assert [feeder and feeder.member for feeder in method.feeders] == fed_members
+    assert all(member is original for member, original in zip(method.members, mixed))

@@ -1,14 +1,14 @@
 """docs/methods.md's parameter tables are the code's (``describe_params``), and ``ensbench list
 --method X`` prints the same rows."""
 
+from ensemble_bench.docgen import PAGE, params_tables, updated
 from ensemble_bench.methods import METHODS, describe_params
-from ensemble_bench.methods.docgen import PAGE, params_tables, updated
 from tests.test_faults import one_line, run_cli
 
 
 def test_docs_parameter_tables_match_the_code():
     page = PAGE.read_text(encoding="utf-8")
-    assert params_tables() in page, "docs/methods.md is out of date: run python -m ensemble_bench.methods.docgen"
+    assert params_tables() in page, "docs/methods.md is out of date: run python -m ensemble_bench.docgen"
     assert updated(page) == page
 
 

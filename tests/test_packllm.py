@@ -9,10 +9,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.feeding import text_appender, text_lookup
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm
-from ensemble_bench.methods.feeding import text_appender, text_lookup
 from ensemble_bench.methods.packllm import (
     PackLLM,
     PackLLMParams,
@@ -22,7 +23,6 @@ from ensemble_bench.methods.packllm import (
     sim_weights,
     token_chunks,
 )
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.vocab import mined
 from ensemble_bench.vocab.bytes_view import VocabView

@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
+from ensemble_bench.decoding.concurrent import each, overlaps
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt, load_member
-from ensemble_bench.methods.concurrent import each, overlaps
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.recipe import parse_recipe
 from tests.tiny import CORPUS, REQUESTS

@@ -1,4 +1,4 @@
-"""``retokenize: local | canonical`` in the methods (methods/feeding.py, issue 22).
+"""``retokenize: local | canonical`` in the methods (decoding/feeding.py, issue 22).
 
 Under canonical, after every step each member that took someone else's text holds, after its
 prompt, exactly its tokenizer's encoding of the generated text from scratch (a trailing half
@@ -12,11 +12,11 @@ from pydantic import ValidationError
 
 import tests.test_deepen as deepen_tests
 import tests.test_unite as unite_tests
+from ensemble_bench.decoding.feeding import cached_tail
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
-from ensemble_bench.methods.feeding import cached_tail
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams

@@ -13,7 +13,7 @@ import pytest
 
 from ensemble_bench import cli, runner
 from ensemble_bench.recipe import parse_recipe, plan_rows
-from ensemble_bench.row_store import INDEX, REUSED, RowStore, row_keys
+from ensemble_bench.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.test_faults import run_cli
 
 pytestmark = pytest.mark.usefixtures("offline_data")
@@ -180,9 +180,9 @@ def test_an_index_entry_pointing_outside_the_output_folder_is_ignored(tiny_dirs,
     (root / INDEX).mkdir(parents=True)
     (root / INDEX / f"{key.key}.json").write_text(json.dumps({"run": "../elsewhere", "row": "x",
                                                               "lineage": key.lineage, "cache": "../elsewhere/c.db"}))
-    store = RowStore(root, lambda row_dir: True)
+    store = RowStore(root, lambda row_dir: None)
     assert store.finished(key) is None and store.lineage_cache(key) is None
     (root / "r" / "x").mkdir(parents=True)
     shutil.copy(outside / "timing.json", root / "r" / "x")
     (root / INDEX / f"{key.key}.json").write_text(json.dumps({"run": "r", "row": "x"}))
-    assert store.finished(key) == (root / "r" / "x", "r/x")
+    assert store.finished(key) == StoredRow(root / "r" / "x", "r/x", None)

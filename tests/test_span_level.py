@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
+from ensemble_bench.decoding.feeding import member_continuation
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
-from ensemble_bench.methods.feeding import member_continuation
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity, text_of
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
 from tests.tiny import CORPUS, outputs

@@ -1,4 +1,4 @@
-"""Draft and verify (methods/speculative.py): speculative decoding gives exactly the every-token
+"""Draft and verify (decoding/speculative.py): speculative decoding gives exactly the every-token
 outputs of the same method and settings, on tiny models whose members disagree often (many
 rejected drafts) and on a member ensembled with itself (every draft taken)."""
 
@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ensemble_bench.decoding.speculative import Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.speculative import Costs, Speculation
 from ensemble_bench.methods.unite import Unite, UniteParams
 from tests.tiny import REQUESTS, outputs
 

@@ -45,16 +45,16 @@ def run(tmp_path):
 def test_rows_fill_the_paper_layout(run):
     table = build_table(get_layout("gac_table3"), [run.parent], block="openchat and SOLAR")
     by_row = table.set_index("paper row")
-    assert by_row.loc["openchat_3.5", "ours"] == "small" and by_row.loc["openchat_3.5", "nq"] == 4.0
-    assert by_row.loc["Nous-Hermes-2-SOLAR-10.7B", "ours"] == "big"
+    assert by_row.loc["openchat_3.5", "ensbench row"] == "small" and by_row.loc["openchat_3.5", "nq"] == 4.0
+    assert by_row.loc["Nous-Hermes-2-SOLAR-10.7B", "ensbench row"] == "big"
     assert by_row.loc["GaC (ours)", "nq"] == 10.0 and by_row.loc["GaC (ours)", "latency_ms_per_token"] == 340.0
     gated = by_row.loc["GaC t=0.5 (ours)"]
     assert (gated["nq"], gated["ensembled_pct"]) == (12.0, 25.0)
     for missing in ("LLM Blender (PairRanker)", "OAssistRM", "UltraRM", "FuseLLM"):
-        assert by_row.loc[missing, "ours"] == NOT_RUN and by_row.loc[missing, "nq"] == NOT_RUN
+        assert by_row.loc[missing, "ensbench row"] == NOT_RUN and by_row.loc[missing, "nq"] == NOT_RUN
     assert pd.isna(by_row.loc["GaC (ours)", "mmlu"])  # a column the run did not measure: empty, not zero
     extra = table[table.block == EXTRA_BLOCK]
-    assert list(extra.ours) == ["rerank-ppl"] and list(extra.nq) == [8.0]
+    assert list(extra["ensbench row"]) == ["rerank-ppl"] and list(extra.nq) == [8.0]
 
 
 def test_paper_numbers_and_differences(run, tmp_path, monkeypatch, capsys):
@@ -68,7 +68,7 @@ def test_paper_numbers_and_differences(run, tmp_path, monkeypatch, capsys):
     main()
     assert "\\begin{table}" in (tmp_path / "table3.tex").read_text()
     written = pd.read_csv(tmp_path / "table3.csv")
-    assert list(written.columns[:4]) == ["block", "paper row", "ours", "mmlu"]
+    assert list(written.columns[:4]) == ["block", "paper row", "ensbench row", "mmlu"]
     assert "GaC t=0.5 (ours)" in (tmp_path / "table3.md").read_text()
 
 
@@ -79,20 +79,21 @@ def test_declared_identity_fills_a_paper_row_and_position_never_does(tmp_path):
     recipe = {**RECIPE, "members": members, "methods": [{"name": "gac", "label": "pair", "paper_row": "Yi + Mixtral"}]}
     rows = {"smol": ROWS["small"], "qwen2-72b-instruct": ROWS["big"], "pair": ROWS["gac"]}
     table = build_table(get_layout("gac_table4"), [fake_run(tmp_path / "r", rows, recipe)]).set_index("paper row")
-    assert table.loc["Yi + Mixtral", "ours"] == "pair"  # declared
-    assert table.loc["Qwen2-72B-Instruct", "ours"] == "qwen2-72b-instruct"  # the name the layout lists
-    assert table.loc["Yi-34B-Chat", "ours"] == NOT_RUN  # the first member fills no row by being first
-    assert list(table[table.block == EXTRA_BLOCK].ours) == ["smol"]
+    assert table.loc["Yi + Mixtral", "ensbench row"] == "pair"  # declared
+    assert table.loc["Qwen2-72B-Instruct", "ensbench row"] == "qwen2-72b-instruct"  # the name the layout lists
+    assert table.loc["Yi-34B-Chat", "ensbench row"] == NOT_RUN  # the first member fills no row by being first
+    assert list(table[table.block == EXTRA_BLOCK]["ensbench row"]) == ["smol"]
 
 
 def test_notes_say_what_the_runs_lack_and_what_the_layout_leaves_out(run):
     layout = get_layout("gac_table3")
     frame = build_table(layout, [run], block="openchat and SOLAR")
     notes = frame.attrs["notes"]
-    assert notes[0] == "benchmarks of this layout the runs lack: mmlu, gsm8k, bbh, triviaqa"
-    assert notes[1] == "rows of this layout the runs lack: LLM Blender (PairRanker), OAssistRM, UltraRM, FuseLLM"
-    assert notes[2] == "benchmarks of the runs this layout leaves out: arc_c"
-    every_block = build_table(layout, [run]).attrs["notes"][1]  # rows of two blocks: named with their block
+    assert notes[0].startswith("cells: our scores in %")  # the legend (tests/test_provenance.py)
+    assert notes[1] == "benchmarks of this layout the runs lack: mmlu, gsm8k, bbh, triviaqa"
+    assert notes[2] == "rows of this layout the runs lack: LLM Blender (PairRanker), OAssistRM, UltraRM, FuseLLM"
+    assert notes[3] == "benchmarks of the runs this layout leaves out: arc_c"
+    every_block = build_table(layout, [run]).attrs["notes"][2]  # rows of two blocks: named with their block
     assert "Mixtral and Yi / OAssistRM" in every_block and "openchat and SOLAR / OAssistRM" in every_block
     markdown = render(frame, layout, "markdown")
     assert markdown.endswith("\n\n- " + "\n- ".join(notes) + "\n")
@@ -123,10 +124,13 @@ def test_a_table_of_any_run_without_a_layout(tmp_path, monkeypatch):
     run = fake_run(tmp_path / "results" / "t3" / "20260101-000000-abc", rows, RECIPE,
                    {"total_evaluation_time_seconds": "61.25"})
     frame, layout = build_run_table([run.parent])
+    # no avg: nq is scored by exact match, arc_c by accuracy (before: "avg" 30.0 for gac, issue 39 item 5)
     assert list(frame.columns) == ["row", "method", "nq", "nq low", "nq high", "arc_c", "arc_c low", "arc_c high",
-                                   "avg", "ms/token", "ms/request", "wall s"]
+                                   "ms/token", "ms/request", "wall s"]
+    assert "avg left out: the benchmarks are scored by different metrics (nq: exact_match, arc_c: acc)" \
+        in frame.attrs["notes"]
     gac = frame.set_index("row").loc["gac"]
-    assert (gac["nq"], gac["nq low"], gac["nq high"], gac["avg"], gac["wall s"]) == (10.0, 4.3, 21.4, 30.0, 61.25)
+    assert (gac["nq"], gac["nq low"], gac["nq high"], gac["wall s"]) == (10.0, 4.3, 21.4, 61.25)
     assert frame.set_index("row").loc["big", "ms/request"] == 12.5
     assert list(frame.row) == list(ROWS)
     out = tmp_path / "mine"

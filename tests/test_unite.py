@@ -4,9 +4,9 @@ invariance and Ray: tests/test_method_contract.py)."""
 import pytest
 import torch
 
+from ensemble_bench.decoding.feeding import text_appender
+from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember
-from ensemble_bench.methods.feeding import text_appender
-from ensemble_bench.methods.stopping import cut_at_until
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.topk import (

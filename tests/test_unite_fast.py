@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ensemble_bench.methods.feeding import text_appender
+from ensemble_bench.decoding.feeding import text_appender
 from ensemble_bench.methods.token_level import log_or_floor
-from ensemble_bench.methods.unite import Unite, UniteParams
+from ensemble_bench.methods.unite import Unite, UniteParams, UniteStats
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import (
@@ -83,7 +83,7 @@ def bare_unite(aligners, k, emitter, weights):
     method.params = UniteParams(k=k)
     method.lead, method.weights, method.aligners = emitter, list(weights), list(aligners)
     method.tables = AlignmentTables(method.aligners)
-    method.union_sizes = method.union_rows = 0
+    method.stats = UniteStats()
     method._stops = {}
     return method
 
@@ -95,11 +95,11 @@ def assert_same_as_reference(method, logprobs, targets=None):
         with pytest.raises(ValueError, match="no token for any key"):
             method._step(logprobs, targets)
         return
-    before = method.union_sizes
+    before = method.stats.union_sizes
     step = method._step(logprobs, targets)
     assert step.choices == expected[0]
     assert step.target_logprobs == expected[1]  # bit for bit
-    assert method.union_sizes - before == expected[2]
+    assert method.stats.union_sizes - before == expected[2]
 
 
 # ------------------------------------------------------------------ tiny vocabularies

@@ -205,7 +205,7 @@ class Stepping(ABC):
     """
 
     device: torch.device  # where the log-probs it returns live (the driver's CPU for a remote member)
-    remote: bool = False  # its forward passes run in another process (methods/concurrent.py overlaps them)
+    remote: bool = False  # its forward passes run in another process (decoding/concurrent.py overlaps them)
     clock: ForwardClock
 
     @abstractmethod
@@ -229,7 +229,7 @@ class Stepping(ABC):
         member's device. Afterwards the row holds all of ``tokens[r]`` and ``extend([[]...])`` gives
         the distribution after its last one, exactly as a series of one-token ``extend`` calls would
         leave it (within float tolerance). With ``crop`` it is how a method reads a draft and keeps
-        a prefix of it (methods/speculative.py, SAFE's verifier)."""
+        a prefix of it (decoding/speculative.py, SAFE's verifier)."""
 
     reads_trees: bool = False  # implements ``read_tree``
 

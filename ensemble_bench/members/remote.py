@@ -222,7 +222,7 @@ class RemoteMember(TokenizerSide, Member):
     ``connect`` first (or ``ray.init``). Waits until the model is loaded.
     """
 
-    remote = True  # methods/concurrent.py: steps of remote members overlap
+    remote = True  # decoding/concurrent.py: steps of remote members overlap
     device = torch.device("cpu")  # where the log-probs it returns live (the actor's own: remote_device)
 
     def __init__(self, load: dict[str, Any], options: dict[str, Any] | None = None, actor=None):

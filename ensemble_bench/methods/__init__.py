@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.base import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
 from ensemble_bench.methods.byte_level import ByteLevel
@@ -22,7 +23,6 @@ from ensemble_bench.methods.packllm import PackLLM
 from ensemble_bench.methods.rerank import Rerank
 from ensemble_bench.methods.safe import Safe
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.stats import RunStats
 from ensemble_bench.methods.sweetspan import SweetSpan
 from ensemble_bench.methods.unite import Unite
 from ensemble_bench.methods.voting import Voting

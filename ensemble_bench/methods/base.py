@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.stats import RunStats
 
 EQUAL_WEIGHTS_ALIAS = "average"  # recipes may say ``weights: average`` for equal weights (None)
 

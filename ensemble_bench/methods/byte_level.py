@@ -42,7 +42,7 @@ the same whitespace). Members that read token trees (``Member.reads_trees``: Loc
 sliding-window attention, and RemoteMember over one) take no forward pass per byte: every
 re-tokenisation the loop would feed them depends on the forced bytes alone, so each member reads
 all of a batch's in one ``read_tree`` pass after the context's prefill, and the covering trees of
-every byte of every row are then summed and mixed at once (methods/byte_tree.py). Other members
+every byte of every row are then summed and mixed at once (vocab/byte_tree.py). Other members
 (Seq2SeqMember) take one forward per member per continuation byte. ``loglikelihood_rolling``
 (perplexity) still averages the members' own whole-text probabilities.
 """
@@ -58,6 +58,19 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.batching import in_batches
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import (
+    STOP,
+    Advance,
+    DecodingMethod,
+    RequestState,
+    Round,
+    Steps,
+    decode_batch,
+    prefill,
+)
+from ensemble_bench.decoding.feeding import canonical_tail
+from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     GenerationRequest,
@@ -69,20 +82,7 @@ from ensemble_bench.methods.base import (
     resolve_member,
     rolling_with_members,
 )
-from ensemble_bench.methods.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import (
-    STOP,
-    Advance,
-    DecodingMethod,
-    RequestState,
-    Round,
-    Steps,
-    decode_batch,
-    prefill,
-)
-from ensemble_bench.methods.feeding import canonical_tail
-from ensemble_bench.methods.stopping import StopRule
+from ensemble_bench.vocab.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
 from ensemble_bench.vocab.covering import (
     END,
     Branch,

@@ -10,7 +10,7 @@ conditioned on its next token starting with the characters chosen so far:
     q(. | s)     = sum_k w_k P_k(. | s) / sum_k w_k              (weighted average; greedy choice)
 
 until "end" wins; s is then given to every member as text (re-tokenised behind a look-behind window,
-methods/feeding.py) and the next step begins. At s = "" "end" is a stop token (generation ends). A
+decoding/feeding.py) and the next step begins. At s = "" "end" is a stop token (generation ends). A
 member with no token that continues s (Z_k(s) = 0) puts its whole vote on "end": its own token has
 to end before s does. Characters here are bytes (identical for ASCII; a multi-byte character is
 chosen byte by byte, which byte-level vocabularies need anyway). The tokens that start with s are one
@@ -29,6 +29,9 @@ from dataclasses import dataclass, replace
 import torch
 from pydantic import Field, field_validator
 
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.feeding import give_text, text_appender, text_lookup
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     Generation,
@@ -40,9 +43,6 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import give_text, text_appender, text_lookup
 from ensemble_bench.methods.packllm import mix
 from ensemble_bench.vocab.covering import END, SortedVocab
 

@@ -25,6 +25,7 @@ of every row.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -117,6 +118,18 @@ def resolve_deepen_weights(params: DeepenParams, count: int) -> list[float]:
     return normalised_weights(params.weights, count)
 
 
+@dataclass
+class DeepenStats:
+    support_rows: int = 0  # rows whose greedy support was read (generation steps x rows)
+    support_total: int = 0  # summed support sizes over those rows and members
+    bound_rows: int = 0  # rows the interval bounds were tried on
+    bound_decided: int = 0  # ... and decided without the exact transform
+
+    def summary(self) -> dict:
+        return {"support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None,
+                "bound_decided_fraction": self.bound_decided / self.bound_rows if self.bound_rows else None}
+
+
 class Deepen(EmitterMethod):
     name = "deepen"
     Params = DeepenParams
@@ -129,12 +142,9 @@ class Deepen(EmitterMethod):
             raise UserError("deepen: the members share no tokens, so there are no anchors")
         self.spaces = [RelativeSpace(m.input_embeddings(), ids) for m, ids in zip(members, anchors)]
         self.valid = [self._valid_ids(m) for m in members]
-        self.support_rows = 0
-        self.support_total = 0
         self.scratch = Scratch()
         self.invalid_biases: dict[int, torch.Tensor] = {}
-        self.bound_rows = 0
-        self.bound_decided = 0
+        self.stats = DeepenStats()
 
     @classmethod
     def check_members(cls, params: DeepenParams, labels: Sequence[str]) -> None:
@@ -216,8 +226,8 @@ class Deepen(EmitterMethod):
             wide_chosen, wide_decided = self._bounded_tier([p[undecided.to(p.device)] for p in probs], wide,
                                                            WIDE_HEAD)
             chosen[undecided], decided[undecided] = wide_chosen, wide_decided
-        self.bound_rows += len(chosen)
-        self.bound_decided += int(decided.sum())
+        self.stats.bound_rows += len(chosen)
+        self.stats.bound_decided += int(decided.sum())
         return [c if d else None for c, d in zip(chosen.tolist(), decided.tolist())]
 
     def _bounded_tier(self, probs: list[torch.Tensor], supports: list[torch.Tensor], head_size: int):
@@ -244,8 +254,8 @@ class Deepen(EmitterMethod):
             choices[row] = choice
             scored.append(share)
         if targets is None:
-            self.support_rows += len(choices)
-            self.support_total += len(choices) * sum(s.shape[1] for s in supports)
+            self.stats.support_rows += len(choices)
+            self.stats.support_total += len(choices) * sum(s.shape[1] for s in supports)
         return Step(choices, scored if targets is not None else None)
 
     def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None):
@@ -281,5 +291,4 @@ class Deepen(EmitterMethod):
     def counters(self) -> dict:
         return {**super().counters(), "weights_resolved": self.weights, "anchors": self.spaces[0].size,
                 "tokens_manipulated_per_step": self.spaces[0].size,
-                "support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None,
-                "bound_decided_fraction": self.bound_decided / self.bound_rows if self.bound_rows else None}
+                **self.stats.summary()}

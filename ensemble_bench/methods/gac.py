@@ -26,6 +26,10 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
@@ -39,10 +43,6 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders
-from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
@@ -127,6 +127,12 @@ class GacState(RequestState):
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
     generator: torch.Generator | None = None  # set when sampling
 
+    def copy(self) -> GacState:
+        copied = super().copy()
+        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
+        copied.ensembled = list(self.ensembled)
+        return copied
+
 
 @dataclass(frozen=True)
 class GacPick(Advance):
@@ -148,7 +154,7 @@ class GacStats:
                 "ensembled_position_deciles": self.position_deciles}
 
 
-class Gac(DecodingMethod):
+class Gac(SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
     min_members = 2
@@ -296,7 +302,7 @@ class Gac(DecodingMethod):
         """Member ``index`` takes each row's pieces (or its own ids in ``direct``), by the retokenize policy."""
         return self.feeders[index].give(states, chunks, direct)
 
-    # --- speculative decoding (methods/speculative.py) ------------------------------------------------
+    # --- speculative decoding (decoding/speculative.py) ------------------------------------------------
     def draft_advance(self, state: GacState, token: int, proposer: int, dist: torch.Tensor) -> GacPick | None:
         """The pick a step would make if it chose the proposer's token: the gate's own token when the
         proposer is the gate and is confident there (Eq. 5), else the union entry of its bytes (Eq. 3)."""

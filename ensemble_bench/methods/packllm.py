@@ -35,6 +35,10 @@ import torch
 from pydantic import Field, model_validator
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.base import (
     Generation,
@@ -44,10 +48,6 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import STOP, Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import FeedStats, make_feeders, text_lookup
-from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -255,7 +255,7 @@ class UnionFusion:
         return [self._advance(u) for u in self.mixture.greedy(shifted)]
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
-        """The advance for a drafted token's bytes (methods/speculative.py): its union entry."""
+        """The advance for a drafted token's bytes (decoding/speculative.py): its union entry."""
         entry = self.entries.get(data)
         return None if entry is None else self._advance(entry)
 
@@ -333,7 +333,7 @@ class MinedFusion:
         return block_argmax(fused).tolist()  # ties: the lowest id
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
-        """The advance for a drafted token (methods/speculative.py): the row's expert's token with
+        """The advance for a drafted token (decoding/speculative.py): the row's expert's token with
         its bytes (the token itself when the proposer is the expert; none: the draft ends)."""
         expert = state.expert
         if expert != proposer:
@@ -362,7 +362,7 @@ class MinedFusion:
                 [[s.token] if own else [] for own, s in zip(mine, states)])
 
 
-class PackLLM(DecodingMethod):
+class PackLLM(SpeculativeSteps, DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
     min_members = 2
@@ -413,7 +413,7 @@ class PackLLM(DecodingMethod):
         return each(self.members, give, list(range(len(self.members))))
 
     def draft_advance(self, state: PackState, token: int, proposer: int, dist: torch.Tensor) -> Advance | None:
-        """What the fusion would take if it chose the proposer's token (methods/speculative.py)."""
+        """What the fusion would take if it chose the proposer's token (decoding/speculative.py)."""
         data = self.members[proposer].vocab.pieces[token]
         return None if data is None else self.fusion.draft(state, data, token, proposer)
 

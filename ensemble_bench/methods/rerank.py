@@ -22,10 +22,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import Generation, GenerationRequest
-from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
-from ensemble_bench.methods.scorers import (
+from ensemble_bench.decoding.scorers import (
     DEFAULT_PAIR_TEMPLATE,
     BlenderRanker,
     Classifier,
@@ -35,6 +32,9 @@ from ensemble_bench.methods.scorers import (
     PerplexityScorer,
     RewardScorer,
 )
+from ensemble_bench.members.base import Member
+from ensemble_bench.methods.base import Generation, GenerationRequest
+from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
 
 
 class RerankParams(SampleLevelParams):

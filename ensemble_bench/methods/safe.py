@@ -47,6 +47,9 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.feeding import canonical_tail, text_appender
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     GenerationRequest,
@@ -58,9 +61,6 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import canonical_tail, text_appender
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.fast_topk import block_argmax

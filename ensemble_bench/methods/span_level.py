@@ -32,6 +32,11 @@ from dataclasses import dataclass, field, replace
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.feeding import FeedStats, Retokenize, cached_tail, member_continuation
+from ensemble_bench.decoding.feeding import Held as TextHeld
+from ensemble_bench.decoding.scorers import mean_perplexity
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     Generation,
@@ -43,11 +48,6 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.methods.feeding import FeedStats, Retokenize, cached_tail, member_continuation
-from ensemble_bench.methods.feeding import Held as TextHeld
-from ensemble_bench.methods.scorers import mean_perplexity
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends

@@ -2,7 +2,7 @@
 
 Each step every member gives its next-token distribution; the method's ``_step`` turns them into
 a choice among the emitting member's own token ids. The lead appends its token; every other
-member takes the same bytes (methods/feeding.py). KV caches stay warm throughout. The text is the
+member takes the same bytes (decoding/feeding.py). KV caches stay warm throughout. The text is the
 lead's own decode, so a member ensembled with itself renders exactly as alone.
 
 Log-likelihood of a continuation (multiple-choice tasks) uses the same step, teacher-forced: the
@@ -21,13 +21,13 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.batching import in_batches
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
+from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
-from ensemble_bench.methods.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
-from ensemble_bench.methods.speculative import Speculation, SpeculativeParams, resolve_proposer
-from ensemble_bench.methods.stopping import StopRule
 
 
 class EmitterParams(WindowParams, SpeculativeParams):
@@ -57,7 +57,7 @@ class ScoringState(RequestState):
     greedy: bool = True
 
 
-class EmitterMethod(DecodingMethod):
+class EmitterMethod(SpeculativeSteps, DecodingMethod):
     """Base of UniTE and DeePEn: subclasses implement ``_step``; their Params declare ``lead``."""
 
     min_members = 2
@@ -93,7 +93,7 @@ class EmitterMethod(DecodingMethod):
                     range(len(self.members)))
 
     def draft_advance(self, state: RequestState, token: int, proposer: int, dist: torch.Tensor) -> Advance | None:
-        """The lead's token for the proposer's drafted token (methods/speculative.py): the token
+        """The lead's token for the proposer's drafted token (decoding/speculative.py): the token
         itself, or the lead's own token with the same bytes (none: the draft ends)."""
         lead = self.members[self.lead]
         if proposer == self.lead:

@@ -14,6 +14,7 @@ as that token.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,6 +35,15 @@ class UniteParams(EmitterParams):
                                         "(null or average: equal)")
 
 
+@dataclass
+class UniteStats:
+    union_sizes: int = 0  # summed |V^u| over generation steps and rows (UniTE Table 5)
+    union_rows: int = 0
+
+    def per_step(self) -> float | None:
+        return self.union_sizes / self.union_rows if self.union_rows else None
+
+
 class Unite(EmitterMethod):
     name = "unite"
     Params = UniteParams
@@ -46,8 +56,7 @@ class Unite(EmitterMethod):
                          for m, appender in zip(members, self.appenders)]
         self.tables = AlignmentTables(self.aligners)
         self._stops: dict[tuple[int, str], torch.Tensor] = {}
-        self.union_sizes = 0  # summed |V^u| over generation steps and rows (UniTE Table 5)
-        self.union_rows = 0
+        self.stats = UniteStats()
 
     @classmethod
     def check_members(cls, params: UniteParams, labels: Sequence[str]) -> None:
@@ -75,8 +84,8 @@ class Unite(EmitterMethod):
         best = np.where(emitted >= 0, averaged, -np.inf).argmax(axis=1)  # Alg. 1 line 14: first key wins ties
         choices = emitted[np.arange(len(best)), best].tolist()
         if targets is None:
-            self.union_sizes += int(plan.first[:, :plan.top_width].sum())
-            self.union_rows += len(choices)
+            self.stats.union_sizes += int(plan.first[:, :plan.top_width].sum())
+            self.stats.union_rows += len(choices)
             return Step(choices, None)
         chosen_mass = np.where(emitted == np.asarray(targets)[:, None], averaged, 0.0)
         return Step(choices, [log_or_floor(mass) for mass in np.add.accumulate(chosen_mass, axis=1)[:, -1].tolist()])
@@ -90,7 +99,7 @@ class Unite(EmitterMethod):
 
     def counters(self) -> dict:
         return {**super().counters(), "weights_resolved": self.weights,
-                "tokens_manipulated_per_step": self.union_sizes / self.union_rows if self.union_rows else None}
+                "tokens_manipulated_per_step": self.stats.per_step()}
 
 
 def best_stop_ids(logprobs: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:

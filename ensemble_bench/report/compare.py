@@ -1,16 +1,18 @@
-"""`ensbench compare RUN`: what the rows of one run did differently, example by example.
+"""`ensbench compare RUN [RUN ...]`: what the rows of one run (or of several runs) did differently,
+example by example.
 
 Per benchmark: each row's score with its 95% interval, the paired comparison (wins / losses / ties,
 McNemar exact or paired bootstrap p-value, answers that differ), the members' oracle ceiling and
 agreement; then the examples where the rows' answers differ (question, target, each row's answer
-and whether it scored); last, one line per comparison, so the end of the output says what changed.
+and whether it scored; target and answers as Python literals, so that whitespace shows); last, one
+line per comparison, so the end of the output says what changed.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
@@ -43,24 +45,56 @@ class BenchmarkView:
 
 @dataclass(frozen=True)
 class CompareReport:
-    run_dir: Path
+    run_dir: Path | list[Path]  # the run, or the runs compared
     rows: list[str]
     views: list[BenchmarkView]
 
 
-def _pick_rows(rows: list[RunRow], wanted: list[str]) -> list[RunRow]:
+def _pick_rows(rows: list[RunRow], wanted: list[str], runs: int = 1) -> list[RunRow]:
     by_label = {row.plan.label: row for row in rows}
     unknown = [label for label in wanted if label not in by_label]
     if unknown:
-        raise UserError(f"unknown row {unknown[0]!r} (rows of this run: {', '.join(by_label)})")
+        raise UserError(f"unknown row {unknown[0]!r} (rows of {'these runs' if runs > 1 else 'this run'}: "
+                        f"{', '.join(by_label)})")
     chosen = [by_label[label] for label in dict.fromkeys(wanted)] if wanted else rows
     if len(chosen) < 2:
-        raise UserError("compare needs two rows or more (give --row twice, or none for all rows)")
+        only = f"; this run has one row ({chosen[0].plan.label})" if len(rows) == 1 else ""
+        raise UserError(f"compare needs two rows or more (give --row twice, or none for all rows){only}: to compare "
+                        "rows of different runs, name each run: ensbench compare RUN OTHER_RUN")
     return chosen
 
 
-def _pick_benchmarks(run_dir: Path, recipe, name: str | None) -> list[Benchmark]:
-    benches = recipe_benchmarks(run_dir, recipe)
+@dataclass(frozen=True)
+class RunRows:
+    """The rows of the runs compared: each row's folder, by the label it is shown under (a label that
+    two runs share is shown as ``<recipe>/<run id>/<label>``)."""
+
+    rows: list[RunRow]
+    folders: dict[str, Path]
+    benches: list[Benchmark]
+
+
+def _relabelled(row: RunRow, label: str) -> RunRow:
+    return RunRow(replace(row.plan, label=label), row.timing, row.scores)
+
+
+def _runs_rows(run_dirs: list[Path]) -> RunRows:
+    """Every row of ``run_dirs`` and the benchmarks all of them scored (by name, in the first run's order)."""
+    found = [(run_dir, run_rows(run_dir, recipe), recipe_benchmarks(run_dir, recipe))
+             for run_dir, recipe in ((d, finished_recipe(d)) for d in run_dirs)]
+    labels = [row.plan.label for _, rows, _ in found for row in rows]
+    rows, folders = [], {}
+    for run_dir, run_of, _ in found:
+        for row in run_of:
+            label = row.plan.label
+            shown = label if labels.count(label) == 1 else f"{run_dir.parent.name}/{run_dir.name}/{label}"
+            rows.append(_relabelled(row, shown) if shown != label else row)
+            folders[shown] = run_dir / label
+    names = set.intersection(*({b.name for b in benches} for _, _, benches in found))
+    return RunRows(rows, folders, [b for b in found[0][2] if b.name in names])
+
+
+def _pick_benchmarks(benches: list[Benchmark], name: str | None) -> list[Benchmark]:
     if name is None:
         return benches
     found = [b for b in benches if b.name == name]
@@ -94,21 +128,28 @@ def _differing(by_row: dict[str, list[Example]]) -> list[dict[str, Example]]:
     return sorted(differing, key=lambda ex: len({e.score for e in ex.values()}) == 1)
 
 
-def _view(run_dir: Path, bench: Benchmark, labels: list[str], pairings) -> BenchmarkView:
-    by_row = {label: require_examples(run_dir / label, bench) for label in labels}
+def _view(folders: dict[str, Path], bench: Benchmark, labels: list[str], pairings) -> BenchmarkView:
+    by_row = {label: require_examples(folders[label], bench) for label in labels}
     intervals = {label: (examples_score(ex, bench), interval_of(ex, bench)) for label, ex in by_row.items()}
     comparisons = [compare_with_members(row, others, by_row, bench) for row, others in pairings]
     return BenchmarkView(bench, labels, intervals, comparisons, _differing(by_row),
                          len(aligned(by_row)[labels[0]]))
 
 
-def build_report(run_dir: Path, rows: list[str] | None = None, benchmark: str | None = None) -> CompareReport:
-    recipe = finished_recipe(run_dir)
-    chosen = _pick_rows(run_rows(run_dir, recipe), rows or [])
-    benches = _pick_benchmarks(run_dir, recipe, benchmark)
+def build_report(run_dir: Path | list[Path], rows: list[str] | None = None,
+                 benchmark: str | None = None) -> CompareReport:
+    """The comparison of the rows of one run (each ensemble against its members), or of several runs
+    (the first row against the others; documents matched by task and doc id, benchmarks all runs have)."""
+    run_dirs = list(dict.fromkeys(run_dir if isinstance(run_dir, list) else [run_dir]))
+    found = _runs_rows(run_dirs)
+    chosen = _pick_rows(found.rows, rows or [], len(run_dirs))
+    benches = _pick_benchmarks(found.benches, benchmark)
+    if not benches:
+        raise UserError("these runs have no benchmark in common: nothing to compare")
     labels = [row.plan.label for row in chosen]
-    pairings = _pairings(chosen, explicit=bool(rows))
-    return CompareReport(run_dir, labels, [_view(run_dir, bench, labels, pairings) for bench in benches])
+    pairings = _pairings(chosen, explicit=bool(rows) or len(run_dirs) > 1)
+    views = [_view(found.folders, bench, labels, pairings) for bench in benches]
+    return CompareReport(run_dirs[0] if len(run_dirs) == 1 else run_dirs, labels, views)
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -145,7 +186,7 @@ def _example_lines(view: BenchmarkView, show: int) -> list[str]:
         first = next(iter(example.values()))
         lines += ["", f"- {first.task} doc {first.doc_id}: {first.question}"]
         if first.target:
-            lines.append(f"  target: {first.target}")
+            lines.append(f"  target: {first.target!r}")
         lines += [f"  - {label}: {e.answer!r} ({_mark(e)})" for label, e in example.items()]
     return lines
 
@@ -169,7 +210,8 @@ def takeaway_lines(report: CompareReport) -> list[str]:
 
 
 def render_markdown(report: CompareReport, show: int) -> str:
-    lines = [f"# compare {report.run_dir}", "", f"rows: {', '.join(report.rows)}"]
+    runs = report.run_dir if isinstance(report.run_dir, list) else [report.run_dir]
+    lines = [f"# compare {', '.join(map(str, runs))}", "", f"rows: {', '.join(report.rows)}"]
     for view in report.views:
         lines += ["", f"## {view.bench.name} ({view.bench.primary_metric.split(',')[0]}), "
                       f"{view.examples} examples", "", *_stats_lines(view), *_example_lines(view, show)]

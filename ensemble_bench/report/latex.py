@@ -28,13 +28,27 @@ def label_text(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9:.-]", "-", label)
 
 
-def latex_table(frame: pd.DataFrame, caption: str, label: str, notes: list[str] = ()) -> str:
+PREAMBLE = ("\\usepackage{booktabs}", "\\usepackage[T1]{fontenc}")
+REQUIRES = f"% ensbench table: needs {' and '.join(PREAMBLE)} in the document's preamble\n"
+
+
+def latex_table(frame: pd.DataFrame, caption: str, label: str, notes: list[str] = (),
+                right: list[bool] | None = None) -> str:
     """A ``table`` environment with a booktabs tabular of ``frame`` (cells as text), the notes as
-    paragraphs under it."""
+    paragraphs under it, after a comment naming the packages it needs (:data:`PREAMBLE`). ``right``:
+    per column, whether it is right-aligned (numbers; default: every column but the first)."""
     shown = frame.astype(object).where(frame.notna(), "")
     shown = shown.map(cell).rename(columns=cell)
-    body = shown.to_latex(index=False, escape=False, caption=escape(caption), label=label_text(label))
+    right = right if right is not None else [index > 0 for index in range(len(frame.columns))]
+    body = shown.to_latex(index=False, escape=False, caption=escape(caption), label=label_text(label),
+                          column_format="".join("r" if is_right else "l" for is_right in right))
     if notes:
         end = body.rindex("\\end{table}")
         body = body[:end] + "".join(f"\\par {escape(note)}\n" for note in notes) + body[end:]
-    return body
+    return REQUIRES + body
+
+
+def standalone(table: str) -> str:
+    """A whole document holding ``table`` (what :func:`latex_table` returns): compiles with pdflatex as is."""
+    return ("\\documentclass{article}\n" + "".join(f"{line}\n" for line in PREAMBLE)
+            + f"\\begin{{document}}\n{table}\\end{{document}}\n")

@@ -54,6 +54,13 @@ def _short(text: object) -> str:
     return flat if len(flat) <= SHOWN_CHARS else flat[:SHOWN_CHARS - 1] + "…"
 
 
+def _clipped(text: object) -> str:
+    """An answer or a target as written (whitespace kept, so a reader sees ' Berlin' is not 'Berlin'),
+    cut to SHOWN_CHARS."""
+    kept = str(text)
+    return kept if len(kept) <= SHOWN_CHARS else kept[:SHOWN_CHARS - 1] + "…"
+
+
 def _choices(sample: dict) -> list[str]:
     arguments = sample.get("arguments") or {}
     return [str(arguments[k].get("arg_1", "")) for k in sorted(arguments, key=lambda k: int(k.rsplit("_", 1)[-1]))
@@ -150,8 +157,8 @@ def _example(task: str, sample: dict, metric: str) -> Example | None:
     score = _example_score(metric, value)
     if isinstance(score, float) and math.isnan(score):
         return None
-    return Example(task, int(sample["doc_id"]), score, value, _short(_answer(sample)),
-                   _short(_question(sample)), _short(_target(sample)))
+    return Example(task, int(sample["doc_id"]), score, value, _clipped(_answer(sample)),
+                   _short(_question(sample)), _clipped(_target(sample)))
 
 
 def _extract_example(task: str, line: dict, metric: str) -> Example | None:
@@ -228,7 +235,7 @@ def write_extracts(row_dir: Path, target_dir: Path) -> list[Path]:
             metrics = {m: _example_score(m, sample[m]) for m in sample.get("metrics", []) if m in sample}
             lines.append(json.dumps({"doc_id": sample["doc_id"], "doc_hash": sample.get("doc_hash", ""),
                                      "filter": sample.get("filter", "none"), **metrics,
-                                     "answer": _short(_answer(sample, with_choice_text=False))},
+                                     "answer": _clipped(_answer(sample, with_choice_text=False))},
                                     ensure_ascii=False))
         target = target_dir / f"{EXTRACT_PREFIX}{task}.jsonl"
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,8 @@ def _length_ratio(a: Candidate, b: Candidate) -> float | None:
 
 def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
     """A recipe for the chosen models (best first, the best as the method's lead member when it has
-    one: UniTE's primary) on the source run's tasks."""
+    one: UniTE's primary) on the source run's tasks: one ``method`` (the source's ``methods`` and
+    ``sweep`` are left out, whatever its shape)."""
     chosen = [d.candidate for d in decisions if d.verdict.startswith("chosen")]
     source = finished_recipe(Path(chosen[0].source))
     params: dict = {"name": method}
@@ -111,6 +112,9 @@ def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
     if lead_param is not None:
         params[lead_param] = chosen[0].label
     data = source.model_dump(mode="json", exclude_none=True)
+    for planned_rows in ("methods", "sweep"):  # the source's ensemble rows: the new recipe has one method
+        data.pop(planned_rows, None)
     data.update(name=name, description=f"{method} of the models chosen by ensbench select",
-                members=[c.member for c in chosen], method=params, singles=True)
+                members=[{k: v for k, v in c.member.items() if k != "weight"} for c in chosen],  # the old ensemble's
+                method=params, singles=True)
     return data

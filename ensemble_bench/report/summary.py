@@ -22,6 +22,7 @@ from ensemble_bench.report.run_files import (
     read_json_lines,
     row_wall_seconds,
 )
+from ensemble_bench.report.whitespace_notes import whitespace_section
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 
@@ -113,9 +114,11 @@ def _score_columns(bench: Benchmark) -> tuple[str, str, str]:
 
 def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.DataFrame:
     """A row per evaluated model: scores in % with their 95% intervals (``intervals``: (row,
-    benchmark) -> report.paired.Interval), example counts, the average, latency."""
+    benchmark) -> report.paired.Interval), example counts, the average (only over benchmarks scored by one
+    metric: accuracy and exact match are not averaged), latency."""
     benches = recipe_benchmarks(run_dir, recipe)
     intervals = intervals or {}
+    one_metric = len({bench.primary_metric.split(",")[0] for bench in benches}) == 1
     records = []
     for row in run_rows(run_dir, recipe):
         scores = row.scores
@@ -131,7 +134,8 @@ def summary_frame(run_dir: Path, recipe, intervals: dict | None = None) -> pd.Da
             record[f"n {bench.name}"] = value[1] if value else 0
             if value:
                 values.append(100 * value[0])
-        record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
+        if one_metric:
+            record["avg"] = round(sum(values) / len(values), 1) if len(values) == len(benches) else None
         record.update(timing_cells(row.stats, run_dir / row.plan.label))
         records.append(record)
     return pd.DataFrame.from_records(records)
@@ -151,7 +155,21 @@ def timing_cells(stats: RunStats, row_dir: Path) -> dict:
             "ms/scored token": _rounded(stats.loglikelihood_ms_per_token),
             "wall s": _rounded(row_wall_seconds(row_dir)), "tokens": stats.tokens_generated,
             "ensembled %": round(100 * fraction, 1) if fraction is not None else None,
-            "manipulated/step": round(manipulated, 1) if manipulated is not None else None}
+            "manipulated/step": round(manipulated, 1) if manipulated is not None else None,
+            **speculative_cells(stats)}
+
+
+def speculative_cells(stats: RunStats) -> dict:
+    """A speculative row's draft acceptance in % and each member's forward passes per generated token
+    (``a 1.00, b 0.31``); nothing for other rows (the columns appear when some row drafts)."""
+    counters = stats.counters
+    if "speculative_acceptance_rate" not in counters:
+        return {}
+    rate = counters.get("speculative_acceptance_rate")
+    forwards = counters.get("speculative_forwards_per_token") or {}
+    return {"accepted %": round(100 * rate, 1) if isinstance(rate, (int, float)) else None,
+            "forwards/token": ", ".join(f"{name} {value:.2f}" for name, value in forwards.items()
+                                        if isinstance(value, (int, float))) or None}
 
 
 def with_interval_cells(frame: pd.DataFrame, benches: list[Benchmark]) -> pd.DataFrame:
@@ -198,9 +216,13 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
               "all finish in their first round: that round's time per token); ms/request, ms/scored token = "
               "time to score one multiple-choice option, and per token of the options; wall s = the row's "
               "evaluation time.\n\n")
+    if "accepted %" in frame.columns:
+        header = header[:-2] + (" accepted % = drafted tokens the ensemble kept, forwards/token = each member's "
+                                "forward passes per generated token (speculative rows).\n\n")
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
-                      + reuse_section(run_dir) + paired_section(comparisons))
+                      + reuse_section(run_dir) + paired_section(comparisons)
+                      + whitespace_section(run_dir, [row.plan.label for row in rows]))
     return frame
 
 
@@ -215,5 +237,31 @@ def reuse_section(run_dir: Path) -> str:
         if "from" in entry:
             lines.append(f"- {label}: copied from `{entry['from']}` (its scores and latency are that run's)")
         if "cache_from" in entry:
-            lines.append(f"- {label}: answers already in `{entry['cache_from']}`'s response cache were reused")
+            lines.append(_cache_line(run_dir / label, label, entry["cache_from"]))
     return "\n## Reused from earlier runs\n\n" + "\n".join(lines) + "\n" if lines else ""
+
+
+def _requests_asked(row_dir: Path) -> int:
+    """The requests a row's samples hold (one per ``gen_args_<k>`` of each document, one filter's samples)."""
+    newest: dict[str, Path] = {}
+    for path in sorted(row_dir.glob("samples_*.jsonl")):
+        newest[path.name[len("samples_"):].rsplit("_", 1)[0]] = path
+    total = 0
+    for path in newest.values():
+        samples = read_json_lines(path)
+        total += sum(len(s.get("arguments") or {}) for s in samples if s.get("filter") == samples[0].get("filter"))
+    return total
+
+
+def _cache_line(row_dir: Path, label: str, source: str) -> str:
+    """The reuse line of a row that started from another run's response cache: how many of its requests
+    that cache answered (its requests less those computed), or that it answered none."""
+    said = f"- {label}: answers already in `{source}`'s response cache were reused"
+    timing = row_dir / "timing.json"
+    computed = read_json(timing).get("requests_computed") if timing.exists() else None
+    asked = _requests_asked(row_dir)
+    if not isinstance(computed, int) or not asked:
+        return said
+    if computed >= asked:
+        return f"- {label}: `{source}`'s response cache held none of its {asked} requests (all computed)"
+    return f"{said} ({asked - computed} of {asked} requests)"

@@ -12,7 +12,9 @@ Runs are merged by row label (later runs fill cells the earlier ones lack), so o
 several recipes (e.g. one recipe per benchmark). Every score has its 95% interval (report/paired.py:
 from the per-example files, else Wilson from the score and its example count): columns
 "<benchmark> low" and "<benchmark> high" in CSV, one "<benchmark> 95%" column in Markdown and LaTeX
-(escaped: report/latex.py).
+(escaped: report/latex.py). What says whose number is whose (report/provenance.py): a legend under every
+paper-layout table, the column "ensbench row" (our row's label) beside "paper row" (the paper's name),
+shots and example counts where the rows of one benchmark differ, and no average over different metrics.
 """
 
 from __future__ import annotations
@@ -27,13 +29,23 @@ import yaml
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import RunStats
-from ensemble_bench.report.latex import latex_table
 from ensemble_bench.report.paired import row_intervals
+from ensemble_bench.report.provenance import (
+    NOT_RUN,
+    ROW_COLUMN,
+    add_setups,
+    average_note,
+    column_key,
+    legend,
+    mixed_metrics,
+    run_shots,
+    setup_frame,
+)
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import DONE_FILE, finished_recipe, recipe_benchmarks, run_rows
+from ensemble_bench.report.table_text import render
 
 HERE = Path(__file__).parent
-NOT_RUN = "not run"
 EXTRA_BLOCK = "(ours, not in the paper)"
 TIMING_COLUMNS = {  # layout column -> (RunStats field, scale)
     "latency_ms_per_token": ("decode_ms_per_token", 1.0),
@@ -60,6 +72,7 @@ class OurRow:
     values: dict[str, float] = field(default_factory=dict)
     examples: dict[str, int] = field(default_factory=dict)
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # column -> (low, high) in %
+    shots: dict[str, int | None] = field(default_factory=dict)  # column -> few-shot examples per prompt
 
 
 @dataclass
@@ -70,6 +83,7 @@ class OurRuns:
     benchmarks: list[str] = field(default_factory=list)
     hardware: set[str] = field(default_factory=set)
     kept_apart: list[str] = field(default_factory=list)  # one line per label two runs measured on one benchmark
+    metrics: dict[str, str] = field(default_factory=dict)  # benchmark column -> its metric (acc, exact_match ...)
 
     def row_for(self, label: str, method: str, declared: str | None, run_dir: Path, columns: list[str]) -> OurRow:
         """The merged row a run's row goes into: the row of its label, unless an earlier run already
@@ -142,10 +156,6 @@ def resolve_run(path: Path) -> Path:
     return runs[-1]
 
 
-def _column_key(benchmark: str) -> str:
-    return benchmark.replace("-", "_")
-
-
 def collect_rows(run_dirs: list[Path]) -> OurRuns:
     """Our rows by label (merged over runs), the runs' benchmarks and hardware."""
     ours = OurRuns()
@@ -154,14 +164,17 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
         benches = recipe_benchmarks(run_dir, recipe)
         found = run_rows(run_dir, recipe)
         intervals = row_intervals(run_dir, found, benches)
-        ours.benchmarks += [key for key in map(_column_key, (b.name for b in benches)) if key not in ours.benchmarks]
+        ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
+        ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
+        shots = run_shots(run_dir, recipe, benches)
         ours.hardware.add(run_hardware(run_dir, recipe))
         for row in found:
             plan = row.plan
             declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
                 recipe.ensembles[plan.spec].paper_row
-            merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(_column_key, row.scores)))
+            merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(column_key, row.scores)))
             _add_scores(merged, row, intervals)
+            merged.shots.update({column: shots.get(column) for column in map(column_key, row.scores)})
             _add_timing(merged, row.stats, run_dir / plan.label)
             if plan.spec is not None:
                 params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
@@ -172,11 +185,11 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
 
 def _add_scores(merged: OurRow, row, intervals: dict) -> None:
     for name, (score, examples) in row.scores.items():
-        merged.values[_column_key(name)] = 100 * score
-        merged.examples[_column_key(name)] = examples
+        merged.values[column_key(name)] = 100 * score
+        merged.examples[column_key(name)] = examples
         interval = intervals.get((row.plan.label, name))
         if interval is not None:
-            merged.intervals[_column_key(name)] = (100 * interval.low, 100 * interval.high)
+            merged.intervals[column_key(name)] = (100 * interval.low, 100 * interval.high)
 
 
 def _add_timing(merged: OurRow, stats: RunStats, row_dir: Path) -> None:
@@ -189,10 +202,13 @@ def _add_timing(merged: OurRow, stats: RunStats, row_dir: Path) -> None:
         merged.values[WALL_COLUMN] = wall
 
 
-def _with_average(layout: Layout, row: OurRow) -> dict[str, float]:
+def _with_average(layout: Layout, row: OurRow, metrics: dict[str, str]) -> dict[str, float]:
+    """The row's values and, when the layout has ``avg`` and every benchmark of it is measured with one
+    metric, their mean."""
     values = dict(row.values)
     benchmarks = [values.get(c) for c in layout.benchmark_columns]
-    if "avg" in layout.columns and benchmarks and all(v is not None for v in benchmarks):
+    if "avg" in layout.columns and benchmarks and all(v is not None for v in benchmarks) \
+            and not mixed_metrics(layout.benchmark_columns, metrics):
         values["avg"] = sum(benchmarks) / len(benchmarks)
     return values
 
@@ -234,14 +250,19 @@ def build_table(layout: Layout, run_dirs: list[Path], with_paper: bool = False,
         if label in used:
             label = None  # one of our rows fills one paper row
         used.add(label)
-        values = _with_average(layout, rows[label]) if label else {}
+        values = _with_average(layout, rows[label], ours.metrics) if label else {}
         intervals = rows[label].intervals if label else {}
         records.append(_record(layout, slot_block, paper_row, label, values, with_paper, intervals, same_hardware))
     for label, row in rows.items():
         if label not in used:
-            records.append(_record(layout, EXTRA_BLOCK, "", label, _with_average(layout, row), False, row.intervals))
-    frame = pd.DataFrame.from_records(records)
-    frame.attrs["notes"] = _layout_notes(layout, ours, frame, with_paper and not same_hardware)
+            records.append(_record(layout, EXTRA_BLOCK, "", label, _with_average(layout, row, ours.metrics), False,
+                                   row.intervals))
+    labels = [record[ROW_COLUMN] for record in records]
+    setup_notes = add_setups(records, layout.benchmark_columns, [rows.get(label) for label in labels])
+    frame = setup_frame(records)
+    averaged = average_note(layout.benchmark_columns, ours.metrics) if "avg" in layout.columns else []
+    frame.attrs["notes"] = [legend(with_paper), *_layout_notes(layout, ours, frame, with_paper and not same_hardware,
+                                                               [*setup_notes, *averaged])]
     return frame
 
 
@@ -250,19 +271,20 @@ def _same_hardware(layout: Layout, hardware: set[str]) -> bool:
     return layout.hardware is not None and all(layout.hardware.lower() in h.lower() for h in hardware)
 
 
-def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_apart: bool) -> list[str]:
+def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_apart: bool,
+                  setup: list[str]) -> list[str]:
     """One line each: the layout's benchmarks and rows the runs lack, the runs' benchmarks the
-    layout leaves out, and a latency difference left out."""
+    layout leaves out, the ``setup`` lines (shots, examples, the average), and a latency difference left out."""
     measured = {key for row in ours.rows.values() for key in row.values}
     lacking = [c for c in layout.benchmark_columns if c not in measured]
-    missing = [(block, row) for block, row, label in zip(frame["block"], frame["paper row"], frame["ours"])
+    missing = [(block, row) for block, row, label in zip(frame["block"], frame["paper row"], frame[ROW_COLUMN])
                if label == NOT_RUN]
     blocks = {block for block in frame["block"] if block != EXTRA_BLOCK}
     not_run = [f"{block} / {row}" if len(blocks) > 1 else row for block, row in missing]
     dropped = [b for b in ours.benchmarks if b not in layout.columns]
     notes = [f"benchmarks of this layout the runs lack: {', '.join(lacking)}" if lacking else "",
              f"rows of this layout the runs lack: {', '.join(not_run)}" if not_run else "",
-             f"benchmarks of the runs this layout leaves out: {', '.join(dropped)}" if dropped else ""]
+             f"benchmarks of the runs this layout leaves out: {', '.join(dropped)}" if dropped else "", *setup]
     if latency_apart and any(c in layout.columns for c in LATENCY_COLUMNS):
         paper = layout.hardware or "hardware this layout does not record"
         notes.append(f"latency: no difference to the paper's, which was timed on {paper}; these runs: "
@@ -272,7 +294,7 @@ def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_ap
 
 def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
             intervals: dict[str, tuple[float, float]], same_hardware: bool = False) -> dict:
-    record = {"block": block, "paper row": paper_row, "ours": label or NOT_RUN}
+    record = {"block": block, "paper row": paper_row, ROW_COLUMN: label or NOT_RUN}
     for column in layout.columns:
         ours = values.get(column)
         record[column] = round(ours, 2) if ours is not None else (None if label else NOT_RUN)
@@ -297,7 +319,7 @@ def run_layout(ours: OurRuns, title: str) -> Layout:
     more), and the timing columns some row has."""
     measured = {key for row in ours.rows.values() for key in row.values}
     timing = [c for c in (*RUN_TIMING_COLUMNS, WALL_COLUMN) if c in measured]
-    average = ["avg"] if len(ours.benchmarks) > 1 else []
+    average = ["avg"] if len(ours.benchmarks) > 1 and not mixed_metrics(ours.benchmarks, ours.metrics) else []
     return Layout("run", title, [*ours.benchmarks, *average, *timing], {})
 
 
@@ -308,15 +330,17 @@ def build_run_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, Layout]:
     layout = run_layout(ours, "Results of " + ", ".join(dict.fromkeys(names)))
     records = []
     for label, row in ours.rows.items():
-        values = _with_average(layout, row)
+        values = _with_average(layout, row, ours.metrics)
         record = {"row": label, "method": row.method}
         for column in layout.columns:
             record[column] = round(values[column], 2) if values.get(column) is not None else None
             if column in layout.benchmark_columns:
                 record.update(_interval_cells(column, row.intervals))
         records.append(record)
-    frame = pd.DataFrame.from_records(records)
-    frame.attrs["notes"] = _run_notes(layout) + ours.kept_apart
+    setup_notes = add_setups(records, layout.benchmark_columns, list(ours.rows.values()))
+    frame = setup_frame(records)
+    averaged = average_note(ours.benchmarks, ours.metrics) if len(ours.benchmarks) > 1 else []
+    frame.attrs["notes"] = _run_notes(layout) + setup_notes + averaged + ours.kept_apart
     return frame, layout
 
 
@@ -339,48 +363,6 @@ def make_table(run_dirs: list[Path], layout_name: str | None, with_paper: bool =
     return build_table(layout, run_dirs, with_paper=with_paper, block=block), layout
 
 
-def _beside_paper(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
-    """One cell per column for reading: "ours / paper (Δ)" (CSV keeps three columns)."""
-    def cell(ours, published, delta) -> str:
-        ours = "" if ours is None or ours != ours else str(ours)
-        if published is None or published != published:
-            return ours
-        return f"{ours or '–'} / {published:g}" + (f" ({delta:+.2f})" if delta == delta and delta is not None else "")
-
-    merged = frame[["block", "paper row", "ours"]].copy()
-    for column in layout.columns:
-        merged[column] = [cell(*values) for values in
-                          zip(frame[column], frame[f"{column} (paper)"], frame[f"{column} Δ"])]
-        if column in layout.benchmark_columns:
-            merged[f"{column} low"], merged[f"{column} high"] = frame[f"{column} low"], frame[f"{column} high"]
-    return merged
-
-
-def _interval_columns(frame: pd.DataFrame, layout: Layout) -> pd.DataFrame:
-    """For reading: each benchmark's low and high columns become one "<benchmark> 95%" column."""
-    shown = frame.astype(object).where(frame.notna(), None)
-    for column in layout.benchmark_columns:
-        low, high = f"{column} low", f"{column} high"
-        if low not in shown:
-            continue
-        cells = [f"[{lo:.1f}, {hi:.1f}]" if lo is not None and hi is not None else None
-                 for lo, hi in zip(shown[low], shown[high])]
-        shown = shown.drop(columns=[low, high])
-        if any(cells):
-            shown.insert(shown.columns.get_loc(column) + 1, f"{column} 95%", cells)
-    return shown
-
-
-def render(frame: pd.DataFrame, layout: Layout, fmt: str) -> str:
-    """The table as CSV (numbers, no notes), Markdown or LaTeX (notes under the table)."""
-    notes = list(frame.attrs.get("notes", []))
-    if fmt == "csv":
-        return frame.to_csv(index=False)
-    if f"{layout.columns[0]} (paper)" in frame.columns:
-        frame = _beside_paper(frame, layout)
-    frame = _interval_columns(frame, layout)
-    if fmt == "latex":
-        return latex_table(frame, layout.title, f"tab:{layout.name}", notes)
-    shown = frame.astype(object).where(frame.notna(), "")
-    under = "".join(f"\n- {note}" for note in notes)
-    return f"### {layout.title}\n\n" + shown.to_markdown(index=False) + "\n" + (f"{under}\n" if under else "")
+__all__ = ["EXTRA_BLOCK", "NOT_RUN", "ROW_COLUMN", "Layout", "OurRow", "OurRuns", "build_run_table",
+           "build_table", "collect_rows", "get_layout", "layouts", "make_table", "paper_numbers", "paper_rows",
+           "render", "resolve_run"]

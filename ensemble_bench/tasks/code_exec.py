@@ -7,9 +7,10 @@ CPU seconds, file size, no core dumps); it passes when it exits with status 0. O
 process group is killed. Around that, ``tasks/isolation.py`` adds what Linux offers without root,
 chosen at run time: no network, and a filesystem view without the user's home and the project
 (``code_execution_isolation``: none | network | network+filesystem; docs/code_execution.md).
-It only runs when the recipe opts in (``allow_code_execution: true``, which sets
-``ENSBENCH_ALLOW_CODE_EXECUTION=1``); without any isolation it also needs
-``allow_unisolated_execution: true`` (``ENSBENCH_ALLOW_UNISOLATED_EXECUTION=1``).
+It only runs with the recipe's consent (``Consent``): ``allow_code_execution: true``, and without any
+isolation also ``allow_unisolated_execution: true``. The consent is written into the run's own hooks
+module (``hooks_source``), which the task YAMLs' ``!function`` metrics name: nothing is set in the
+process's environment, so one run's consent never reaches another's tasks.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ import os
 import signal
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from ensemble_bench import settings
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks.isolation import Sandbox, detect
 
-ALLOW_ENV = "ENSBENCH_ALLOW_CODE_EXECUTION"
-UNISOLATED_ENV = "ENSBENCH_ALLOW_UNISOLATED_EXECUTION"
 TIMEOUT_S = 10.0
 MEMORY_MB = 1024
 FILE_MB = 16
@@ -103,31 +102,52 @@ def estimate_pass_at_k(samples: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
 
 
-def _require_opt_in() -> None:
-    if not settings.flag(ALLOW_ENV):
-        raise RuntimeError(f"running generated code needs the recipe's allow_code_execution: true ({ALLOW_ENV}=1)")
-    if detect().level == "none" and not settings.flag(UNISOLATED_ENV):
-        raise RuntimeError("no isolation for generated code on this machine: it needs the recipe's "
-                           f"allow_unisolated_execution: true ({UNISOLATED_ENV}=1)")
+@dataclass(frozen=True)
+class Consent:
+    """What the run allows: running generated programs at all, and running them where no isolation works."""
+
+    run_code: bool = False
+    unisolated: bool = False
+
+    def require(self) -> None:
+        if not self.run_code:
+            raise RuntimeError("running generated code needs the recipe's allow_code_execution: true")
+        if detect().level == "none" and not self.unisolated:
+            raise RuntimeError("no isolation for generated code on this machine: it needs the recipe's "
+                               "allow_unisolated_execution: true")
 
 
-def score_candidates(tests: str, candidates: Sequence[str], k: int = 1) -> float:
+NO_CONSENT = Consent()
+
+
+def score_candidates(tests: str, candidates: Sequence[str], k: int = 1, consent: Consent = NO_CONSENT) -> float:
     """pass@k of one problem: each candidate program followed by the tests."""
-    _require_opt_in()
+    consent.require()
     correct = sum(run_program(f"{code}\n\n{tests}\n") for code in candidates)
     return estimate_pass_at_k(len(candidates), correct, k)
 
 
-# --- lm-eval hooks (named like the stock metrics, so result keys stay "pass_at_1,none" etc.) ---
-def pass_at_1(references: list[str], predictions: list[str]) -> float:
-    """MBPP: the generated code followed by the problem's assert statements."""
-    return score_candidates(references[0], [predictions[0]], k=1)
+def scoring_hooks(consent: Consent) -> tuple[Callable[..., float], Callable[..., float]]:
+    """lm-eval's metric functions for MBPP (pass_at_1) and HumanEval (pass_at_k) under ``consent``; named
+    like the stock metrics, so result keys stay "pass_at_1,none" etc."""
+
+    def pass_at_1(references: list[str], predictions: list[str]) -> float:
+        """MBPP: the generated code followed by the problem's assert statements."""
+        return score_candidates(references[0], [predictions[0]], k=1, consent=consent)
+
+    def pass_at_k(references: list[str], predictions: list[list[str]], k: list[int] | int = 1) -> float:
+        """HumanEval: each program (prompt + completion) followed by the test and check(entry_point)."""
+        k = k[0] if isinstance(k, list) else k
+        return score_candidates(references[0], predictions[0], k=k, consent=consent)
+
+    return pass_at_1, pass_at_k
 
 
-def pass_at_k(references: list[str], predictions: list[list[str]], k: list[int] | int = 1) -> float:
-    """HumanEval: each program (prompt + completion) followed by the test and check(entry_point)."""
-    k = k[0] if isinstance(k, list) else k
-    return score_candidates(references[0], predictions[0], k=k)
+def hooks_source(consent: Consent) -> str:
+    """The module written beside a run's code tasks that their ``!function`` metrics and filter name."""
+    return ("from ensemble_bench.tasks.code_exec import Consent, build_programs, scoring_hooks  # noqa: F401\n"
+            f"pass_at_1, pass_at_k = scoring_hooks(Consent(run_code={consent.run_code}, "
+            f"unisolated={consent.unisolated}))\n")
 
 
 def build_programs(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:

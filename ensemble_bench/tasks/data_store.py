@@ -21,7 +21,7 @@ import yaml
 from ensemble_bench.cache import atomic_folder, cache_dir, file_sha256, record_stamp, verified
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, get_benchmark
-from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows
+from ensemble_bench.tasks.offline_data import LOCAL_DATASETS, Configs, LocalDataset, Rows, packaged
 
 MARKER = ".complete"
 # Bump when the layout or the row conversion changes: older copies are then rebuilt.
@@ -119,12 +119,16 @@ def local_dataset(bench: Benchmark) -> LocalDataset:
 
 def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
     """Build the local datasets of ``benchmarks`` that are missing or unfinished; return the root."""
+    return ensure_datasets(map(local_dataset, benchmarks))
+
+
+def ensure_datasets(specs: Iterable[LocalDataset]) -> Path:
+    """Build the local datasets ``specs`` that are missing or unfinished; return the root."""
     from rich.console import Console
 
     console = Console(stderr=True)
     root = data_root()
-    specs = {spec.hub_id: spec for spec in map(local_dataset, benchmarks)}
-    for spec in specs.values():
+    for spec in {spec.hub_id: spec for spec in specs}.values():
         if is_complete(spec, root):
             continue
         started = time.perf_counter()
@@ -135,6 +139,19 @@ def ensure_offline_data(benchmarks: Iterable[Benchmark]) -> Path:
     return root
 
 
+def packaged_copy_available(dataset_path: object) -> bool:
+    """Whether ``dataset_path`` (a task's) names a packaged dataset this machine can build or has built."""
+    spec = packaged(dataset_path) if isinstance(dataset_path, str) else None
+    return spec is not None and (spec.missing() is None or is_complete(spec, data_root()))
+
+
+def copy_layout(spec: LocalDataset, root: Path) -> dict[str, set[str]]:
+    """The configs of the built copy of ``spec`` under ``root`` and the splits of each, read from its folders."""
+    folder = root / spec.hub_id
+    return {config.name: {split.stem for split in config.glob("*.jsonl")}
+            for config in sorted(folder.iterdir()) if config.is_dir() and not config.name.startswith(".")}
+
+
 def nq_questions(count: int) -> list[str]:
     """The first ``count`` NQ-Open validation questions as short QA prompts (for benchmark scripts)."""
     root = ensure_offline_data([get_benchmark("nq")])
@@ -143,5 +160,5 @@ def nq_questions(count: int) -> list[str]:
     return [f"Q: {row['question']}?\nA:" for row in rows]
 
 
-__all__ = ["MARKER", "build_dataset", "data_root", "ensure_offline_data", "is_complete",
-           "local_dataset", "nq_questions"]
+__all__ = ["MARKER", "build_dataset", "copy_layout", "data_root", "ensure_datasets", "ensure_offline_data",
+           "is_complete", "local_dataset", "nq_questions", "packaged_copy_available"]

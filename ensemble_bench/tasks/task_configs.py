@@ -33,6 +33,7 @@ and draw shots from that same split, never a train split that is not there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -41,14 +42,14 @@ import yaml
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.tasks import Benchmark, flores
-from ensemble_bench.tasks.data_store import ensure_offline_data, local_dataset
+from ensemble_bench.tasks import Benchmark, flores, stock_data
+from ensemble_bench.tasks.code_exec import NO_CONSENT, Consent, hooks_source
+from ensemble_bench.tasks.data_store import ensure_datasets, local_dataset
 
 DATA_MODES = ("offline", "hub")
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 # The module written beside the task YAMLs that their ``!function`` metrics and filters name.
 CODE_HOOKS = "ensbench_code"
-CODE_HOOKS_SOURCE = "from ensemble_bench.tasks.code_exec import build_programs, pass_at_1, pass_at_k  # noqa: F401\n"
 # Placeholder values a template needs beyond ``hooks``: task -> data mode -> name -> value.
 # MBPP's offline copy has no 'prompt' split: shots come from test, the scored one excluded.
 TEMPLATE_VALUES: dict[str, dict[str, dict[str, str]]] = {
@@ -96,15 +97,29 @@ def offline_overrides(bench: Benchmark, root: Path) -> dict[str, Any]:
 
 
 def _member(bench: Benchmark, shots: int | None, data: str, root: Path | None,
-            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            extra: dict[str, Any] | None = None, index: dict | None = None) -> dict[str, Any]:
     """One member of the generated group: the stock task/group, its shots (left to the task's own
-    config when None), its data overrides, then ``extra`` (e.g. generation_kwargs)."""
+    config when None), its data overrides, then ``extra`` (e.g. generation_kwargs). Offline, any other
+    lm-eval task that reads a packaged dataset is pointed at its copy (tasks/stock_data.py; ``index``:
+    lm-eval's task index)."""
     member: dict[str, Any] = {"group" if bench.is_group else "task": bench.task}
     if shots is not None:
         member["num_fewshot"] = shots
     if data == "offline" and bench.builtin and flores.parse_task(bench.task) is None:  # Flores tasks name their data
         member.update(offline_overrides(bench, root))
+    elif data == "offline" and not bench.builtin and index is not None and bench.task in index:
+        member.update(stock_data.stock_overrides(index[bench.task], index, shots, root))
     return {**member, **(extra or {})}
+
+
+def _offline_root(benches: list[Benchmark], index: dict | None) -> Path | None:
+    """Build the local copies that ``benches`` read offline (built-in benchmarks and any other task reading
+    a packaged dataset); return their root (None when there are none)."""
+    specs = [local_dataset(bench) for bench in benches if bench.builtin]
+    for bench in benches:
+        if not bench.builtin and index is not None and bench.task in index:
+            specs += stock_data.datasets_below(index[bench.task], index)
+    return ensure_datasets(specs) if specs else None
 
 
 def _check_selection(selection: list[tuple[Benchmark, int | None]], data: str) -> list[tuple[Benchmark, int | None]]:
@@ -191,10 +206,11 @@ def render_template(task: str, data: str) -> str:
         raise UserError(f"task template {path.name}: no value for placeholder {err} ({data} data)") from None
 
 
-def _write_templates(benches: list[Benchmark], dest: Path, data: str) -> None:
-    """The task YAMLs of ``benches`` that have templates, and the hooks module code tasks name."""
+def _write_templates(benches: list[Benchmark], dest: Path, data: str, consent: Consent) -> None:
+    """The task YAMLs of ``benches`` that have templates, and the hooks module code tasks name (with the
+    run's consent to run generated code written into it)."""
     if any(bench.runs_code for bench in benches):
-        atomic_write_text(dest / f"{CODE_HOOKS}.py", CODE_HOOKS_SOURCE)
+        atomic_write_text(dest / f"{CODE_HOOKS}.py", hooks_source(consent))
     for bench in benches:
         if template_path(bench.task) is not None:
             atomic_write_text(dest / f"{bench.task}.yaml", render_template(bench.task, data))
@@ -221,7 +237,8 @@ def group_name(data: str) -> str:
 
 
 def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path, data: str,
-                       suffix: str = "", extra: dict[str, dict[str, Any]] | None = None) -> str:
+                       suffix: str = "", extra: dict[str, dict[str, Any]] | None = None,
+                       folders: Sequence[Path] = (), consent: Consent = NO_CONSENT) -> str:
     """Write the group YAML for ``selection`` into ``dest``; return the group to evaluate.
 
     ``selection`` pairs each benchmark with a shot count (None: its default). ``data`` is
@@ -230,20 +247,29 @@ def write_task_configs(selection: list[tuple[Benchmark, int | None]], dest: Path
     and pass the returned name to ``simple_evaluate(tasks=[name])``; results keep lm-eval's task names.
     Several selections can share ``dest`` (one TaskManager) when each has its own ``suffix``.
     ``extra``: lm-eval task name -> keys written on its member (they override the task's own config).
+    ``folders``: the recipe's include_path folders, where tasks that are not built in are looked up
+    (over lm-eval's own) to point those reading a packaged dataset at its local copy.
+    ``consent``: whether the code benchmarks' metrics may run generated programs (tasks/code_exec.py).
     """
     _check_mode(data)
     resolved = _check_selection(selection, data)
     builtin = [bench for bench, _ in resolved if bench.builtin]
-    root = ensure_offline_data(builtin) if data == "offline" and builtin else None
+    index = None
+    if data == "offline" and len(builtin) < len(resolved):
+        from ensemble_bench.tasks.lm_eval_tasks import task_index
+
+        index = task_index(folders)
+    root = _offline_root([bench for bench, _ in resolved], index) if data == "offline" else None
     group = group_name(data) + suffix
     config = {
         "group": group,
-        "task": [_member(bench, shots, data, root, (extra or {}).get(bench.task)) for bench, shots in resolved],
+        "task": [_member(bench, shots, data, root, (extra or {}).get(bench.task), index)
+                 for bench, shots in resolved],
         "metadata": {"version": 1, "data": data},
     }
     dest = Path(dest)
     _write_group_fixes(builtin, dest)
-    _write_templates(builtin, dest, data)
+    _write_templates(builtin, dest, data, consent)
     _write_flores(builtin, dest, data, root)
     atomic_write_text(dest / f"{group}.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return group

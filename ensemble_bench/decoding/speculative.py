@@ -1,7 +1,11 @@
 """Draft and verify across tokenizers: a token-level method decodes speculatively and every output
 equals its every-token mode (method parameter ``speculative: N``, docs/speculative.md).
 
-Each round, for the live rows of a batch:
+A method opts in by declaring ``Speculable`` (its steps, ``draft_advance``, ``rehearse``,
+``speaking_to``, ``copy_states``; ``SpeculativeSteps`` gives the last three to a method with feeders).
+The engine never patches the method: stand-in members reach it through ``speaking_to``, a view that
+leaves the method as it is, and the rehearsal works on ``copy_states`` copies with its feeding
+uncounted. Each round, for the live rows of a batch:
 
     rehearse  the method's own ``feed`` runs on copies of the rows' states against ``Rehearsal``
               members (token ids only, no model): first the advance the previous round chose, then,
@@ -34,14 +38,23 @@ import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.decode import (
+    Advance,
+    RequestState,
+    Round,
+    advance_request,
+    check_distributions,
+    prefill,
+)
+from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import MethodParams, Timing, resolve_member
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.decode import Advance, RequestState, advance_request, check_distributions, prefill
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 AUTO = "auto"
@@ -201,20 +214,60 @@ class StandIn(Focused):
             self.known[r] = {n: d for n, d in self.known[r].items() if n >= len(row)}
 
 
-@contextmanager
-def standing_in(method, members: Sequence[Focused]) -> Iterator[None]:
-    """The method (and its feeders) talk to ``members`` instead of its own for the block."""
-    own = method.members
-    feeders = [f for f in getattr(method, "feeders", []) if f is not None]
-    method.members = list(members)
-    for feeder in feeders:
-        feeder.member = members[feeder.index]
-    try:
-        yield
-    finally:
-        method.members = own
-        for feeder in feeders:
-            feeder.member = own[feeder.index]
+@runtime_checkable
+class Speculable(Protocol):
+    """What a method provides to be decoded draft-and-verify (``speculative: N``). The engine never
+    patches a method: it asks it for these, and talks to stand-in members through ``speaking_to``.
+
+    - ``members``, ``lead``, ``choose``, ``feed``: the method's own steps (decoding.decode.Steps);
+    - ``draft_advance(state, token, proposer, dist)``: the advance a step would take if it chose the
+      proposer's greedy ``token`` (None: the draft ends there);
+    - ``rehearse(states, advances)``: what a step that took ``advances`` gives the members (its catch-up
+      and feeding), played against members that record ids and compute nothing;
+    - ``speaking_to(members, counted)``: the method with every call to a member going to ``members``
+      (the original is left as it is); its feeding counted in its statistics or, for a rehearsal, not;
+    - ``copy_states(states)``: copies of request states that the rehearsal may change.
+    ``SpeculativeSteps`` gives the last three to a method whose members take text through feeders.
+    """
+
+    members: list[Member]
+    lead: int
+
+    def choose(self, dists: list[torch.Tensor], states: list) -> Round: ...
+
+    def feed(self, dists: list, states: list, advances: list[Advance]) -> list[torch.Tensor]: ...
+
+    def draft_advance(self, state, token: int, proposer: int, dist: torch.Tensor) -> Advance | None: ...
+
+    def rehearse(self, states: list, advances: list[Advance]) -> None: ...
+
+    def speaking_to(self, members: Sequence[Member], counted: bool = True) -> Speculable: ...
+
+    def copy_states(self, states: Sequence[RequestState]) -> list: ...
+
+
+class SpeculativeSteps:
+    """``Speculable``'s defaults for a method whose members take chosen text through ``feeders``
+    (decoding/feeding.py) counted in ``feed_stats``: a view of the method over other members, a
+    rehearsal that feeds as a step would, and the states' own copies. Statistics a step counts must
+    live in objects the view shares (``self.stats.x += 1``, never ``self.x += 1``)."""
+
+    members: list[Member]
+    feeders: list[Feeder | None]
+    feed_stats: FeedStats
+
+    def speaking_to(self, members: Sequence[Member], counted: bool = True):
+        view = copy.copy(self)  # a shallow view: tables, caches and statistics objects are shared
+        view.members = list(members)
+        view.feed_stats = self.feed_stats if counted else FeedStats()
+        view.feeders = [None if f is None else f.speaking_to(members[f.index], view.feed_stats) for f in self.feeders]
+        return view
+
+    def rehearse(self, states: list, advances: list[Advance]) -> None:
+        self.feed([None] * len(self.members), states, advances)
+
+    def copy_states(self, states: Sequence[RequestState]) -> list:
+        return [state.copy() for state in states]
 
 
 def focus(members: Sequence[Focused], rows: list[int]) -> None:
@@ -311,15 +364,26 @@ class SpeculationStats:
                 "speculative_tokens_per_round": tokens / rounds if rounds else None,
                 "speculative_draft_length_mean": drafted / rounds if rounds else None,
                 "speculative_forwards_per_token": {n: f / tokens if tokens else None for n, f in zip(names, forwards)},
-                "speculative_agreement": {n: a / self.positions if self.positions else None
-                                          for n, a in zip(names, self.agreed)},
+                "speculative_agreement": {n: a / self.positions if self.positions and proposer in (None, m) else None
+                                          for m, (n, a) in enumerate(zip(names, self.agreed))},  # counted members
                 "speculative_rows": [r.summary() for r in self.rows]}
 
 
-class Speculation:
-    """Draft-and-verify decoding for one method (see the module docstring)."""
+class RowRound(NamedTuple):
+    """One row's round: tokens advanced, drafted tokens taken, tokens drafted, whether the proposer was
+    right at the round's last decision, and the advance chosen last and not yet given to the members."""
 
-    def __init__(self, method, longest: int, proposer: int | None):
+    tokens: int
+    accepted: int
+    drafted: int
+    agreed_after: bool
+    pending: Advance | None
+
+
+class Speculation:
+    """Draft-and-verify decoding for one ``Speculable`` method (see the module docstring)."""
+
+    def __init__(self, method: Speculable, longest: int, proposer: int | None):
         self.method, self.longest, self.proposer = method, longest, proposer
         self._members = list(method.members)
         self.all_states: list[RequestState] = []
@@ -327,7 +391,7 @@ class Speculation:
         self.costs = Costs()
 
     @classmethod
-    def of(cls, method, params: SpeculativeParams) -> Speculation | None:
+    def of(cls, method: Speculable, params: SpeculativeParams) -> Speculation | None:
         """The method's speculation, or None when ``speculative`` is 0 (every-token decoding)."""
         if not params.speculative:
             return None
@@ -349,17 +413,17 @@ class Speculation:
         while live:
             drafts = self._round(members, [states[i] for i in live], [pending[i] for i in live],
                                  [lengths[i] for i in live], prompts, live)
-            for i, (tokens, accepted, drafted, agreed_after, advance) in zip(live, drafts):
-                pending[i] = advance
+            for i, row in zip(live, drafts):
+                pending[i] = row.pending
                 record = records[i]
                 record.rounds += 1
-                record.tokens += tokens
-                record.drafted += drafted
-                record.accepted += accepted
-                rates[i].observe(accepted, drafted, agreed_after)
-                lengths[i] = self._next_length(drafted, accepted, agreed_after, rates[i].value)
-            timing.tokens_generated += sum(d[0] for d in drafts)
-            steps = sum(d[0] for d in drafts) / len(drafts)
+                record.tokens += row.tokens
+                record.drafted += row.drafted
+                record.accepted += row.accepted
+                rates[i].observe(row.accepted, row.drafted, row.agreed_after)
+                lengths[i] = self._next_length(row.drafted, row.accepted, row.agreed_after, rates[i].value)
+            timing.tokens_generated += sum(row.tokens for row in drafts)
+            steps = sum(row.tokens for row in drafts) / len(drafts)
             timing.first_token(steps) if first else timing.step(steps)
             first = False
             still = [k for k, i in enumerate(live) if states[i].finish is None]
@@ -392,10 +456,8 @@ class Speculation:
 
     # --- one round ------------------------------------------------------------------------------
     def _round(self, members: list[StandIn], states: list[RequestState], pending: list[Advance | None],
-               lengths: list[int], prompts, live: list[int]) -> list[tuple[int, int, int, bool, Advance | None]]:
-        """Rehearse, fetch, replay (module docstring). Per row: (tokens advanced, drafted tokens
-        taken, tokens drafted, whether the proposer was right at the round's last decision, the
-        advance chosen last and not yet given to the members)."""
+               lengths: list[int], prompts, live: list[int]) -> list[RowRound]:
+        """Rehearse, fetch, replay (module docstring); each row's round."""
         proposer = self._pick_proposer()
         room = [max(0, min(n, s.rule.max_new_tokens - s.count - 1)) for n, s in zip(lengths, states)]
         forced = self._rehearse(members, states, pending, room, proposer)
@@ -404,28 +466,26 @@ class Speculation:
     def _rehearse(self, members: list[StandIn], states, pending, room: list[int], proposer: int) -> list[list[Advance]]:
         """Draft with the proposer while rehearsing the method's feeding on copies of the states;
         then fetch what every member will be asked for. Returns each row's drafted advances."""
-        method = self.method
-        copies = copy.deepcopy(states)
-        saved = copy.copy(method.feed_stats)
+        copies = self.method.copy_states(states)
         rehearsals = [Rehearsal(m.member, m.virtual) for m in members]
+        rehearsing = self.method.speaking_to(rehearsals, counted=False)
         forced: list[list[Advance]] = [[] for _ in states]
-        with standing_in(method, rehearsals):
-            self._feed(rehearsals, copies, {k: a for k, a in enumerate(pending) if a is not None}, rehearse=True)
-            drafter, rehearsal = members[proposer], rehearsals[proposer]
-            going = [k for k in range(len(states)) if room[k] > 0]
-            own = {k: list(rehearsal.virtual[k]) for k in going}  # the proposer's own greedy continuation
-            with self.costs.timing(drafter, name="step"):
-                drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
-            while going:
-                going = self._draft_step(drafter, rehearsals, copies, forced, own, going, room, proposer)
-        vars(method.feed_stats).update(vars(saved))
+        self._feed(rehearsing, rehearsals, copies, {k: a for k, a in enumerate(pending) if a is not None},
+                   rehearse=True)
+        drafter, rehearsal = members[proposer], rehearsals[proposer]
+        going = [k for k in range(len(states)) if room[k] > 0]
+        own = {k: list(rehearsal.virtual[k]) for k in going}  # the proposer's own greedy continuation
+        with self.costs.timing(drafter, name="step"):
+            drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
+        while going:
+            going = self._draft_step(rehearsing, drafter, rehearsals, copies, forced, own, going, room, proposer)
         with self.costs.timing(*(m for i, m in enumerate(members) if i != proposer), name="block"):
             each(members, lambda member, plan: member.fetch(plan),
                  [{k: (r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
         return forced
 
-    def _draft_step(self, drafter: StandIn, rehearsals: list[Rehearsal], copies, forced, own: dict[int, list[int]],
-                    going: list[int], room: list[int], proposer: int) -> list[int]:
+    def _draft_step(self, rehearsing: Speculable, drafter: StandIn, rehearsals: list[Rehearsal], copies, forced,
+                    own: dict[int, list[int]], going: list[int], room: list[int], proposer: int) -> list[int]:
         """One draft position for rows ``going``: the proposer's greedy token, the method's advance
         for it (rehearsed), the token read by the proposer (one forward for the rows). Returns the
         rows that draft on."""
@@ -439,51 +499,52 @@ class Speculation:
                 taken[k] = advance
                 forced[k].append(advance)
                 own[k].append(token)
-        self._feed(rehearsals, copies, taken, rehearse=True)
+        self._feed(rehearsing, rehearsals, copies, taken, rehearse=True)
         with self.costs.timing(drafter, name="step"):
             drafter.fetch({k: (own[k], [len(own[k])]) for k in taken})
         return [k for k in taken if len(forced[k]) < room[k]]
 
-    def _feed(self, members: Sequence[Focused], states, advances: dict[int, Advance], rehearse: bool = False) -> None:
-        """The method's feed (or its rehearsal of a decision and feed) for these rows of the batch."""
+    @staticmethod
+    def _feed(method: Speculable, members: Sequence[Focused], states, advances: dict[int, Advance],
+              rehearse: bool = False) -> None:
+        """The method's feed (or its rehearsal of a step) for these rows of the batch; ``method`` speaks
+        to ``members``."""
         if not advances:
             return
         rows = list(advances)
         focus(members, rows)
         chosen = [advances[k] for k in rows]
-        rehearse_step = getattr(self.method, "rehearse", None) if rehearse else None
-        if rehearse_step is not None:
-            rehearse_step([states[k] for k in rows], chosen)
+        if rehearse:
+            method.rehearse([states[k] for k in rows], chosen)
         else:
-            self.method.feed([None] * len(members), [states[k] for k in rows], chosen)
+            method.feed([None] * len(members), [states[k] for k in rows], chosen)
 
     def _replay(self, members: list[StandIn], states, pending, forced: list[list[Advance]], proposer: int,
-                prompts, live: list[int]) -> list[tuple[int, int, int, bool, Advance | None]]:
+                prompts, live: list[int]) -> list[RowRound]:
         """The method's own choices and feeding, answered from the fetched distributions."""
-        method = self.method
-        lead = method.members[method.lead]
-        outcome: list[tuple[int, int, int, bool, Advance | None]] = [(0, 0, len(f), False, None) for f in forced]
+        lead = self.method.members[self.method.lead]
+        method = self.method.speaking_to(members)
+        outcome = [RowRound(0, 0, len(f), False, None) for f in forced]
         tokens = [0] * len(states)
-        with standing_in(method, members):
-            self._feed(members, states, {k: a for k, a in enumerate(pending) if a is not None})
-            going, position = list(range(len(states))), 0
-            while going:
-                focus(members, going)
-                dists = [m.current() for m in members]
-                check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
-                advances = method.choose(dists, [states[k] for k in going]).advances
-                agreed = self._agreement(dists, advances, proposer)
-                goes_on: dict[int, Advance] = {}
-                for index, (k, advance) in enumerate(zip(going, advances)):
-                    advance_request(lead, states[k], advance)
-                    tokens[k] += 1
-                    if states[k].finish is None and position < len(forced[k]) and advance == forced[k][position]:
-                        goes_on[k] = advance
-                    else:
-                        outcome[k] = (tokens[k], position, len(forced[k]), agreed[index],
-                                      advance if states[k].finish is None else None)
-                self._feed(members, states, goes_on)
-                going, position = list(goes_on), position + 1
+        self._feed(method, members, states, {k: a for k, a in enumerate(pending) if a is not None})
+        going, position = list(range(len(states))), 0
+        while going:
+            focus(members, going)
+            dists = [m.current() for m in members]
+            check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
+            advances = method.choose(dists, [states[k] for k in going]).advances
+            agreed = self._agreement(dists, advances, proposer)
+            goes_on: dict[int, Advance] = {}
+            for index, (k, advance) in enumerate(zip(going, advances)):
+                advance_request(lead, states[k], advance)
+                tokens[k] += 1
+                if states[k].finish is None and position < len(forced[k]) and advance == forced[k][position]:
+                    goes_on[k] = advance
+                else:
+                    outcome[k] = RowRound(tokens[k], position, len(forced[k]), agreed[index],
+                                          advance if states[k].finish is None else None)
+            self._feed(method, members, states, goes_on)
+            going, position = list(goes_on), position + 1
         return outcome
 
     def _agreement(self, dists: list[torch.Tensor], advances: list[Advance], proposer: int) -> list[bool]:

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ensemble_bench.batching import in_batches
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import (
     Generation,
@@ -38,8 +40,6 @@ from ensemble_bench.methods.base import (
     excerpt,
     request_excerpt,
 )
-from ensemble_bench.methods.concurrent import each
-from ensemble_bench.methods.stopping import StopRule, cut_at_until
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,11 @@ class RequestState:
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
         """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
         return cls(StopRule(request.until, request.max_new_tokens), **fields)
+
+    def copy(self) -> RequestState:
+        """A copy that can change without changing this state (a subclass copies its own mutable fields)."""
+        return replace(self, data=bytearray(self.data), ids=None if self.ids is None else list(self.ids),
+                       held={index: replace(held) for index, held in self.held.items()})
 
     def take(self, advance: Advance) -> None:
         self.data += advance.data
@@ -203,7 +208,7 @@ class DecodingMethod(Method, Steps):
     """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``lead``,
     and may extend ``start`` (its own per-request state) and ``result``."""
 
-    speculation = None  # draft-and-verify decoding (methods/speculative.py), for the methods that offer it
+    speculation = None  # draft-and-verify decoding (decoding/speculative.py), for the methods that offer it
 
     def start(self, request: GenerationRequest) -> RequestState:
         return RequestState.of(request)

@@ -13,6 +13,7 @@ the seam: methods call ``feeder.give(states, chunks, direct)`` and never ask whi
 
 from __future__ import annotations
 
+import copy
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -136,6 +137,13 @@ class Feeder(ABC):
     def give(self, states: Sequence, chunks: Sequence[Sequence[bytes]],
              direct: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Give every row its pieces (or its direct ids); the member's next log-probs of all rows."""
+
+    def speaking_to(self, member: Member, stats: FeedStats) -> Feeder:
+        """This feeder giving text to ``member`` instead (a stand-in while decoding speculatively) and
+        counting in ``stats``; the feeder itself is unchanged."""
+        view = copy.copy(self)
+        view.member, view.stats = member, stats
+        return view
 
     def held(self, state, length: int) -> Held:
         """This member's record of a row; created when the row is first fed (the member then holds the prompt)."""
