@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+FINISHED_STATES = ("reused from", "kept from")  # the runner's row states that end a row without computing it
 Counts = Mapping[str, int]  # task name -> examples ("" for requests without a task name)
 
 
@@ -128,9 +129,10 @@ class PlainProgress:
 
     def on_row(self, row, state: str) -> None:
         clock, self.current = self._row(row.label), row.label
-        if state == "evaluating":
+        if state == "evaluating":  # how long the loading took
             clock.evaluating(self.clock())
-        self.write(f"{row.label}: {state}, {duration(self.clock() - clock.started)} elapsed", flush=True)
+            state += f", {duration(self.clock() - clock.started)} elapsed"
+        self.write(f"{row.label}: {state}", flush=True)
 
     def on_load(self, member: str, event: str) -> None:
         self.write(f"{self.current or member}: {self.loads.text(member, event, self.clock())}", flush=True)
@@ -168,6 +170,9 @@ class BarProgress:
         if state == "evaluating":
             self.rows[label].evaluating(self.clock())
         self.progress.update(self.bars[label], description=f"{label}: {state}")
+        if state.startswith(FINISHED_STATES):  # nothing to compute: a full bar that stops its clock
+            self.progress.update(self.bars[label], total=1, completed=1)
+            self.progress.stop_task(self.bars[label])
 
     def on_load(self, member: str, event: str) -> None:
         if self.current in self.bars:

@@ -32,6 +32,7 @@ def test_elapsed_counts_from_the_row_start_not_from_its_first_batch(plain):
     progress.on_row(ROW, "loading")
     clock.now = 60.0
     progress.on_row(ROW, "evaluating")
+    assert lines[-1] == "gac: evaluating, 1 min 00 s elapsed"
     clock.now = 420.0
     progress.on_progress("gac", {"nq": 6}, {"nq": 6})
     assert lines[-1].startswith("gac: nq 6 of 6 examples done, 7 min 00 s elapsed, ETA 0 s")
@@ -78,7 +79,7 @@ def test_loading_says_which_member_and_how_long(plain):
     progress.on_load("qwen2.5", "converting")
     clock.now = 12.5
     progress.on_load("qwen2.5", "loaded")
-    assert lines == ["gac: loading, 0 s elapsed", "gac: loading qwen2.5",
+    assert lines == ["gac: loading", "gac: loading qwen2.5",
                      "gac: converting qwen2.5's GGUF once (first use; later runs load the converted weights)",
                      "gac: qwen2.5 loaded in 12.5 s"]
 
@@ -95,6 +96,9 @@ class FakeBars:
 
     def update(self, task, **fields):
         self.tasks[task].update(fields)
+
+    def stop_task(self, task):
+        self.tasks[task]["stopped"] = True
 
 
 def test_one_bar_per_row_with_per_task_counts_and_eta():
@@ -113,6 +117,13 @@ def test_one_bar_per_row_with_per_task_counts_and_eta():
     progress.on_progress("gac", {"nq": 1}, {"nq": 4})
     assert len(bars.tasks) == 1 and bars.tasks[0]["description"] == "gac: piqa 10 of 10, nq 1 of 4 examples done"
     assert (bars.tasks[0]["completed"], bars.tasks[0]["total"]) == (11, 14)
+
+
+def test_a_reused_row_gets_a_full_stopped_bar():
+    bars = FakeBars()
+    BarProgress(bars, clock=Clock()).on_row(ROW, "reused from other-run/gac")
+    assert bars.tasks[0] | {} == {"description": "gac: reused from other-run/gac", "total": 1, "completed": 1,
+                                  "eta": "", "stopped": True}
 
 
 def test_the_adapter_reports_examples_per_task(bpe_model, bpe_tokenizer):
