@@ -21,13 +21,13 @@ except ImportError:
     typer_click = click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
+from ensemble_bench.progress import BarProgress, PlainProgress
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
 # runner and the reports load torch, transformers, lm-eval or pandas, which `ensbench --help` and a
@@ -112,89 +112,22 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _duration(seconds: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-
-class RowClock:
-    """Examples answered in one row, its elapsed time and an ETA. lm-eval asks a row's model once per
-    request kind and task group (a pass); each pass reports how many examples it holds, so the total
-    grows when the next pass starts and the ETA is that of the pass in progress."""
-
-    def __init__(self, now: float):
-        self.started = self.pass_started = now
-        self.done = self.before_pass = 0
-        self.pass_total: int | None = None
-
-    def add(self, done: int, total: int | None, now: float) -> None:
-        if self.pass_total is not None and self.done - self.before_pass >= self.pass_total:  # a new pass
-            self.before_pass, self.pass_started = self.done, now
-        self.pass_total = total
-        self.done += done
-
-    def line(self, now: float) -> str:
-        elapsed = now - self.started
-        of = f" of {self.before_pass + self.pass_total}" if self.pass_total else ""
-        text = f"{self.done}{of} examples done, {_duration(elapsed)} elapsed"
-        in_pass, spent = self.done - self.before_pass, now - self.pass_started
-        if self.pass_total and in_pass and spent > 0:
-            text += f", ETA {_duration(spent / in_pass * (self.pass_total - in_pass))}"
-        return text + (f", {self.done / elapsed:.2f} examples/s" if elapsed > 0 else "")
-
-
-class PlainProgress:
-    """Progress for a log (stdout not a terminal): a line per finished chunk with the examples done,
-    the elapsed time, an ETA and the rate, and a line per row state, instead of a live bar that a log
-    shows only at the end."""
-
-    def __init__(self, write=print, clock=None):
-        import time
-
-        self.write = write
-        self.clock = clock or time.perf_counter
-        self.rows: dict[str, RowClock] = {}
-
-    def on_row(self, row, state) -> None:
-        self.write(f"{row.label}: {state}", flush=True)
-
-    def on_progress(self, label, done, total) -> None:
-        now = self.clock()
-        row = self.rows.setdefault(label, RowClock(now))
-        row.add(done, total, now)
-        self.write(f"{label}: {row.line(now)}", flush=True)
-
-
 def _run_with_progress(loaded, fresh: bool):
-    """Run the recipe with a live bar on a terminal (examples done, elapsed, ETA), plain progress lines otherwise."""
-    from rich.progress import TimeRemainingColumn
+    """Run the recipe with a live bar per row on a terminal, progress lines otherwise (progress.py): the
+    members loading, the examples done per task, the row's elapsed time and an ETA."""
+    from rich.progress import Progress
 
+    from ensemble_bench.members import load_listener
     from ensemble_bench.runner import run_recipe
 
     if not console.is_terminal:
         plain = PlainProgress()
-        return run_recipe(loaded, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("examples"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console) as progress:
-        bars: dict[str, int] = {}
-        clocks: dict[str, RowClock] = {}
-
-        def on_row(row, state):
-            if row.label not in bars:
-                bars[row.label] = progress.add_task(f"{row.label}", total=None)
-            progress.update(bars[row.label], description=f"{row.label}: {state}")
-
-        def on_progress(label, done, total):
-            clock = clocks.setdefault(label, RowClock(0.0))
-            clock.add(done, total, 0.0)
-            progress.update(bars[label], advance=done, total=clock.before_pass + total if total else None)
-
-        return run_recipe(loaded, fresh=fresh, progress=on_progress, on_row=on_row)
+        with load_listener(plain.on_load):
+            return run_recipe(loaded, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
+    with Progress(*BarProgress.columns(), console=console) as progress:
+        bars = BarProgress(progress)
+        with load_listener(bars.on_load):
+            return run_recipe(loaded, fresh=fresh, progress=bars.on_progress, on_row=bars.on_row)
 
 
 @app.command()

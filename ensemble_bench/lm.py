@@ -11,6 +11,7 @@ members/rendered.py) and each member renders them with its own template, or as p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -66,12 +67,18 @@ class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
     method_name: str | None = None  # set on the per-method subclasses below
+    # progress(label, examples done, examples in the pass, each per task) of a model made without one
+    # (lm-eval's CLI sets it)
+    default_progress: Callable[[str, dict[str, int], dict[str, int]], None] | None = None
 
-    def __init__(self, method: Method, label: str, progress: Callable[[int, int], None] | None = None,
+    def __init__(self, method: Method, label: str,
+                 progress: Callable[[dict[str, int], dict[str, int]], None] | None = None,
                  chunk_size: int | None = None):
         super().__init__()
         self.method = method
         self.label = label
+        if progress is None and self.default_progress is not None:
+            progress = functools.partial(self.default_progress, label)
         self.progress = progress
         self.chunk_size = chunk_size or max(1, method.batch_size)  # answers are cached per batch
         self.requests_computed = 0  # answered by the method in this process (not from the response cache)
@@ -120,7 +127,9 @@ class EnsembleLM(LM):
         """Answer requests in chunks (longest first), caching each answer as soon as it exists.
         A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
-        examples = _examples(requests, range(len(requests)))  # for progress: the choices of a question are one
+        examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
+        if self.progress:  # the pass starts: its examples per task are known before the first batch ends
+            self.progress({}, examples)
         for chunk in self._chunks(requests):
             try:
                 computed = call([convert(requests[i].args) for i in chunk])
@@ -131,7 +140,7 @@ class EnsembleLM(LM):
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
                 self.requests_computed += 1
             if self.progress:
-                self.progress(_examples(requests, chunk), examples)
+                self.progress(_tally(requests, chunk), examples)
         return answers
 
     def _chunks(self, requests) -> list[list[int]]:
@@ -188,9 +197,14 @@ class EnsembleLM(LM):
         return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
 
 
-def _examples(requests, indices) -> int:
-    """The benchmark examples among ``requests[indices]`` (lm-eval's task name and document id)."""
-    return len({(getattr(requests[i], "task_name", None), getattr(requests[i], "doc_id", i)) for i in indices})
+def _tally(requests, indices) -> dict[str, int]:
+    """The benchmark examples among ``requests[indices]`` per task (``""`` for requests without one),
+    in the order the tasks come: what a progress report counts."""
+    seen: dict[str, set] = {}
+    for i in indices:
+        task = getattr(requests[i], "task_name", None) or ""
+        seen.setdefault(task, set()).add(getattr(requests[i], "doc_id", i))
+    return {task: len(docs) for task, docs in seen.items()}
 
 
 def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:

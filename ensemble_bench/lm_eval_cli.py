@@ -12,7 +12,10 @@ writes the run in ensbench's layout:
   ``name`` in ``--model_args``): recipe.yaml, the row's folder (lm-eval's results and samples files,
   timing.json) and summary.md, so ``ensbench table``, ``compare`` and ``plot`` read it;
 * with the hub offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), a task whose data ensbench packages
-  reads the local copy, and every task is loaded before any model, so missing data is one line.
+  reads the local copy, and every task is loaded before any model, so missing data is one line;
+* ``--threads N`` (ensbench's own flag, default ``$ENSBENCH_THREADS``): torch's CPU threads, as
+  ``ensbench run --threads`` sets them; ``--limit`` must be positive;
+* while requests run, a progress line per finished batch (examples done, elapsed time, ETA) on stderr.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import re
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,17 +80,63 @@ def run_cli() -> None:
     register_all()
     setup_logging()
     parser = HarnessCLI()
+    add_own_flags(parser)
     args = lm_eval_step(parser.parse_args)
     if getattr(args, "command", None) != "run":
         return parser.execute(args)
+    threads = vars(args).pop("threads", 0)  # ensbench's flag: lm-eval's config does not take it
+    check_limit(getattr(args, "limit", None))
     config = lm_eval_step(EvaluatorConfig.from_cli, args)
     if config.model not in LM_CLASSES:
+        set_threads(threads)
         return parser.execute(args)
     with tempfile.TemporaryDirectory(prefix="ensbench-tasks-") as tasks_dir:
         plan = prepare(args, config, LM_CLASSES[config.model].method_name, Path(tasks_dir))
-        parser.execute(args)
+        set_threads(threads)
+        with request_progress():
+            parser.execute(args)
     if plan.run_dir is not None:
         write_run(plan)
+
+
+def add_own_flags(parser) -> None:
+    """``--threads`` on lm-eval's ``run`` command (shown in its --help)."""
+    run = parser._subparsers.choices["run"]
+    group = run.add_argument_group("ensbench")
+    group.add_argument("--threads", type=int, default=settings.threads(), metavar="<n>",
+                       help="torch CPU threads (0: torch's default; $ENSBENCH_THREADS), as ensbench run --threads")
+
+
+def check_limit(limit) -> None:
+    """``--limit`` is a count (1 or more) or a fraction in (0, 1); anything else is refused before any
+    model loads (lm-eval itself fails on a negative one only after loading them)."""
+    if limit is not None and not 0 < limit < float("inf"):
+        raise UserError(f"--limit {limit:g}: give a positive number of examples, or a fraction between 0 and 1 {HELP}")
+
+
+def set_threads(threads: int) -> None:
+    """torch's CPU threads, as ``ensbench run --threads`` sets them (0 leaves torch's choice)."""
+    if threads < 0:
+        raise UserError(f"--threads {threads}: give 0 (torch's default) or a positive number {HELP}")
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def request_progress(write=None):
+    """While lm-eval runs an ensbench model: a line on stderr per finished batch of requests (examples
+    done of the pass, elapsed time, ETA), as ``ensbench run`` prints them to a log."""
+    from ensemble_bench.cli import PlainProgress
+    from ensemble_bench.lm import EnsembleLM
+
+    plain = PlainProgress(write=write or (lambda text, flush=True: print(text, file=sys.stderr, flush=flush)))
+    EnsembleLM.default_progress = staticmethod(lambda label, done, total: plain.on_progress(label, done, total))
+    try:
+        yield plain
+    finally:
+        EnsembleLM.default_progress = None
 
 
 def lm_eval_step(step, *args):

@@ -49,8 +49,8 @@ def paired_steps_ms(member, prompts: list[str], tokens: int) -> list[tuple[float
         sync(member.device)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = member.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True, logits_to_keep=1)
+            out = member.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True, logits_to_keep=1, **{member.cache_argument: cache})
             ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
         sync(member.device)
         raw = time.perf_counter() - start

@@ -158,8 +158,8 @@ def raw_forward_ms(member, prompts: list[str], tokens: int) -> float:
             positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
             sync(member.device)
             start = time.perf_counter()
-            out = member.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                               use_cache=True, logits_to_keep=1)
+            out = member.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                               use_cache=True, logits_to_keep=1, **{member.cache_argument: cache})
             ids = out.logits[:, -1].argmax(dim=-1, keepdim=True)
             sync(member.device)
             if step:

@@ -72,6 +72,26 @@ def test_a_mistake_on_the_command_line_is_one_line_before_any_model_loads(tiny_d
     assert got == code and words in one_line(out)
 
 
+@pytest.mark.parametrize("flag, value, words", [
+    ("--limit", "-1", "--limit -1: give a positive number of examples"),
+    ("--limit", "0", "--limit 0: give a positive number of examples"),
+    ("--threads", "-2", "--threads -2: give 0"),
+])
+def test_a_bad_limit_or_threads_is_one_line_before_any_model_loads(tiny_dirs, monkeypatch, capsys, flag, value, words):
+    """lm-eval took --limit -1 and failed in islice after the members loaded."""
+    import ensemble_bench.build
+
+    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--tasks", "piqa", flag, value,
+                        "--model_args", json.dumps({"members": members(tiny_dirs)}))
+    assert code == 2 and words in one_line(out)
+
+
+def test_threads_is_in_the_run_help(monkeypatch, capsys):
+    code, out = lm_eval(monkeypatch, capsys, "run", "--help")
+    assert code == 0 and "--threads" in out.out and "ensbench run --threads" in " ".join(out.out.split())
+
+
 def test_missing_task_data_with_the_hub_offline_is_one_line(tiny_dirs, tmp_path, monkeypatch, capsys):
     (tmp_path / "mine.yaml").write_text("task: mine\ndataset_path: nobody/no-such-dataset\noutput_type: "
                                         "multiple_choice\ntest_split: test\ndoc_to_text: q\ndoc_to_target: 0\n"
@@ -88,8 +108,9 @@ def test_the_documented_route_runs_offline_and_ensbench_reads_its_run(tiny_dirs,
     args = json.dumps({"members": members(tiny_dirs), "method": {"threshold": 0.5}, "batch_size": 2})
     code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--model_args", args, "--tasks", "piqa",
                         "--limit", "2", "--batch_size", "auto", "--device", "cpu", "--log_samples",
-                        "--output_path", str(tmp_path / "out"))
+                        "--output_path", str(tmp_path / "out"), "--threads", "1")
     assert code == 0, out.err[-3000:]
+    assert "gac: piqa 2 of 2 examples done" in out.err  # progress while the requests run
     run = tmp_path / "out" / "gac-a+b"
     results = json.loads(next((run / "gac").glob("results_*.json")).read_text())
     config = results["config"]

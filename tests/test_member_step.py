@@ -42,8 +42,8 @@ class PlainLocal(LocalMember):
         mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1]:]
         with torch.no_grad():
-            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=0 if self.full_head else keep)
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions, use_cache=True,
+                             logits_to_keep=0 if self.full_head else keep, **{self.cache_argument: cache})
         return plain_logprobs(out.logits)[:, -keep:], mask
 
 
@@ -72,7 +72,7 @@ class PlainSeq2Seq(Seq2SeqMember):
             with torch.no_grad():
                 out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
                                  decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask,
-                                 past_key_values=self._cache, use_cache=True)
+                                 use_cache=True, **{self.cache_argument: self._cache})
         finally:
             if self._positions is not None:
                 self._positions.positions = None

@@ -6,7 +6,9 @@ import hashlib
 import logging
 import pickle
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_folder, cache_dir
@@ -17,6 +19,7 @@ from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
 __all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
 
 DTYPES = ("float32", "bfloat16", "float16")
+CONVERTING = "converting"  # the load event of a packaged model's first load (members/converted.py)
 log = logging.getLogger(__name__)
 
 
@@ -27,6 +30,26 @@ def __getattr__(name: str):
 
         return LocalMember
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_listeners: list[Callable[[str, str], None]] = []
+
+
+@contextmanager
+def load_listener(listener: Callable[[str, str], None]) -> Iterator[None]:
+    """While the block runs, ``listener(member name, event)`` hears every load_member: ``loading``,
+    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, progress.py)."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def tell_load(name: str, event: str) -> None:
+    """Pass a loading event to the listeners (none outside a run's progress display)."""
+    for listener in list(_listeners):
+        listener(name, event)
 
 
 def _gguf_tokenizer_cache(source: ModelSource) -> Path:
@@ -101,6 +124,17 @@ def _refused_pickle(source: ModelSource, err: pickle.UnpicklingError) -> str:
             "instead (model.safetensors beside config.json, from a source you trust)")
 
 
+def _weights_source(model: str, name: str | None, source: ModelSource, seq2seq: bool,
+                    quantization: str | None, tokenizer) -> ModelSource:
+    """Where to load the weights from: a packaged model's de-quantised folder (members/converted.py,
+    converted on first use), otherwise the source itself."""
+    if model not in PACKAGED or seq2seq or quantization is not None or source.gguf_file is None:
+        return source
+    from ensemble_bench.members.converted import converted_source
+
+    return converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name or model, CONVERTING))
+
+
 def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
@@ -114,14 +148,26 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
     ``trust_remote_code`` lets transformers run the Python code of the model's repository.
     """
+    if dtype not in DTYPES:
+        raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    tell_load(name or model, "loading")
+    started = time.perf_counter()
+    member = _load(model, dtype, device, chat_template, name, device_map, max_memory, quantization, kind,
+                   trust_remote_code)
+    log.info("%s loaded in %.1f s", name or model, time.perf_counter() - started)
+    tell_load(name or model, "loaded")
+    return member
+
+
+def _load(model: str, dtype: str, device: str, chat_template: bool, name: str | None, device_map, max_memory,
+          quantization: str | None, kind: str, trust_remote_code: bool) -> Member:
+    """load_member's work, once the dtype is known good."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     from ensemble_bench.members.local import LocalMember
     from ensemble_bench.members.seq2seq import Seq2SeqMember, is_seq2seq
 
-    if dtype not in DTYPES:
-        raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
     placement: dict = {}
     quantized = quantization_config(quantization, dtype)
     if quantized is not None:
@@ -135,8 +181,9 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     try:
         seq2seq = is_seq2seq(source.location, source.gguf_file, kind, trust_remote_code)
         tokenizer = load_tokenizer(source, trust_remote_code)
+        stored = _weights_source(model, name, source, seq2seq, quantization, tokenizer)
         weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
-            source.location, gguf_file=source.gguf_file, dtype=getattr(torch, dtype),
+            stored.location, gguf_file=stored.gguf_file, dtype=getattr(torch, dtype),
             trust_remote_code=trust_remote_code, **placement)
     except pickle.UnpicklingError as err:
         raise UserError(f"cannot load model '{model}': {_refused_pickle(source, err)}") from None

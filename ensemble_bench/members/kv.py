@@ -14,6 +14,19 @@ from transformers import DynamicCache
 from ensemble_bench.members.rows import RowBatch
 
 
+def cache_argument(model) -> str:
+    """The name under which ``model``'s forward takes its KV cache: ``cache`` (transformers 5.24 on;
+    ``past_key_values`` is deprecated there and removed in 5.40), else ``past_key_values`` (older
+    transformers, and remote code written for them)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read: the name every version still accepts in 5.x
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 def _layers(cache: DynamicCache):
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
 

@@ -72,6 +72,7 @@ class LocalMember(TokenizerSide, Member):
         self._bos_text = tokenizer.decode([bos]) if bos is not None else None
         self.clock = ForwardClock()
         self.batch = CachedRows(self.vocab.size, self.device)
+        self.cache_argument = kv.cache_argument(model)  # `cache`, not the deprecated `past_key_values`
 
     # --- batched, KV-cached stepping --------------------------------------------------------
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -131,7 +132,7 @@ class LocalMember(TokenizerSide, Member):
         ids = torch.tensor([list(row) + [self.pad_id] * (width - len(row)) for row in tokens], dtype=torch.long)
         with self.clock.timed("decode"), torch.no_grad():
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask[:, None], position_ids=positions,
-                             past_key_values=self.batch.cache, use_cache=True)
+                             use_cache=True, **{self.cache_argument: self.batch.cache})
             kv.drop_trailing_columns(self.batch.cache, width)
             logprobs = log_probs_of(out.logits)
         return [logprobs[r, :len(row)] for r, row in enumerate(tokens)]
@@ -181,7 +182,7 @@ class LocalMember(TokenizerSide, Member):
         new_positions = positions_of(mask)[:, -ids.shape[1]:]
         with self.clock.timed(phase), torch.no_grad():  # not inference_mode: the log-probs stay ordinary tensors
             out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=new_positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=keep)
+                             use_cache=True, logits_to_keep=keep, **{self.cache_argument: cache})
             logprobs = log_probs_of(out.logits[:, -keep:, :])
         return logprobs, mask
 

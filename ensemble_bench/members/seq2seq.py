@@ -155,6 +155,7 @@ class Seq2SeqMember(TokenizerSide, Member):
         self.vocab = build_vocab_view(tokenizer, model.get_output_embeddings().weight.shape[0])
         self.stop_ids = stop_ids_of(tokenizer, model.generation_config, self.vocab)
         self.max_length = max_length_of(model.config, tokenizer)
+        self.cache_argument = kv.cache_argument(model)  # `cache`, not the deprecated `past_key_values`
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         start = model.config.decoder_start_token_id
         if start is None:
@@ -305,7 +306,7 @@ class Seq2SeqMember(TokenizerSide, Member):
                 with torch.no_grad():  # not inference_mode: the log-probs it returns stay ordinary tensors
                     out = self.model(encoder_outputs=(self._encoded,), attention_mask=self._encoder_mask,
                                      decoder_input_ids=ids.to(self.device), decoder_attention_mask=batch.mask,
-                                     past_key_values=self._cache, use_cache=True)
+                                     use_cache=True, **{self.cache_argument: self._cache})
                     logprobs = log_probs_of(out.logits)
             finally:
                 if self._positions is not None:

@@ -1,0 +1,145 @@
+"""What a run shows while it works (progress.py): per-task counts, the row's true elapsed time, an ETA,
+and the members loading."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ensemble_bench.progress import BarProgress, PlainProgress
+
+ROW = SimpleNamespace(label="gac")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def plain():
+    lines, clock = [], Clock()
+    return PlainProgress(write=lambda text, flush=False: lines.append(text), clock=clock), lines, clock
+
+
+def test_elapsed_counts_from_the_row_start_not_from_its_first_batch(plain):
+    """One batch holding every example, after 7 minutes: the line says 7 minutes, not 0 s."""
+    progress, lines, clock = plain
+    progress.on_row(ROW, "loading")
+    clock.now = 60.0
+    progress.on_row(ROW, "evaluating")
+    assert lines[-1] == "gac: evaluating, 1 min 00 s elapsed"
+    clock.now = 420.0
+    progress.on_progress("gac", {"nq": 6}, {"nq": 6})
+    assert lines[-1].startswith("gac: nq 6 of 6 examples done, 7 min 00 s elapsed, ETA 0 s")
+
+
+def test_counts_are_per_task_across_passes(plain):
+    """A multiple-choice pass then a generation pass: each task keeps its own count (not 11 of 20)."""
+    progress, lines, clock = plain
+    progress.on_row(ROW, "evaluating")
+    clock.now = 10.0
+    progress.on_progress("gac", {"piqa": 10}, {"piqa": 10})
+    clock.now = 110.0
+    progress.on_progress("gac", {"nq": 1}, {"nq": 10})
+    assert lines[-2].startswith("gac: piqa 10 of 10 examples done, 10 s elapsed")
+    # the second pass started at the first one's last batch (10 s): 100 s for 1 example, 9 to go
+    assert lines[-1].startswith("gac: piqa 10 of 10, nq 1 of 10 examples done, 1 min 50 s elapsed, ETA 15 min 00 s")
+
+
+def test_a_pass_announced_before_its_first_batch_times_from_its_start(plain):
+    """The adapter reports a pass's examples when it starts (nothing done yet): the ETA is timed from
+    there, and the line shows the totals at once."""
+    progress, lines, clock = plain
+    clock.now = 5.0
+    progress.on_progress("gac", {}, {"nq": 4})
+    clock.now = 25.0
+    progress.on_progress("gac", {"nq": 1}, {"nq": 4})
+    assert lines[0].startswith("gac: nq 0 of 4 examples done, 0 s elapsed")
+    assert lines[1].startswith("gac: nq 1 of 4 examples done, 20 s elapsed, ETA 1 min 00 s")
+
+
+def test_a_pass_of_several_tasks_counts_each(plain):
+    progress, lines, clock = plain
+    progress.on_row(ROW, "evaluating")
+    clock.now = 20.0
+    progress.on_progress("gac", {"nq": 2, "triviaqa": 1}, {"nq": 4, "triviaqa": 4})
+    assert lines[-1] == ("gac: nq 2 of 4, triviaqa 1 of 4 examples done, 20 s elapsed, ETA 33 s, "
+                         "0.15 examples/s")
+
+
+def test_loading_says_which_member_and_how_long(plain):
+    progress, lines, clock = plain
+    progress.on_row(ROW, "loading")
+    progress.on_load("qwen2.5", "loading")
+    progress.on_load("qwen2.5", "converting")
+    clock.now = 12.5
+    progress.on_load("qwen2.5", "loaded")
+    assert lines == ["gac: loading", "gac: loading qwen2.5",
+                     "gac: converting qwen2.5's GGUF once (first use; later runs load the converted weights)",
+                     "gac: qwen2.5 loaded in 12.5 s"]
+
+
+class FakeBars:
+    """rich.progress.Progress's add_task / update, recorded."""
+
+    def __init__(self):
+        self.tasks: dict[int, dict] = {}
+
+    def add_task(self, description, total=None, **fields):
+        self.tasks[len(self.tasks)] = {"description": description, "total": total, **fields}
+        return len(self.tasks) - 1
+
+    def update(self, task, **fields):
+        self.tasks[task].update(fields)
+
+    def stop_task(self, task):
+        self.tasks[task]["stopped"] = True
+
+
+def test_one_bar_per_row_with_per_task_counts_and_eta():
+    bars, clock = FakeBars(), Clock()
+    progress = BarProgress(bars, clock=clock)
+    progress.on_row(ROW, "loading")
+    progress.on_load("smollm2", "loading")
+    assert bars.tasks[0]["description"] == "gac: loading smollm2" and bars.tasks[0]["total"] is None
+    clock.now = 30.0
+    progress.on_row(ROW, "evaluating")
+    clock.now = 40.0
+    progress.on_progress("gac", {"piqa": 5}, {"piqa": 10})
+    assert bars.tasks[0] | {} == {"description": "gac: piqa 5 of 10 examples done", "total": 10, "completed": 5,
+                                  "eta": "ETA 10 s"}
+    progress.on_progress("gac", {"piqa": 5}, {"piqa": 10})
+    progress.on_progress("gac", {"nq": 1}, {"nq": 4})
+    assert len(bars.tasks) == 1 and bars.tasks[0]["description"] == "gac: piqa 10 of 10, nq 1 of 4 examples done"
+    assert (bars.tasks[0]["completed"], bars.tasks[0]["total"]) == (11, 14)
+
+
+def test_a_reused_row_gets_a_full_stopped_bar():
+    bars = FakeBars()
+    BarProgress(bars, clock=Clock()).on_row(ROW, "reused from other-run/gac")
+    assert bars.tasks[0] | {} == {"description": "gac: reused from other-run/gac", "total": 1, "completed": 1,
+                                  "eta": "", "stopped": True}
+
+
+def test_the_adapter_reports_examples_per_task(bpe_model, bpe_tokenizer):
+    """lm.py counts a question's choices as one example, per task."""
+    from lm_eval.api.instance import Instance
+
+    from ensemble_bench.lm import EnsembleLM
+    from ensemble_bench.members import LocalMember
+    from ensemble_bench.methods.single import Single
+
+    reports = []
+    lm = EnsembleLM(Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params(), batch_size=8), "s",
+                    progress=lambda done, total: reports.append((done, total)))
+    pairs = [("The cat sat on the", " mat"), ("The cat sat on the", " red chair"), ("A dog", " barked")]
+    tasks = [("piqa", 0), ("piqa", 0), ("arc", 3)]
+    lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=0,
+                               metadata=(task, doc, 1)) for pair, (task, doc) in zip(pairs, tasks)])
+    assert reports == [({}, {"piqa": 1, "arc": 1}), ({"piqa": 1, "arc": 1}, {"piqa": 1, "arc": 1})]
+
