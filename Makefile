@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install install-latex demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
@@ -36,6 +36,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/ensbench run recipes/offline/demo.yaml --threads $(THREADS)
 	$(BIN)/ensbench compare results/demo --show 2
+
+# pdflatex (Debian's texlive-latex-base + -recommended, about a minute) for the tests that compile the
+# LaTeX tables; without it those tests are skipped. CI installs it; a machine without apt-get skips it.
+install-latex:
+	@command -v pdflatex >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		texlive-latex-base texlive-latex-recommended >/dev/null; } || \
+		echo "pdflatex not installed: the LaTeX compile tests are skipped"
 
 # ruff, configured in pyproject.toml ([tool.ruff]); CI runs it before the tests.
 lint: install
