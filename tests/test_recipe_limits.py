@@ -337,3 +337,16 @@ def test_small_but_normal_weights_and_zeros_still_pass():
 
     assert weights_problem([1.0e-30, 1.0e-30, 0.0]) is None
     assert weights_problem([2.0e-38, 0.5]) is None
+
+
+@pytest.mark.parametrize("method, value, says", [
+    ("gac, speculative: 4, proposer: true", "True",
+     "method.proposer: Input should be a valid integer or a valid string"),
+    ("gac, weights: true", "True", "method.weights: Input should be 'score' or 'score_minus_ece' or a valid list"),
+    ("deepen, weights: 3", "3", "method.weights: Input should be 'adapt' or a valid list"),
+])
+def test_a_value_no_branch_of_a_union_takes_is_one_line(tmp_path, monkeypatch, capsys, method, value, says):
+    """Issue 41: `proposer: true` (int | str) gave a line per branch, 'method.proposer.int: ...' and
+    'method.proposer.str: ...'; now one line names the field and every type it takes."""
+    line = refused(monkeypatch, capsys, tmp_path, method=method)
+    assert line.endswith(f"{says} (got {value})")
