@@ -27,7 +27,14 @@ from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
+from ensemble_bench.errors import (
+    EnvironmentFault,
+    UserError,
+    environment_fault,
+    lines_of,
+    several,
+    working_folder_fault,
+)
 from ensemble_bench.tasks import list_benchmarks
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
@@ -581,6 +588,8 @@ def main() -> None:
     70 a bug (with its traceback), 130 interrupted."""
     try:
         try:
+            if (no_folder := working_folder_fault()) is not None:
+                raise no_folder
             code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
             sys.stdout.flush()  # here, so that a reader gone before the last flush is handled too
         except SystemExit as done:  # click itself turns a broken pipe into exit 1: undo that

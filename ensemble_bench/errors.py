@@ -5,6 +5,7 @@ Exit codes: 0 done; 1 a regression (``ensbench regress``) or an environment faul
 """
 
 import errno
+import os
 import sqlite3
 
 
@@ -93,3 +94,14 @@ def environment_fault(err: BaseException) -> EnvironmentFault | None:
     """The expected environment fault (disk full, read-only folder, damaged cache, no network, out of
     memory) behind an exception a library raised, or None: then it is a bug."""
     return next((fault for cause in _causes(err) if (fault := _fault_of(cause)) is not None), None)
+
+
+def working_folder_fault() -> EnvironmentFault | None:
+    """The fault of a working folder that no longer exists (deleted while a shell was in it), or None.
+    Checked before torch loads: its oneMKL dies there with a line that does not say why."""
+    try:
+        os.getcwd()
+    except OSError as err:
+        return EnvironmentFault(f"the working folder cannot be found ({err.strerror or err}; deleted while this "
+                                "shell was in it?): cd to an existing folder and run the same command again")
+    return None
