@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 import traceback
 
@@ -30,6 +31,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import (
     EnvironmentFault,
     UserError,
+    causes,
     environment_fault,
     lines_of,
     several,
@@ -563,10 +565,35 @@ def _stdout_closed() -> int:
     return 0
 
 
+def _stdout_full() -> bool:
+    """Whether stdout takes no more bytes: it is /dev/full, or a file on a disk with no free space left."""
+    try:
+        fd = sys.stdout.fileno()
+        found = os.fstat(fd)
+        if os.path.exists("/dev/full") and os.path.samestat(found, os.stat("/dev/full")):
+            return True
+        return stat.S_ISREG(found.st_mode) and os.fstatvfs(fd).f_bavail == 0
+    except (OSError, ValueError, AttributeError):  # stdout is no file: cannot tell
+        return False
+
+
+def _stdout_fault(err: BaseException) -> EnvironmentFault | None:
+    """A full disk without a file name (a write to stdout) while stdout is full: stdout's fault, not the
+    output folder's; stdout is pointed at /dev/null so that the interpreter's last flush cannot fail again."""
+    if not any(isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT) and not cause.filename
+               for cause in causes(err)) or not _stdout_full():
+        return None
+    _stdout_closed()
+    return EnvironmentFault("cannot write to stdout: it is full (/dev/full, or a file on a full disk): send the "
+                            "output elsewhere and run the same command again")
+
+
 def _exit_code(err: BaseException) -> int:
     """Tell the user about ``err`` (one line for every expected fault) and return the exit code."""
     if isinstance(err, BrokenPipeError) and _stdout_reader_gone():
         return _stdout_closed()
+    if (stdout_fault := _stdout_fault(err)) is not None:
+        return _exit_code(stdout_fault)
     if isinstance(err, HELP_REQUESTS):  # no command given: the help, as click prints it
         err.show()
         return err.exit_code

@@ -53,7 +53,7 @@ CACHE_NOT_WRITABLE = ("cannot write a response cache database of the run ({why})
 CACHE_UNUSABLE = ("a response cache database of the run could not be used ({why}): check its disk and that no other "
                   "program holds it, then run the same command again")
 
-def _causes(err: BaseException) -> list[BaseException]:
+def causes(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or while handling (at most ten)."""
     chain = [err]
     while len(chain) < 10 and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
@@ -107,7 +107,7 @@ def _sqlite_message(err: sqlite3.DatabaseError, text: str) -> str | None:
 def environment_fault(err: BaseException) -> EnvironmentFault | None:
     """The expected environment fault (disk full, read-only folder, damaged cache, no network, out of
     memory) behind an exception a library raised, or None: then it is a bug."""
-    return next((fault for cause in _causes(err) if (fault := _fault_of(cause)) is not None), None)
+    return next((fault for cause in causes(err) if (fault := _fault_of(cause)) is not None), None)
 
 
 def working_folder_fault() -> EnvironmentFault | None:

@@ -61,3 +61,17 @@ def test_enospc_lines_say_which_disk(tmp_path, monkeypatch):
     in_output = environment_fault(OSError(errno.ENOSPC, "full", str(tmp_path / "out" / "x.json")))
     assert "free space on the disk of ENSBENCH_CACHE" in str(in_cache) and in_cache.exit_code == 1
     assert "set output: to another disk" in str(in_output) and "ENSBENCH_CACHE" not in str(in_output)
+
+
+# --- 6f. stdout that takes no bytes is stdout's fault, not the output disk's ------------------------------------------
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["list"], ["--version"]])
+def test_stdout_on_dev_full_is_named_not_the_output_disk(args):
+    """It was "disk full: free space on that disk (or set output: to another disk)"."""
+    ensbench = Path(sys.executable).with_name("ensbench")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([str(ensbench), *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot write to stdout: it is full") and "output:" not in lines[0]
