@@ -252,15 +252,27 @@ def resolved_params(recipe: Recipe) -> dict[str, dict]:
     return {row.label: row_params(recipe, row).model_dump(mode="json") for row in plan_rows(recipe)}
 
 
+def _params_damage(folder: Path) -> str | None:
+    """Why a run folder's PARAMS cannot be read (cut short, not JSON, not a mapping), or None (sound or absent)."""
+    try:
+        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return f"{PARAMS} is damaged ({type(err).__name__})"
+    return None if isinstance(held, dict) else f"{PARAMS} is damaged (not a JSON object)"
+
+
 def _same_params(folder: Path, recipe: Recipe) -> bool:
     """Whether a run folder's rows used the parameters this code resolves; runs written before
-    PARAMS existed have none to compare and count as the same."""
+    PARAMS existed have none to compare and count as the same, and so does a damaged PARAMS (its
+    recipe.yaml is this recipe: the run resumes, says so, and writes the file again)."""
+    if _params_damage(folder) is not None:
+        return True
     try:
-        held = json.loads((folder / PARAMS).read_text())
+        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return True
-    except (OSError, ValueError):
-        return False
     method_of = {row.label: row.method for row in plan_rows(recipe)}  # stored names read as this code's (lead)
     held = {label: current_params(method_of.get(label, ""), p) if isinstance(p, dict) else p
             for label, p in held.items()} if isinstance(held, dict) else held
@@ -585,7 +597,10 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
     _write_recipe(run_dir, recipe)
-    if not (run_dir / PARAMS).exists():
+    if damage := _params_damage(run_dir):
+        log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
+                    run_dir / PARAMS, damage)
+    if damage or not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]

@@ -2,6 +2,7 @@
 one line naming the file or the cause, with the documented exit code (1 environment, 2 user error)."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,32 @@ def test_stdout_on_dev_full_is_named_not_the_output_disk(args):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: cannot write to stdout: it is full") and "output:" not in lines[0]
+
+
+# --- 6b. a damaged params.json: said so, and the run still resumes with its response cache ---------------------------
+@pytest.mark.usefixtures("offline_data")
+def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_cache(tiny_dirs, tmp_path,
+                                                                                       monkeypatch, capsys, caplog):
+    """It was "other method parameters (a default changed since)", and a new run recomputed the answers."""
+    import json
+
+    from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.runner import PARAMS, resolved_params
+    from tests.test_faults import run_cli, tiny_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2).replace("singles: true\n", ""))
+    assert run_cli(monkeypatch, capsys, "run", str(recipe))[0] == 0
+    [run_dir] = (tmp_path / "results" / "tiny-faults").iterdir()
+    (run_dir / "summary.md").unlink()  # unfinished again, with its gac row to compute from the cache
+    shutil.rmtree(run_dir / "gac")
+    whole = (run_dir / PARAMS).read_bytes()
+    (run_dir / PARAMS).write_bytes(whole[: len(whole) // 2])
+
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0, out.err
+    assert [p.name for p in (tmp_path / "results" / "tiny-faults").iterdir()] == [run_dir.name]  # resumed
+    assert json.loads((run_dir / "gac" / "timing.json").read_text())["requests_computed"] == 0  # all from the cache
+    assert json.loads((run_dir / PARAMS).read_text()) == resolved_params(load_recipe(recipe))  # written again
+    [said] = [r.getMessage() for r in caplog.records if PARAMS in r.getMessage()]
+    assert said.startswith(f"{run_dir / PARAMS}: {PARAMS} is damaged") and "default changed" not in said
