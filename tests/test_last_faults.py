@@ -31,7 +31,7 @@ def test_a_deleted_working_folder_is_one_line_before_torch_loads(tmp_path, entry
     assert "oneMKL" not in done.stdout + done.stderr
 
 
-# --- 6e. a full cache disk is an environment fault (exit 1), never a user error -------------------------------------
+# --- 6e. a full cache disk is an environment fault (exit 1), never a user error ----
 PIP_DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
 
 
@@ -64,7 +64,7 @@ def test_enospc_lines_say_which_disk(tmp_path, monkeypatch):
     assert "set output: to another disk" in str(in_output) and "ENSBENCH_CACHE" not in str(in_output)
 
 
-# --- 6f. stdout that takes no bytes is stdout's fault, not the output disk's ------------------------------------------
+# --- 6f. stdout that takes no bytes is stdout's fault, not the output disk's ----
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [["list"], ["--version"]])
 def test_stdout_on_dev_full_is_named_not_the_output_disk(args):
@@ -78,7 +78,7 @@ def test_stdout_on_dev_full_is_named_not_the_output_disk(args):
     assert lines[0].startswith("error: cannot write to stdout: it is full") and "output:" not in lines[0]
 
 
-# --- 6b. a damaged params.json: said so, and the run still resumes with its response cache ---------------------------
+# --- 6b. a damaged params.json: said so, and the run still resumes with its response cache ----
 @pytest.mark.usefixtures("offline_data")
 def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_cache(tiny_dirs, tmp_path,
                                                                                        monkeypatch, capsys, caplog):
@@ -105,3 +105,45 @@ def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_
     assert json.loads((run_dir / PARAMS).read_text()) == resolved_params(load_recipe(recipe))  # written again
     [said] = [r.getMessage() for r in caplog.records if PARAMS in r.getMessage()]
     assert said.startswith(f"{run_dir / PARAMS}: {PARAMS} is damaged") and "default changed" not in said
+
+
+# --- 5b. a strict ASCII locale and a path that is not ASCII ----
+ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+
+
+def dry_run_in_ascii_locale(recipe: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ASCII_LOCALE, "PYTHONPATH": str(ROOT)}
+    ensbench = str(Path(sys.executable).with_name("ensbench"))
+    return subprocess.run([ensbench, "run", os.fsencode(str(recipe)), "--dry-run"], capture_output=True, cwd=cwd,
+                          env=env, timeout=300)
+
+
+@pytest.mark.parametrize("field", ["output: ", "members[0].model: "])
+def test_a_path_the_ascii_locale_cannot_write_is_one_line(tmp_path, field):
+    """An output: was UnicodeEncodeError in runner.planned_run_dir, exit 70 with a traceback; a model folder
+    was called an unknown model."""
+    from tests.test_faults import ONE_MEMBER
+
+    folder = tmp_path / "b\u00e4r"
+    folder.mkdir()
+    recipe = folder / "recipe.yaml"
+    text = ONE_MEMBER.format(name="a", output=folder / "out" if field == "output: " else tmp_path / "out")
+    recipe.write_text(text.replace("smollm2-135m", str(folder)) if field != "output: " else text, encoding="utf-8")
+    done = dry_run_in_ascii_locale(recipe, tmp_path)
+    lines = done.stderr.decode("ascii", "backslashreplace").strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert field in lines[0] and "cannot write this path: use a UTF-8 locale" in lines[0]
+
+
+def test_a_recipe_in_a_folder_that_is_not_ascii_still_runs_its_dry_run(tmp_path):
+    """A path from the command line or the working folder keeps its bytes: only a name the locale cannot
+    write is refused."""
+    from tests.test_faults import ONE_MEMBER
+
+    folder = tmp_path / "b\u00e4r"
+    folder.mkdir()
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(ONE_MEMBER.format(name="a", output="out"), encoding="utf-8")
+    done = dry_run_in_ascii_locale(recipe, folder)
+    assert done.returncode == 0, done.stderr
+    assert f"results: {folder / 'out'}".encode() in done.stdout
