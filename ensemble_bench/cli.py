@@ -87,13 +87,17 @@ def _options(version: bool = typer.Option(False, "--version", callback=_show_ver
 def _quiet_libraries() -> None:
     """Our progress bar replaces the libraries' own bars and warnings during a run. sqlitedict (lm-eval's
     response cache) logs a failed write from its worker thread as some 60 lines of stack and raises it
-    again at the next call, where it becomes our one line (disk full, read-only): its log says nothing more."""
+    again at the next call, where it becomes our one line (disk full, read-only): its log says nothing more.
+    A failed commit, which sqlitedict does not keep, is kept the same way (``cache_thread``)."""
     import logging
 
     import datasets
     import transformers
 
+    from ensemble_bench.cache_thread import quiet_cache_thread
+
     logging.getLogger("sqlitedict").setLevel(logging.CRITICAL)
+    quiet_cache_thread()
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

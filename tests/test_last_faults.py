@@ -3,6 +3,7 @@ one line naming the file or the cause, with the documented exit code (1 environm
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +148,68 @@ def test_a_recipe_in_a_folder_that_is_not_ascii_still_runs_its_dry_run(tmp_path)
     done = dry_run_in_ascii_locale(recipe, folder)
     assert done.returncode == 0, done.stderr
     assert f"results: {folder / 'out'}".encode() in done.stdout
+
+
+# --- 5c. a response cache that turns read-only mid-run: one line, and no thread traceback ----------------------------
+class ReadOnlyLater:
+    """A sqlite connection whose commit fails once an answer was written, as when its folder turns
+    read-only mid-run: sqlitedict's worker thread commits after each write (autocommit) and dies there."""
+
+    def __init__(self, connection):
+        self.connection, self.written = connection, False
+
+    def cursor(self):
+        connection = self
+
+        class Cursor:
+            def __init__(self, cursor):
+                self.cursor = cursor
+
+            def execute(self, statement, *args):
+                connection.written |= statement.lstrip().upper().startswith(("REPLACE", "INSERT"))
+                return self.cursor.execute(statement, *args)
+
+            def __iter__(self):
+                return iter(self.cursor)
+
+            def __getattr__(self, name):
+                return getattr(self.cursor, name)
+
+        return Cursor(self.connection.cursor())
+
+    def commit(self):
+        if self.written:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return self.connection.commit()
+
+    def __getattr__(self, name):
+        return getattr(self.connection, name)
+
+
+READ_ONLY_LATER_RUN = """
+import sqlite3, sys
+import sqlitedict
+from tests.test_last_faults import ReadOnlyLater
+connect = sqlite3.connect
+sqlitedict.sqlite3.connect = lambda *a, **k: ReadOnlyLater(connect(*a, **k))
+from ensemble_bench.cli import main
+sys.argv = ["ensbench", "run", sys.argv[1]]
+main()
+"""
+
+
+@pytest.mark.usefixtures("offline_data")
+def test_a_cache_turning_read_only_mid_run_is_one_line_without_a_thread_traceback(tiny_dirs, tmp_path):
+    """The one line and exit 1 were right, but sqlitedict's worker thread died with 'Exception in thread
+    Thread-2: Traceback ...' on stderr; when its commit failed, the next blocking commit waited for good
+    (run in a child process with a time limit for that reason)."""
+    from tests.test_faults import tiny_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=1))
+    done = subprocess.run([sys.executable, "-c", READ_ONLY_LATER_RUN, str(recipe)], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "Exception in thread" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot write a response cache database of the run"), done.stderr
