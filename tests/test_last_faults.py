@@ -150,7 +150,7 @@ def test_a_recipe_in_a_folder_that_is_not_ascii_still_runs_its_dry_run(tmp_path)
     assert f"results: {folder / 'out'}".encode() in done.stdout
 
 
-# --- 5c. a response cache that turns read-only mid-run: one line, and no thread traceback ----------------------------
+# --- 5c. a response cache that turns read-only mid-run: one line, and no thread traceback ----
 class ReadOnlyLater:
     """A sqlite connection whose commit fails once an answer was written, as when its folder turns
     read-only mid-run: sqlitedict's worker thread commits after each write (autocommit) and dies there."""
@@ -213,3 +213,38 @@ def test_a_cache_turning_read_only_mid_run_is_one_line_without_a_thread_tracebac
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: cannot write a response cache database of the run"), done.stderr
+
+
+# --- 6a. a deleted results_*.json is named, never a blank cell or 'nan' ----
+@pytest.fixture(scope="module")
+def tiny_finished_run(tiny_dirs, offline_data, tmp_path_factory):
+    """A finished run of the tiny GaC recipe (its members alone too), made once for this module's tests."""
+    from tests.test_faults import tiny_recipe
+
+    folder = tmp_path_factory.mktemp("finished")
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=2))
+    done = subprocess.run([sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe), "--threads", "1"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    [run_dir] = (folder / "results" / "tiny-faults").iterdir()
+    return run_dir
+
+
+@pytest.mark.parametrize("command", [["table", "{run}"], ["regress", "{run}", "--baseline", "{copy}"]])
+def test_a_deleted_results_file_is_named_by_table_and_regress(tiny_finished_run, tmp_path, monkeypatch, capsys,
+                                                              command):
+    """table printed blank cells (exit 0) and regress 'nan >= 25.0 REGRESSED'."""
+    from tests.test_faults import one_line, run_cli
+
+    run_dir = tmp_path / tiny_finished_run.name
+    shutil.copytree(tiny_finished_run, run_dir)
+    copy = tmp_path / "baseline" / tiny_finished_run.name
+    shutil.copytree(tiny_finished_run, copy)
+    assert run_cli(monkeypatch, capsys, "table", str(run_dir))[0] == 0  # whole: it reads
+    [results] = (run_dir / "gac").glob("results_*.json")
+    results.unlink()
+    code, out = run_cli(monkeypatch, capsys, *[a.format(run=run_dir, copy=copy) for a in command])
+    line = one_line(out)
+    assert code == 1 and line.startswith(f"error: {run_dir / 'gac'}: no results_*.json of this row"), line
+    assert "nan" not in out.out
