@@ -56,6 +56,7 @@ from ensemble_bench.row_store import (
     seed_cache,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
+from ensemble_bench.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks
 from ensemble_bench.tasks.code_exec import ALLOW_ENV, UNISOLATED_ENV, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
@@ -341,6 +342,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     shutil.rmtree(partial, ignore_errors=True)
     cache = inside(run_dir, "cache")
     cache.mkdir(parents=True, exist_ok=True)
+    _carry_counts(lm, cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
     for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
@@ -379,6 +381,14 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
+
+
+def _carry_counts(lm, db: Path) -> None:
+    """The row's statistics over all its sittings: the earlier sittings' counters are added before it
+    computes anything, and the counters so far are written after every chunk of cached answers."""
+    holders = {**lm.method.carried(), "scoring": lm.scoring}
+    resume_counts(holders, db)
+    lm.after_chunk = lambda: save_counts(holders, db)
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------

@@ -248,3 +248,69 @@ def test_a_deleted_results_file_is_named_by_table_and_regress(tiny_finished_run,
     line = one_line(out)
     assert code == 1 and line.startswith(f"error: {run_dir / 'gac'}: no results_*.json of this row"), line
     assert "nan" not in out.out
+
+
+# --- 6c. a resumed row's statistics are those of the whole row ----------------------------------------------------
+GENERATING = """\
+name: tiny-sittings
+members:
+  - {{model: {bpe}, name: bpe}}
+  - {{model: {sp}, name: sp}}
+method: {{name: gac, threshold: 0.6, gate: bpe}}
+tasks:
+  - {{name: gsm8k, shots: 1, limit: 2}}
+  - {{name: piqa, limit: 2}}
+batch_size: 2
+data: offline
+output: {output}
+"""
+COUNTED = ("tokens_generated", "decode_steps", "generation_batches", "tokens_ensembled", "ensemble_steps_total",
+           "ensembled_fraction", "ensembled_position_deciles", "requests_scored", "tokens_scored")
+
+
+@pytest.mark.usefixtures("offline_data")
+def test_a_row_resumed_from_its_cache_keeps_the_statistics_of_its_first_sitting(tiny_dirs, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """GaC's summary showed tokens 0 and a blank ensembled % after a resume (57 and 100.0 uninterrupted)."""
+    import json
+
+    from tests.test_faults import run_cli
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(GENERATING.format(bpe=tiny_dirs[0], sp=tiny_dirs[1], output=tmp_path / "results"))
+    assert run_cli(monkeypatch, capsys, "run", str(recipe))[0] == 0
+    [run_dir] = (tmp_path / "results" / "tiny-sittings").iterdir()
+    whole = json.loads((run_dir / "gac" / "timing.json").read_text())
+    assert whole["tokens_generated"] > 0 and whole["requests_scored"] > 0
+    (run_dir / "summary.md").unlink()  # as if killed after the last answer was cached, before the row's files
+    shutil.rmtree(run_dir / "gac")
+
+    assert run_cli(monkeypatch, capsys, "run", str(recipe))[0] == 0
+    resumed = json.loads((run_dir / "gac" / "timing.json").read_text())
+    assert resumed["requests_computed"] == 0  # every answer came from the cache
+    assert {key: resumed.get(key) for key in COUNTED} == {key: whole.get(key) for key in COUNTED}
+
+
+def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_dropped(tmp_path):
+    from dataclasses import dataclass, field
+
+    from ensemble_bench.sittings import carried_path, resume_counts, save_counts
+
+    @dataclass
+    class Counts:
+        steps: int = 0
+        seconds: float = 0.0
+        deciles: list = field(default_factory=lambda: [0, 0])
+        flag: bool = False
+        _mark: float = 0.0
+
+    db = tmp_path / "gac_rank0.db"
+    db.write_bytes(b"")
+    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0)}, db)
+    fresh = Counts()
+    resume_counts({"stats": fresh}, db)
+    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0)  # counters added; flags and private marks are no counters
+    db.unlink()  # the answers are gone: so are the statistics that counted them
+    other = Counts()
+    resume_counts({"stats": other}, db)
+    assert other == Counts() and not carried_path(db).exists()

@@ -319,6 +319,11 @@ class Method(ABC):
                   **self.timing.summary(), "contexts_truncated": truncated}
         return RunStats.from_json({**shared, **self.counters()})
 
+    def carried(self) -> dict[str, object]:
+        """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the
+        sittings of a resumed row (``sittings``): the timing, and a method's own counters where it adds them."""
+        return {"timing": self.timing}
+
     def info(self) -> dict:
         """The run statistics' JSON form, for the results files."""
         return self.run_stats().to_json()
