@@ -83,14 +83,16 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
     return None
 
 
+CACHE_ROOTS: set[Path] = set()  # the ENSBENCH_CACHE folders read so far (settings.cache_root adds each)
+
+
 def disk_full_line(where: str, path) -> str:
     """The line for a full disk: the cache's (ENSBENCH_CACHE) when ``path`` is in it, else the output's."""
-    from ensemble_bench.settings import cache_root  # settings imports this module
-
     try:
-        in_cache = path is not None and Path(os.path.abspath(path)).is_relative_to(cache_root().resolve())
-    except Exception:  # noqa: BLE001 - a bad ENSBENCH_CACHE is its own fault, reported elsewhere
-        in_cache = False
+        found = Path(os.path.abspath(path)) if path is not None else None
+    except (TypeError, ValueError):
+        found = None
+    in_cache = found is not None and any(found.is_relative_to(root) for root in CACHE_ROOTS)
     return (CACHE_DISK_FULL if in_cache else DISK_FULL).format(where=where)
 
 

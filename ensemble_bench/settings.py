@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.errors import CACHE_ROOTS, EnvironmentFault, UserError
 
 CACHE = "ENSBENCH_CACHE"                    # where models, data and derived caches are kept
 THREADS = "ENSBENCH_THREADS"                # default of `ensbench run --threads`
@@ -118,6 +118,7 @@ def cache_root() -> Path:
     except OSError as err:
         raise EnvironmentFault(f"{shown}: cannot create it ({err.strerror or err}): "
                                f"set {CACHE} to a writable folder") from None
+    CACHE_ROOTS.add(Path(os.path.abspath(root)))  # a full disk in it is named as the cache's (errors.disk_full_line)
     return root
 
 

@@ -57,8 +57,10 @@ def test_enospc_lines_say_which_disk(tmp_path, monkeypatch):
     import errno
 
     from ensemble_bench.errors import environment_fault
+    from ensemble_bench.settings import cache_root
 
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
+    cache_root()  # what every command reads first (settings.check_environment)
     in_cache = environment_fault(OSError(errno.ENOSPC, "full", str(tmp_path / "cache" / "wheels" / "x.whl")))
     in_output = environment_fault(OSError(errno.ENOSPC, "full", str(tmp_path / "out" / "x.json")))
     assert "free space on the disk of ENSBENCH_CACHE" in str(in_cache) and in_cache.exit_code == 1
