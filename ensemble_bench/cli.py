@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 import traceback
 
@@ -26,7 +27,15 @@ from rich.text import Text
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError, environment_fault, lines_of, several
+from ensemble_bench.errors import (
+    EnvironmentFault,
+    UserError,
+    causes,
+    environment_fault,
+    lines_of,
+    several,
+    working_folder_fault,
+)
 from ensemble_bench.progress import BarProgress, PlainProgress
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
@@ -98,13 +107,17 @@ def _options(version: bool = typer.Option(False, "--version", callback=_show_ver
 def _quiet_libraries() -> None:
     """Our progress bar replaces the libraries' own bars and warnings during a run. sqlitedict (lm-eval's
     response cache) logs a failed write from its worker thread as some 60 lines of stack and raises it
-    again at the next call, where it becomes our one line (disk full, read-only): its log says nothing more."""
+    again at the next call, where it becomes our one line (disk full, read-only): its log says nothing more.
+    A failed commit, which sqlitedict does not keep, is kept the same way (``cache_thread``)."""
     import logging
 
     import datasets
     import transformers
 
+    from ensemble_bench.cache_thread import quiet_cache_thread
+
     logging.getLogger("sqlitedict").setLevel(logging.CRITICAL)
+    quiet_cache_thread()
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -403,10 +416,35 @@ def _stdout_closed() -> int:
     return 0
 
 
+def _stdout_full() -> bool:
+    """Whether stdout takes no more bytes: it is /dev/full, or a file on a disk with no free space left."""
+    try:
+        fd = sys.stdout.fileno()
+        found = os.fstat(fd)
+        if os.path.exists("/dev/full") and os.path.samestat(found, os.stat("/dev/full")):
+            return True
+        return stat.S_ISREG(found.st_mode) and os.fstatvfs(fd).f_bavail == 0
+    except (OSError, ValueError, AttributeError):  # stdout is no file: cannot tell
+        return False
+
+
+def _stdout_fault(err: BaseException) -> EnvironmentFault | None:
+    """A full disk without a file name (a write to stdout) while stdout is full: stdout's fault, not the
+    output folder's; stdout is pointed at /dev/null so that the interpreter's last flush cannot fail again."""
+    if not any(isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT) and not cause.filename
+               for cause in causes(err)) or not _stdout_full():
+        return None
+    _stdout_closed()
+    return EnvironmentFault("cannot write to stdout: it is full (/dev/full, or a file on a full disk): send the "
+                            "output elsewhere and run the same command again")
+
+
 def _exit_code(err: BaseException) -> int:
     """Tell the user about ``err`` (one line for every expected fault) and return the exit code."""
     if isinstance(err, BrokenPipeError) and _stdout_reader_gone():
         return _stdout_closed()
+    if (stdout_fault := _stdout_fault(err)) is not None:
+        return _exit_code(stdout_fault)
     if isinstance(err, HELP_REQUESTS):  # no command given: the help, as click prints it
         err.show()
         return err.exit_code
@@ -428,6 +466,8 @@ def main() -> None:
     70 a bug (with its traceback), 130 interrupted."""
     try:
         try:
+            if (no_folder := working_folder_fault()) is not None:
+                raise no_folder
             code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
             sys.stdout.flush()  # here, so that a reader gone before the last flush is handled too
         except SystemExit as done:  # click itself turns a broken pipe into exit 1: undo that

@@ -5,7 +5,9 @@ Exit codes: 0 done; 1 a regression (``ensbench regress``) or an environment faul
 """
 
 import errno
+import os
 import sqlite3
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -37,6 +39,8 @@ def lines_of(fault: Exception) -> tuple[str, ...]:
 NETWORK_CLASSES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "gaierror", "OfflineModeIsEnabled",
                    "LocalEntryNotFoundError"}
 DISK_FULL = "disk full{where}: free space on that disk (or set output: to another disk) and run the same command again"
+CACHE_DISK_FULL = ("disk full{where}: free space on the disk of ENSBENCH_CACHE (or set ENSBENCH_CACHE to a folder on "
+                   "another disk) and run the same command again")
 NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this user): make it writable, or set "
                 "output: (results) or ENSBENCH_CACHE (models and data) to a writable folder")
 # sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
@@ -49,7 +53,7 @@ CACHE_NOT_WRITABLE = ("cannot write a response cache database of the run ({why})
 CACHE_UNUSABLE = ("a response cache database of the run could not be used ({why}): check its disk and that no other "
                   "program holds it, then run the same command again")
 
-def _causes(err: BaseException) -> list[BaseException]:
+def causes(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or while handling (at most ten)."""
     chain = [err]
     while len(chain) < 10 and (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
@@ -65,7 +69,7 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
         shown = f" ({name[:60]}...)" if len(name) > 60 else f" ({name})" if name else ""
         return EnvironmentFault(f"a file name is too long for the file system{shown}: use a shorter name or path")
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) or "database or disk is full" in text:
-        return EnvironmentFault(DISK_FULL.format(where=where))
+        return EnvironmentFault(disk_full_line(where, getattr(err, "filename", None)))
     if isinstance(err, OSError) and err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return EnvironmentFault(NOT_WRITABLE.format(where=where, why=err.strerror or text))
     if isinstance(err, sqlite3.DatabaseError) and (message := _sqlite_message(err, text)):
@@ -77,6 +81,19 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
     if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError":
         return EnvironmentFault("out of memory: lower batch_size, or use fewer, smaller or quantized members")
     return None
+
+
+CACHE_ROOTS: set[Path] = set()  # the ENSBENCH_CACHE folders read so far (settings.cache_root adds each)
+
+
+def disk_full_line(where: str, path) -> str:
+    """The line for a full disk: the cache's (ENSBENCH_CACHE) when ``path`` is in it, else the output's."""
+    try:
+        found = Path(os.path.abspath(path)) if path is not None else None
+    except (TypeError, ValueError):
+        found = None
+    in_cache = found is not None and any(found.is_relative_to(root) for root in CACHE_ROOTS)
+    return (CACHE_DISK_FULL if in_cache else DISK_FULL).format(where=where)
 
 
 def _sqlite_message(err: sqlite3.DatabaseError, text: str) -> str | None:
@@ -92,4 +109,15 @@ def _sqlite_message(err: sqlite3.DatabaseError, text: str) -> str | None:
 def environment_fault(err: BaseException) -> EnvironmentFault | None:
     """The expected environment fault (disk full, read-only folder, damaged cache, no network, out of
     memory) behind an exception a library raised, or None: then it is a bug."""
-    return next((fault for cause in _causes(err) if (fault := _fault_of(cause)) is not None), None)
+    return next((fault for cause in causes(err) if (fault := _fault_of(cause)) is not None), None)
+
+
+def working_folder_fault() -> EnvironmentFault | None:
+    """The fault of a working folder that no longer exists (deleted while a shell was in it), or None.
+    Checked before torch loads: its oneMKL dies there with a line that does not say why."""
+    try:
+        os.getcwd()
+    except OSError as err:
+        return EnvironmentFault(f"the working folder cannot be found ({err.strerror or err}; deleted while this "
+                                "shell was in it?): cd to an existing folder and run the same command again")
+    return None

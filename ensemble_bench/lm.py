@@ -84,6 +84,7 @@ class EnsembleLM(LM):
         self.requests_computed = 0  # answered by the method in this process (not from the response cache)
         self.scoring = ScoringClock()
         self.rendered = RenderedPrompts()  # what each member made of the chat prompts
+        self.after_chunk: Callable[[], None] | None = None  # the runner's: after a chunk's answers are cached
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
@@ -139,6 +140,8 @@ class EnsembleLM(LM):
                 answers[i] = answer
                 self.cache_hook.add_partial(kind, requests[i].args, answer)
                 self.requests_computed += 1
+            if self.after_chunk:
+                self.after_chunk()
             if self.progress:
                 self.progress(_tally(requests, chunk), examples)
         return answers

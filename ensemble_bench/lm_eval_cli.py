@@ -31,12 +31,18 @@ from pathlib import Path
 
 import yaml
 
-from ensemble_bench import settings
-from ensemble_bench.build import recipe_from_model_args
-from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError
-from ensemble_bench.recipe import Recipe, Row, parse_recipe
-from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks
+from ensemble_bench.errors import EnvironmentFault, UserError, working_folder_fault
+
+if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports torch (see working_folder_fault)
+    from ensemble_bench.cli import _exit_code
+
+    sys.exit(_exit_code(_NO_FOLDER))
+
+from ensemble_bench import settings  # noqa: E402
+from ensemble_bench.build import recipe_from_model_args  # noqa: E402
+from ensemble_bench.cache import atomic_write_text  # noqa: E402
+from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
+from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 HELP = "(ensbench-lm-eval run --help)"

@@ -373,11 +373,20 @@ def _field_path(loc, prefix: str = "") -> str:
     return path or "recipe"
 
 
+PLAIN_BRANCHES = ("int", "str", "float", "bool", "none")  # pydantic's tags of the plain branches of a union
+
+
+def _is_branch(part) -> bool:
+    """Whether a part of an error's location is pydantic's tag of a union branch or a validator, not a field:
+    ``list[float]``, ``literal['auto']``, ``function-after[...]``, or a plain type (``int | str``: 'int', 'str')."""
+    return isinstance(part, str) and ("[" in part or part.startswith("function-") or part in PLAIN_BRANCHES)
+
+
 def _branch_error(error: dict, field: tuple) -> bool:
     """Whether ``error`` is about one branch of the union ``field`` (pydantic tags the branches of
     ``Literal[...] | list[float]`` as 'literal[...]' and 'list[float]')."""
     loc = error["loc"]
-    return len(loc) > len(field) and loc[:len(field)] == field and "[" in str(loc[len(field)])
+    return len(loc) > len(field) and loc[:len(field)] == field and _is_branch(loc[len(field)])
 
 
 def _wrong_type(error: dict) -> bool:
@@ -386,12 +395,17 @@ def _wrong_type(error: dict) -> bool:
 
 def _telling_error(errors: list) -> dict:
     """The error to report: the first; or, when it only says the input is not of one branch of a
-    union (``weights: [.nan, 1]`` is not 'average'), the error of a branch that took the input's type."""
+    union (``weights: [.nan, 1]`` is not 'average'), the error of a branch that took the input's type;
+    when no branch took it (``proposer: true``), one error saying every type the field takes."""
     first = errors[0]
     field = first["loc"][:-1]
     if not (_wrong_type(first) and _branch_error(first, field)):
         return first
-    return next((e for e in errors if _branch_error(e, field) and not _wrong_type(e)), first)
+    telling = next((e for e in errors if _branch_error(e, field) and not _wrong_type(e)), None)
+    if telling is not None:
+        return telling
+    wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in errors if _branch_error(e, field))
+    return {**first, "msg": "Input should be " + " or ".join(wanted)}
 
 
 def _shortened(text: str, most: int = 80) -> str:
@@ -402,7 +416,7 @@ def _shortened(text: str, most: int = 80) -> str:
 def _error_line(source: str, error: dict, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """One pydantic error as ``<file>: <field path>: <message> (got <value>)``; an unknown field of
     ``model`` names the close field names (did you mean)."""
-    loc = [p for p in error["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
+    loc = [p for p in error["loc"] if not _is_branch(p)]
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         close = close_fields(model, loc)
@@ -418,7 +432,7 @@ def _error_line(source: str, error: dict, prefix: str = "", model: type[BaseMode
 def _field_of(error: dict) -> tuple:
     """The field an error is about: its location up to the union branch it names, if any."""
     loc = error["loc"]
-    return loc[:next((k for k, part in enumerate(loc) if isinstance(part, str) and "[" in part), len(loc))]
+    return loc[:next((k for k, part in enumerate(loc) if _is_branch(part)), len(loc))]
 
 
 def _pydantic_lines(source: str, err: ValidationError, prefix: str = "",

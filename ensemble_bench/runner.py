@@ -56,6 +56,7 @@ from ensemble_bench.row_store import (
     seed_cache,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
+from ensemble_bench.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
@@ -253,15 +254,27 @@ def resolved_params(recipe: Recipe) -> dict[str, dict]:
     return {row.label: row.params.model_dump(mode="json") for row in recipe.plan}
 
 
+def _params_damage(folder: Path) -> str | None:
+    """Why a run folder's PARAMS cannot be read (cut short, not JSON, not a mapping), or None (sound or absent)."""
+    try:
+        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        return f"{PARAMS} is damaged ({type(err).__name__})"
+    return None if isinstance(held, dict) else f"{PARAMS} is damaged (not a JSON object)"
+
+
 def _same_params(folder: Path, recipe: Recipe) -> bool:
     """Whether a run folder's rows used the parameters this code resolves; runs written before
-    PARAMS existed have none to compare and count as the same."""
+    PARAMS existed have none to compare and count as the same, and so does a damaged PARAMS (its
+    recipe.yaml is this recipe: the run resumes, says so, and writes the file again)."""
+    if _params_damage(folder) is not None:
+        return True
     try:
-        held = json.loads((folder / PARAMS).read_text())
+        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return True
-    except (OSError, ValueError):
-        return False
     method_of = {row.label: row.method for row in recipe.plan}  # stored names read as this code's (lead)
     held = {label: current_params(method_of.get(label, ""), p) if isinstance(p, dict) else p
             for label, p in held.items()} if isinstance(held, dict) else held
@@ -330,6 +343,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     shutil.rmtree(partial, ignore_errors=True)
     cache = inside(run_dir, "cache")
     cache.mkdir(parents=True, exist_ok=True)
+    _carry_counts(lm, cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
     for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
@@ -368,6 +382,14 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
+
+
+def _carry_counts(lm, db: Path) -> None:
+    """The row's statistics over all its sittings: the earlier sittings' counters are added before it
+    computes anything, and the counters so far are written after every chunk of cached answers."""
+    holders = {**lm.method.carried(), "scoring": lm.scoring}
+    resume_counts(holders, db)
+    lm.after_chunk = lambda: save_counts(holders, db)
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
@@ -589,7 +611,10 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
     _write_recipe(run_dir, recipe)
-    if not (run_dir / PARAMS).exists():
+    if damage := _params_damage(run_dir):
+        log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
+                    run_dir / PARAMS, damage)
+    if damage or not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]

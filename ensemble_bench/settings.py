@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
-from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.errors import CACHE_ROOTS, EnvironmentFault, UserError
 
 CACHE = "ENSBENCH_CACHE"                    # where models, data and derived caches are kept
 THREADS = "ENSBENCH_THREADS"                # default of `ensbench run --threads`
@@ -40,7 +41,21 @@ def expand_path(text: str, what: str) -> Path:
     expanded = os.path.expanduser(os.path.expandvars(text))
     if expanded.startswith("~"):
         raise UserError(f"{what}: no home folder for '{expanded.split('/')[0]}': write the path out")
+    if problem := unnameable(expanded):
+        raise UserError(f"{what}: {problem}")
     return Path(expanded)
+
+
+def unnameable(path: str) -> str | None:
+    """Why ``path`` cannot name a file here: a character the file system encoding of this locale lacks
+    (``LC_ALL=C`` with ``PYTHONUTF8=0`` is ASCII), or None. A name read from the command line or the
+    environment always can (its undecodable bytes are kept as surrogates)."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        return (f"this locale's file name encoding ({sys.getfilesystemencoding()}) cannot write this path: "
+                "use a UTF-8 locale (LC_ALL=C.UTF-8, or PYTHONUTF8=1) or an ASCII path")
+    return None
 
 
 def threads() -> int:
@@ -91,6 +106,7 @@ def cache_root() -> Path:
     except OSError as err:
         raise EnvironmentFault(f"{shown}: cannot create it ({err.strerror or err}): "
                                f"set {CACHE} to a writable folder") from None
+    CACHE_ROOTS.add(Path(os.path.abspath(root)))  # a full disk in it is named as the cache's (errors.disk_full_line)
     return root
 
 

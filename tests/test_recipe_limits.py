@@ -321,3 +321,32 @@ def test_ordinary_anchors_and_merge_keys_still_work(tmp_path):
     assert [t.limit for t in recipe.tasks] == [5, 5]
     assert [(m.model, m.name, m.dtype) for m in recipe.members] == [
         ("smollm2-135m", "a", "bfloat16"), ("qwen2.5-0.5b", "b", "bfloat16")]
+
+
+@pytest.mark.parametrize("method", WEIGHTED)
+@pytest.mark.parametrize("weights", ["[1.0e-320, 1.0e-320]", "[1.0e-39, 1]", "[1.0e-30, 1.0e+10]"])
+def test_weights_too_small_for_float32_are_refused_by_the_dry_run(tmp_path, monkeypatch, capsys, method, weights):
+    """Issue 41: [1e-320, 1e-320] passed the dry run, then log(0) raised 'math domain error' in GaC after
+    the member rows were computed; every weighted method refuses a weight float32 cannot hold."""
+    line = refused(monkeypatch, capsys, tmp_path, method=f"{method}, weights: {weights}")
+    assert "method.weights: " in line and "at least 1.18e-38" in line
+
+
+def test_small_but_normal_weights_and_zeros_still_pass():
+    from ensemble_bench.methods.base import weights_problem
+
+    assert weights_problem([1.0e-30, 1.0e-30, 0.0]) is None
+    assert weights_problem([2.0e-38, 0.5]) is None
+
+
+@pytest.mark.parametrize("method, value, says", [
+    ("gac, speculative: 4, proposer: true", "True",
+     "method.proposer: Input should be a valid integer or a valid string"),
+    ("gac, weights: true", "True", "method.weights: Input should be 'score' or 'score_minus_ece' or a valid list"),
+    ("deepen, weights: 3", "3", "method.weights: Input should be 'adapt' or a valid list"),
+])
+def test_a_value_no_branch_of_a_union_takes_is_one_line(tmp_path, monkeypatch, capsys, method, value, says):
+    """Issue 41: `proposer: true` (int | str) gave a line per branch, 'method.proposer.int: ...' and
+    'method.proposer.str: ...'; now one line names the field and every type it takes."""
+    line = refused(monkeypatch, capsys, tmp_path, method=method)
+    assert line.endswith(f"{says} (got {value})")

@@ -176,6 +176,8 @@ def model_problem(spec: str) -> tuple[type[Exception], str] | None:
     (EnvironmentFault). None when it can be loaded (a packaged model is fetched on first use)."""
     if spec in PACKAGED:
         return None
+    if problem := settings.unnameable(spec):
+        return UserError, problem
     path = Path(spec).expanduser()
     try:
         if path.suffix == ".gguf":

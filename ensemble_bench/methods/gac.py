@@ -182,6 +182,11 @@ class Gac(SpeculativeSteps, DecodingMethod):
         resolve_weights(params, len(labels))
         resolve_proposer(params, labels, resolve_lead(params, labels))
 
+    def carried(self) -> dict[str, object]:
+        """The timing, the ensembled steps and the retokenization counters (speculation's per-request
+        records are not carried: its statistics are those of the last sitting)."""
+        return {**super().carried(), "stats": self.stats, "feed": self.feed_stats}
+
     def counters(self) -> dict:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
         return {"union_size": self.union.size, "lead_index": self.lead, "gate_index": self.gate,

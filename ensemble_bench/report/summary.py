@@ -8,7 +8,7 @@ import pandas as pd
 import yaml
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.methods import RunStats
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
@@ -25,6 +25,7 @@ from ensemble_bench.report.run_files import (
 from ensemble_bench.report.whitespace_notes import whitespace_section
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
+from ensemble_bench.tasks.task_configs import group_name
 
 DONE_FILE = "summary.md"  # written last: its presence marks a run finished
 __all__ = ["DONE_FILE", "RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines",
@@ -97,13 +98,34 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     """Every planned row of a run (finished unless ``recipe`` is given), in plan order."""
     recipe = recipe or finished_recipe(run_dir)
     benches = recipe_benchmarks(run_dir, recipe)
+    groups = run_groups(run_dir, recipe)
     rows = []
     for plan in recipe.plan:
         timing = run_dir / plan.label / "timing.json"
         if not timing.exists():
             raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
+        _check_results(timing.parent, groups)
         rows.append(RunRow(plan, read_json(timing), row_scores(timing.parent, benches)))
     return rows
+
+
+def _check_results(row_dir: Path, groups: list[str]) -> None:
+    """One line naming a row folder with no results_*.json for one of the run's task groups (a deleted or
+    replaced file), rather than blank cells, or 'nan' in a regression check."""
+    recorded = {group for results in _row_results(row_dir) if isinstance(results, dict)
+                and isinstance(results.get("group_subtasks"), dict) for group in results["group_subtasks"]}
+    if missing := [group for group in groups if group not in recorded]:
+        raise EnvironmentFault(f"{row_dir}: no results_*.json of this row holds its task group {missing[0]} (the "
+                               "file was deleted or replaced): run its recipe again with --fresh, or leave this run "
+                               "out")
+
+
+def run_groups(run_dir: Path, recipe) -> list[str]:
+    """The lm-eval task groups a run evaluated (one per distinct limit), from its tasks/ folder: every row
+    of a finished run has a results_*.json for each (the runner checks it before the summary)."""
+    prefix = group_name(recipe.data)
+    return sorted(path.stem for path in (run_dir / "tasks").glob(f"{prefix}_*.yaml")
+                  if path.stem.removeprefix(f"{prefix}_").isdigit())
 
 
 def _score_columns(bench: Benchmark) -> tuple[str, str, str]:

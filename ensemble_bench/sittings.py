@@ -1,0 +1,78 @@
+"""A row's statistics carried across the sittings of a resumed run.
+
+A request answered from the response cache is not computed again, so the method never counts it: a
+resumed row's ``timing.json`` used to hold only its last sitting (a GaC row whose answers were all
+cached showed 0 tokens). After every chunk of answers the runner writes the method's accumulators
+(``Method.carried``: plain counters and sums of seconds) beside the response cache; a later sitting
+of the row adds them into its fresh accumulators before it computes anything, so its statistics are
+those of the whole row. The file belongs to the cache: without the cache it is not read.
+
+A chunk's answers are committed to the cache before its statistics are written: a process killed in
+between leaves that chunk's answers cached but uncounted (never counted twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+from ensemble_bench.cache import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+
+def _countable(value) -> bool:
+    """A number (not a bool), or a list of them."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    return number(value) or (isinstance(value, list) and all(number(v) for v in value))
+
+
+def snapshot(holders: dict[str, object]) -> dict[str, dict]:
+    """The counters (public dataclass fields holding numbers or lists of numbers) of every holder."""
+    return {key: {f.name: value for f in fields(holder)
+                  if not f.name.startswith("_") and _countable(value := getattr(holder, f.name))}
+            for key, holder in holders.items() if is_dataclass(holder)}
+
+
+def add_into(holders: dict[str, object], saved: dict) -> None:
+    """Add the counters of earlier sittings into the fresh holders (element by element for lists)."""
+    for key, holder in holders.items():
+        earlier = saved.get(key) if isinstance(saved, dict) else None
+        for name, value in snapshot({key: holder})[key].items() if isinstance(earlier, dict) else ():
+            before = earlier.get(name)
+            if isinstance(value, list) and isinstance(before, list) and len(before) == len(value) and \
+                    _countable(before):
+                setattr(holder, name, [a + b for a, b in zip(value, before)])
+            elif not isinstance(value, list) and not isinstance(before, list) and _countable(before):
+                setattr(holder, name, value + before)
+
+
+def carried_path(db: Path) -> Path:
+    """The statistics file of a row's response cache (``cache/<row>_rank0.db``)."""
+    return db.with_name(db.name.removesuffix(".db") + ".sittings.json")
+
+
+def resume_counts(holders: dict[str, object], db: Path) -> None:
+    """Before a row computes anything: add the earlier sittings' counters when its cache holds their
+    answers; a statistics file without its cache is removed (its answers are computed, and counted, anew)."""
+    path = carried_path(db)
+    if not db.exists():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as err:
+        log.warning("%s: damaged (%s): the row's statistics count this sitting only", path, type(err).__name__)
+        return
+    add_into(holders, saved)
+
+
+def save_counts(holders: dict[str, object], db: Path) -> None:
+    """After a chunk's answers are cached: the counters so far (earlier sittings included)."""
+    atomic_write_text(carried_path(db), json.dumps(snapshot(holders)))
