@@ -170,6 +170,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     from ensemble_bench.overrides import option_overrides, parse_set
     from ensemble_bench.plan import plan_tables
     from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.run_folder import SUMMARY
     from ensemble_bench.runner import finished_run, preflight
 
     overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
@@ -180,10 +181,9 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
         raise several(EnvironmentFault, problems)
     if dry_run:
         return
-
     done = finished_run(loaded) if reuse and not fresh else None
     if done is not None:
-        print((done / "summary.md").read_text())
+        print((done / SUMMARY).read_text())
         console.print(f"results (reused): {done}", soft_wrap=True)
         return
     _quiet_libraries()
@@ -192,7 +192,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     if threads > 0:
         torch.set_num_threads(threads)
     run_dir = _run_with_progress(loaded, fresh)
-    print((run_dir / "summary.md").read_text())  # scores with intervals, then what the ensemble changed
+    print((run_dir / SUMMARY).read_text())  # scores with intervals, then what the ensemble changed
     console.print(f"results: {run_dir}", soft_wrap=True)
 
 

@@ -21,7 +21,6 @@ writes the run in ensbench's layout:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from ensemble_bench import settings  # noqa: E402
 from ensemble_bench.build import recipe_from_model_args  # noqa: E402
 from ensemble_bench.cache import atomic_write_text  # noqa: E402
 from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
+from ensemble_bench.run_folder import RECIPE, SUMMARY, write_recipe, write_timing  # noqa: E402
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
@@ -178,7 +178,7 @@ def prepare(args, config, method_name: str, tasks_dir: Path) -> Plan:
     args.device = ",".join(dict.fromkeys(m.device if m.device_map is None else "device_map" for m in recipe.members))
     if run_dir is not None:
         args.output_path = str(_row_dir(run_dir, row) / RESULTS_STEM)
-        (run_dir / "summary.md").unlink(missing_ok=True)  # the run is finished again when it is written anew
+        (run_dir / SUMMARY).unlink(missing_ok=True)  # the run is finished again when it is written anew
     return Plan(recipe, row, run_dir, names, bool(names) and len(packaged) == len(names))
 
 
@@ -276,14 +276,13 @@ def write_run(plan: Plan) -> None:
     timing = {"label": plan.row.label, "method": plan.row.method,
               "members": [plan.recipe.members[i].label for i in plan.row.members],
               **{key: value for key, value in info.items() if key not in ("label", "members")}}
-    atomic_write_text(row_dir / "timing.json", json.dumps(timing, indent=2))
+    write_timing(row_dir, timing)
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:
         print(f"note: {plan.run_dir} holds lm-eval's files only, not an ensbench run: {err}", file=sys.stderr)
         return
-    dumped = recipe.model_dump(mode="json", exclude_none=True)
-    atomic_write_text(plan.run_dir / "recipe.yaml", yaml.safe_dump(dumped, sort_keys=False))
+    write_recipe(plan.run_dir, recipe)
     write_summary(plan.run_dir, recipe)
     print(f"ensbench run folder: {plan.run_dir} (ensbench table / compare / plot read it)")
 
@@ -297,7 +296,7 @@ def stored_recipe(plan: Plan, results: dict) -> Recipe:
     limit = results.get("config", {}).get("limit")
     if isinstance(limit, (int, float)) and limit >= 1 and float(limit).is_integer():
         data["limit"] = int(limit)
-    return parse_recipe(data, str(plan.run_dir / "recipe.yaml"))
+    return parse_recipe(data, str(plan.run_dir / RECIPE))
 
 
 BENCHMARK_OF_TASK: dict[str, Benchmark] = {bench.task: bench for bench in list_benchmarks()}

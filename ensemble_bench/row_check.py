@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ensemble_bench.run_folder import TIMING
+
 TOLERANCE = 1e-9  # a mean recomputed in another order differs by far less; an edited score by far more
 
 
@@ -141,7 +143,7 @@ def damage(row_dir: Path, groups: list[str]) -> str | None:
     a results_*.json naming each of the run's task groups (one per distinct limit), and for every
     task with samples in each results file, its samples file holding the examples recorded there and
     giving the scores recorded there."""
-    if problem := _file_problem(row_dir / "timing.json"):
+    if problem := _file_problem(row_dir / TIMING):
         return problem
     found: dict[Path, dict] = {}
     for path in sorted(row_dir.glob("results_*.json")):

@@ -43,11 +43,10 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
+from ensemble_bench.run_folder import REUSED, TIMING, recorded_key, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
-REUSED = "reused.json"
-TIMING = "timing.json"
 REUSED_NOTE = "files copied: scores, latency, tokens and requests_computed are the original row's"
 LENT_NOTE = "its response cache answered the requests it holds: requests_computed counts only the new ones"
 # member fields that do not change a row's outputs: weights reach an ensemble through its method's
@@ -190,11 +189,7 @@ class RowStore:
             return None
         run = self._inside(entry["run"])
         row_dir = run / entry["row"] if run else None
-        try:
-            recorded = json.loads((row_dir / TIMING).read_text()).get("row_key") if row_dir else None
-        except (OSError, ValueError, AttributeError):
-            return None
-        if recorded != key.key:
+        if row_dir is None or recorded_key(row_dir) != key.key:
             return None
         return StoredRow(row_dir, f"{entry['run']}/{entry['row']}", self.problem(row_dir))
 
@@ -235,7 +230,7 @@ def copy_row(source: Path, target: Path, reused_from: str) -> None:
     shutil.copytree(source, target, symlinks=True)
     timing = json.loads((target / TIMING).read_text())
     timing["reused_from"] = reused_from
-    atomic_write_text(target / TIMING, json.dumps(timing, indent=2))
+    write_timing(target, timing)
 
 
 def seed_cache(source: Path, target: Path) -> bool:

@@ -1,16 +1,7 @@
 """Recipe -> lm-eval ``simple_evaluate`` -> results/<recipe>/<run id>/, atomically and resumably.
 
-Layout of one run::
-
-    results/.<recipe>.lock   held by the run in progress (run_lock): one writer per recipe
-    results/<recipe>/<run id>/
-      recipe.yaml            the recipe as run (with its fingerprint)
-      params.json            every row's method parameters, defaults included
-      tasks/                 generated lm-eval task configs
-      cache/<row>.db         lm-eval's response cache: every answered request, committed at once
-      <row>/                 lm-eval's own files for one row (results_*.json, samples_*.jsonl)
-                             + timing.json; appears only when the row is complete
-      summary.md / .csv      the table, written last
+The run folder's files are named and written by ``run_folder`` (its docstring draws the layout);
+``results/.<recipe>.lock`` is held by the run in progress (run_lock): one writer per recipe.
 
 A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
 recipe whose last run did not finish resumes it: finished rows are kept and the response cache
@@ -42,7 +33,6 @@ from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, s
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import current_params, get_method
 from ensemble_bench.recipe import Recipe, Row, parse_recipe, selected_benchmarks
-from ensemble_bench.report.summary import DONE_FILE as DONE
 from ensemble_bench.report.summary import write_summary
 from ensemble_bench.row_check import damage
 from ensemble_bench.row_store import (
@@ -55,6 +45,17 @@ from ensemble_bench.row_store import (
     row_keys,
     seed_cache,
 )
+from ensemble_bench.run_folder import (
+    CACHE,
+    PARAMS,
+    RECIPE,
+    SPAN_TRACE,
+    TASKS,
+    is_finished,
+    recorded_key,
+    write_recipe,
+    write_timing,
+)
 from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks, recipe_tasks
@@ -65,7 +66,6 @@ from ensemble_bench.tasks.task_sources import data_fingerprint
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
 
-PARAMS = "params.json"
 log = logging.getLogger(__name__)
 HUB = ("huggingface.co", 443)
 
@@ -233,7 +233,7 @@ def _runs_of(recipe: Recipe, passed: list[tuple[Path, str]] | None = None) -> li
     passed = [] if passed is None else passed
     for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
         try:
-            held = parse_recipe(yaml.safe_load((folder / "recipe.yaml").read_text()), str(folder))
+            held = parse_recipe(yaml.safe_load((folder / RECIPE).read_text()), str(folder))
         except (OSError, UserError, yaml.YAMLError) as err:
             why = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
             passed.append((folder, f"its recipe.yaml cannot be read ({why})"))
@@ -296,8 +296,8 @@ def _unfinished_runs(recipe: Recipe, passed: list[tuple[Path, str]]) -> list[Pat
     """The unfinished runs of this exact recipe, oldest first; the unfinished folders of the recipe's
     name that are not its runs are added to ``passed`` with the reason."""
     found: list[tuple[Path, str]] = []
-    runs = [p for p in _runs_of(recipe, found) if not (p / DONE).exists()]
-    passed += [(folder, why) for folder, why in found if not (folder / DONE).exists()]
+    runs = [p for p in _runs_of(recipe, found) if not is_finished(p)]
+    passed += [(folder, why) for folder, why in found if not is_finished(folder)]
     return runs
 
 
@@ -324,13 +324,8 @@ def _new_run_dir(recipe: Recipe) -> Path:
 
 def finished_run(recipe: Recipe) -> Path | None:
     """The newest finished run of this exact recipe, if any."""
-    done = [p for p in _runs_of(recipe) if (p / DONE).exists()]
+    done = [p for p in _runs_of(recipe) if is_finished(p)]
     return done[-1] if done else None
-
-
-def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
-    dumped = recipe.model_dump(mode="json", exclude_none=True)
-    atomic_write_text(run_dir / "recipe.yaml", yaml.safe_dump(dumped, sort_keys=False))
 
 
 # --- evaluation -----------------------------------------------------------------------------------
@@ -341,7 +336,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
 
     partial = inside(run_dir, f".{row.label}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    cache = inside(run_dir, "cache")
+    cache = inside(run_dir, CACHE)
     cache.mkdir(parents=True, exist_ok=True)
     _carry_counts(lm, cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
@@ -370,11 +365,11 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     timing = {"label": row.label, "method": row.method,
               "members": [recipe.members[i].label for i in row.members], **lm.method.info(),
               "requests_computed": lm.requests_computed, **lm.scoring.summary(), "row_key": row_key}
-    atomic_write_text(partial / "timing.json", json.dumps(timing, indent=2))
+    write_timing(partial, timing)
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
         lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
-        atomic_write_text(partial / "span_trace.jsonl", lines)
+        atomic_write_text(partial / SPAN_TRACE, lines)
     missing = damage(partial, [group for _, group in groups])
     if missing:  # lm-eval logs a failed write of its files as a warning and goes on
         raise EnvironmentFault(f"{partial}: the files of row {row.label} were not all written ({missing}): check "
@@ -395,7 +390,7 @@ def _carry_counts(lm, db: Path) -> None:
 # --- resuming: the state an interrupted run left ------------------------------------------------------
 def cache_db(run_dir: Path, label: str) -> Path:
     """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
-    return inside(run_dir / "cache", f"{label}_rank0.db")
+    return inside(run_dir / CACHE, f"{label}_rank0.db")
 
 
 def _not_writable(path: Path) -> EnvironmentFault:
@@ -462,7 +457,7 @@ def _lend_cache(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -
 def _stale(row_dir: Path, key: RowKey | None) -> str | None:
     """Why a row finished by the interrupted run no longer answers its inputs: its recorded key is not the
     one its task configs and data give now (a row written before keys were recorded is kept)."""
-    recorded = json.loads((row_dir / "timing.json").read_text()).get("row_key")
+    recorded = recorded_key(row_dir)
     if key is None or recorded is None or recorded == key.key:
         return None
     return "its task configs or the data its tasks read changed since it was computed"
@@ -477,7 +472,7 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, 
     todo = []
     for row in rows:
         row_dir = inside(run_dir, row.label)
-        if (row_dir / "timing.json").exists() or row_dir.exists():
+        if row_dir.exists():
             why = damage(row_dir, groups)
             stale = None if why else _stale(row_dir, keys and keys[row.label])
             if why is None and stale is None:
@@ -535,7 +530,7 @@ def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple
     by_limit: dict[int | None, list] = {}
     for bench, shots, limit in chosen:
         by_limit.setdefault(limit, []).append((bench, shots))
-    dest, own_folders = run_dir / "tasks", recipe_tasks.include_folders(recipe)
+    dest, own_folders = run_dir / TASKS, recipe_tasks.include_folders(recipe)
     consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
 
     def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
@@ -577,7 +572,7 @@ def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
         return {}
     with tempfile.TemporaryDirectory() as scratch:
         _, groups = _task_groups(recipe, Path(scratch))
-        folders = [*recipe_tasks.include_folders(recipe), Path(scratch) / "tasks"]
+        folders = [*recipe_tasks.include_folders(recipe), Path(scratch) / TASKS]
         group_names = [group for _, group in groups]
         keys = row_keys(recipe, recipe.plan, [folders[-1], *folders[:-1]], groups,
                         tasks_read(folders, group_names))
@@ -610,7 +605,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
-    _write_recipe(run_dir, recipe)
+    write_recipe(run_dir, recipe)
     if damage := _params_damage(run_dir):
         log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
                     run_dir / PARAMS, damage)
@@ -618,12 +613,12 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]
-    inside(run_dir, "cache").mkdir(exist_ok=True)
+    inside(run_dir, CACHE).mkdir(exist_ok=True)
 
     pool = MemberPool(recipe)
     rows = recipe.plan
     store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
-    folders = [*recipe_tasks.include_folders(recipe), run_dir / "tasks"]
+    folders = [*recipe_tasks.include_folders(recipe), run_dir / TASKS]
     keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))
     for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
         on_row and on_row(row, "loading")

@@ -16,6 +16,7 @@ from pathlib import Path
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
 from ensemble_bench.report.summary import finished_recipe, read_json_lines, recipe_benchmarks, row_scores
+from ensemble_bench.run_folder import TIMING
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def load_candidates(run_dirs: list[Path]) -> list[Candidate]:
         benches = recipe_benchmarks(run_dir, recipe)
         for spec in recipe.members:
             row_dir = run_dir / spec.label
-            if not (row_dir / "timing.json").exists():
+            if not (row_dir / TIMING).exists():
                 continue
             scores = {name: value for name, (value, _) in row_scores(row_dir, benches).items()}
             words = _response_words(row_dir)

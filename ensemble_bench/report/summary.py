@@ -23,12 +23,12 @@ from ensemble_bench.report.run_files import (
     row_wall_seconds,
 )
 from ensemble_bench.report.whitespace_notes import whitespace_section
+from ensemble_bench.run_folder import PAIRED_CSV, RECIPE, REUSED, SUMMARY, SUMMARY_CSV, TIMING, is_finished
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 from ensemble_bench.tasks.task_configs import group_name
 
-DONE_FILE = "summary.md"  # written last: its presence marks a run finished
-__all__ = ["DONE_FILE", "RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines",
+__all__ = ["RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines",
            "recipe_benchmarks", "row_scores", "run_rows", "summary_frame", "write_summary"]
 
 
@@ -84,9 +84,9 @@ def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float
 
 def finished_recipe(run_dir: Path):
     """The recipe of a finished run folder (UserError if it is not one)."""
-    if not (run_dir / DONE_FILE).exists() or not (run_dir / "recipe.yaml").exists():
+    if not is_finished(run_dir) or not (run_dir / RECIPE).exists():
         raise UserError(f"{run_dir}: not a finished ensbench run (no summary.md / recipe.yaml)")
-    path = run_dir / "recipe.yaml"
+    path = run_dir / RECIPE
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError) as err:
@@ -101,7 +101,7 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     groups = run_groups(run_dir, recipe)
     rows = []
     for plan in recipe.plan:
-        timing = run_dir / plan.label / "timing.json"
+        timing = run_dir / plan.label / TIMING
         if not timing.exists():
             raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
         _check_results(timing.parent, groups)
@@ -228,9 +228,9 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
     rows = run_rows(run_dir, recipe)
     frame = summary_frame(run_dir, recipe, row_intervals(run_dir, rows, benches))
     comparisons = ensemble_comparisons(run_dir, rows, benches)
-    atomic_write_text(run_dir / "summary.csv", frame.to_csv(index=False))
+    atomic_write_text(run_dir / SUMMARY_CSV, frame.to_csv(index=False))
     if comparisons:
-        atomic_write_text(run_dir / "paired.csv",
+        atomic_write_text(run_dir / PAIRED_CSV,
                           pd.DataFrame.from_records(comparison_records(comparisons)).to_csv(index=False))
     notes = [f"- {b.name}: {b.note}" for b in set(benches) if b.note]
     header = (f"# {recipe.name}\n\nScores in % [95% interval: Wilson for 0/1 scores, bootstrap otherwise], "
@@ -242,7 +242,7 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
         header = header[:-2] + (" accepted % = drafted tokens the ensemble kept, forwards/token = each member's "
                                 "forward passes per generated token (speculative rows).\n\n")
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
-    atomic_write_text(run_dir / "summary.md", header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
+    atomic_write_text(run_dir / SUMMARY, header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
                       + reuse_section(run_dir) + paired_section(comparisons)
                       + whitespace_section(run_dir, [row.plan.label for row in rows]))
     return frame
@@ -251,7 +251,7 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
 def reuse_section(run_dir: Path) -> str:
     """What the run took from earlier runs (``reused.json``): rows copied whole, whose scores and
     latency are the original's, and rows that started from another run's response cache."""
-    path = run_dir / "reused.json"
+    path = run_dir / REUSED
     if not path.exists():
         return ""
     lines = []
@@ -279,7 +279,7 @@ def _cache_line(row_dir: Path, label: str, source: str) -> str:
     """The reuse line of a row that started from another run's response cache: how many of its requests
     that cache answered (its requests less those computed), or that it answered none."""
     said = f"- {label}: answers already in `{source}`'s response cache were reused"
-    timing = row_dir / "timing.json"
+    timing = row_dir / TIMING
     computed = read_json(timing).get("requests_computed") if timing.exists() else None
     asked = _requests_asked(row_dir)
     if not isinstance(computed, int) or not asked:

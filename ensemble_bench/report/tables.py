@@ -42,8 +42,9 @@ from ensemble_bench.report.provenance import (
     setup_frame,
 )
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
-from ensemble_bench.report.summary import DONE_FILE, finished_recipe, recipe_benchmarks, run_rows
+from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.table_text import render
+from ensemble_bench.run_folder import is_finished
 
 HERE = Path(__file__).parent
 EXTRA_BLOCK = "(ours, not in the paper)"
@@ -148,9 +149,9 @@ def paper_value(layout: Layout, block: str, row: str, column: str) -> float | No
 # --- our rows ---------------------------------------------------------------------------------
 def resolve_run(path: Path) -> Path:
     """A finished run folder, or the newest finished run under a recipe's results folder."""
-    if (path / DONE_FILE).exists():
+    if is_finished(path):
         return path
-    runs = sorted(p for p in path.glob("*/") if (p / DONE_FILE).exists()) if path.is_dir() else []
+    runs = sorted(p for p in path.glob("*/") if is_finished(p)) if path.is_dir() else []
     if not runs:
         raise UserError(f"{path}: neither a finished ensbench run nor a folder holding one")
     return runs[-1]
