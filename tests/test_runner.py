@@ -70,6 +70,8 @@ def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, 
     gac = json.loads(next((run_dir / "gac").glob("results_*.json")).read_text())["config"]["ensbench"]
     assert gac["method"] == "gac" and 0 < gac["ensembled_fraction"] <= 1 and gac["union_size"] > 400
     first = {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")}
+    first_tokens = {row: json.loads((run_dir / row / "timing.json").read_text())["tokens_generated"]
+                    for row in ("sp", "gac")}
     assert len({doc for doc, _, _ in first["bpe"]["piqa"]}) == 6
     assert len({doc for doc, _, _ in first["bpe"]["gsm8k"]}) == 2
 
@@ -83,7 +85,8 @@ def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, 
     assert "kept" in capsys.readouterr().out
     for row in ("sp", "gac"):
         timing = json.loads((run_dir / row / "timing.json").read_text())
-        assert timing["tokens_generated"] == 0  # every answer came from the response cache
+        assert timing["requests_computed"] == 0  # every answer came from the response cache,
+        assert timing["tokens_generated"] == first_tokens[row]  # and its statistics from the first sitting
     assert {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")} == first
 
     # a fresh run of the same recipe: a new directory, identical answers and scores

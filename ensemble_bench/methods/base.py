@@ -229,20 +229,21 @@ def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> 
 FLOAT32_MAX = 3.4028234663852886e38  # weights become float32 tensors: a larger sum would be inf
 
 
-FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number: below it a weight is 0, or loses digits
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number
 
 
 def weights_problem(weights: Sequence[float]) -> str | None:
-    """Why per-member weights cannot be used (not finite, negative, a sum of zero or beyond
-    float32), or None. A weight that is not 0 must be a normal float32 both as given and divided by
-    the sum (weights become float32 tensors, and their logarithms are taken): ``[1e-320, 1e-320]``
-    would reach ``log(0)`` after the members' rows are computed."""
+    """Why per-member weights cannot be used (not finite, negative, a sum of zero, below float32's
+    smallest normal number or beyond float32), or None. Weights become float32 tensors and the
+    logarithm of their sum is taken: ``[1e-320, 1e-320]`` would reach ``log(0)`` after the members'
+    rows are computed. A single weight that underflows to 0 beside others (``[1e-300, 1]``) is a
+    zero weight, as ``[0, 1]`` is."""
     total = math.fsum(weights)
     if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < total <= FLOAT32_MAX:
         return f"weights must be >= 0 and finite, with a positive sum of at most {FLOAT32_MAX:.3g}"
-    if any(w > 0 and (w < FLOAT32_TINY or w / total < FLOAT32_TINY) for w in weights):
-        return (f"a weight that is not 0 must be at least {FLOAT32_TINY:.3g}, also divided by their sum "
-                "(smaller ones are 0 in float32): scale the weights up, or write 0")
+    if total < FLOAT32_TINY:
+        return (f"their sum ({total:.3g}) must be at least {FLOAT32_TINY:.3g}, float32's smallest normal number "
+                "(smaller weights are 0 in float32): scale the weights up")
     return None
 
 
