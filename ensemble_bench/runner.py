@@ -606,10 +606,10 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
     write_recipe(run_dir, recipe)
-    if damage := _params_damage(run_dir):
+    if params_damage := _params_damage(run_dir):
         log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
-                    run_dir / PARAMS, damage)
-    if damage or not (run_dir / PARAMS).exists():
+                    run_dir / PARAMS, params_damage)
+    if params_damage or not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]

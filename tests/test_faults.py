@@ -428,7 +428,7 @@ def test_a_full_or_read_only_disk_mid_run_is_one_line(fault, tiny_dirs, tmp_path
     if fault == "sqlite disk full":
         monkeypatch.setattr("sqlitedict.SqliteDict.__setitem__", failing)
     else:
-        monkeypatch.setattr("ensemble_bench.runner.atomic_write_text", failing)
+        monkeypatch.setattr("ensemble_bench.run_folder.atomic_write_text", failing)  # timing.json's writer
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2))
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe))

@@ -156,18 +156,18 @@ def test_shipped_recipes_validate():
 
 
 def test_every_shipped_recipe_reads_back_as_a_run_folder_stores_it(tmp_path):
-    """A run folder's recipe.yaml (runner._write_recipe: defaults included) parses to the same recipe:
+    """A run folder's recipe.yaml (run_folder.write_recipe: defaults included) parses to the same recipe:
     resume and `ensbench table` find finished runs by it."""
     from pathlib import Path
 
     import yaml
 
     from ensemble_bench.recipe import load_recipe, parse_recipe
-    from ensemble_bench.runner import _write_recipe
+    from ensemble_bench.run_folder import write_recipe
 
     for path in sorted(Path(__file__).parent.parent.joinpath("recipes").rglob("*.yaml")):
         recipe = load_recipe(path)
-        _write_recipe(tmp_path, recipe)
+        write_recipe(tmp_path, recipe)
         held = parse_recipe(yaml.safe_load((tmp_path / "recipe.yaml").read_text()), str(tmp_path))
         assert held.fingerprint() == recipe.fingerprint(), path
 
