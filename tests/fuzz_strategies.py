@@ -437,6 +437,11 @@ PLAUSIBLE_OPTIONS = {
     "--block": ["1", "nope"], "--param": ["threshold", "k", "span_words", "nope"], "--row": ["gac", "a", "b", "nope"],
     "--benchmark": ["arc_c", "nq", "piqa", "nope"], "--method": ["unite", "gac", "single", "nope"],
     "--tasks": ["arc_c", "arc_c,nq", ",", "nope"], "--title": ["t", "[bold]x[/bold]"],
+    "--set": ["method.weights=[2,1]", "method.weigths=[2,1]", "seed=abc", "limit=-1", "tasks[7].limit=1",
+              "methods[0].k=3", "=1", "limit", "sweep={threshold: [0.1, 0.9]}",
+              f"sweep={{threshold: {alias_bomb(9, 7)}}}",
+              f"description={deep_flow(3000, False)}", ".".join(["a"] * 3000) + "=1", "output=/etc",
+              "members[0].model=../../x", "method.weights=[.nan, 1]", "allow_task_code=maybe"],
 }
 option_values = st.one_of(st.sampled_from([str(v) for v in SPECIAL_NUMBERS] + ["nan", "inf", "-inf", "1e999", "abc"]),
                           st.sampled_from(OTHER_PATHS), texts)

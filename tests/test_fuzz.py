@@ -8,6 +8,8 @@ times as many recipes (a dry run is cheap), with the fixed seed ENSBENCH_FUZZ_SE
 no example database is kept.
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from ensemble_bench.methods.gac import Gac, GacParams
 from tests.fake_runs import fake_run
 from tests.fuzz_strategies import (
     COMMANDS,
+    PLAUSIBLE_OPTIONS,
     ROOT,
     alias_bomb,
     argument_vectors,
@@ -288,3 +291,60 @@ def test_a_hostile_task_folder_is_a_plan_or_one_line_within_the_time_limit(kinds
     assert not outcome.problems(), (kinds, outcome.problems(), outcome.code, outcome.err[-2000:])
     refused = {"pipe", "huge task file", "alias bomb", "deep nesting", "missing module", "local module"}
     assert (outcome.code == 2) == bool(refused & set(kinds)), (kinds, outcome.code, outcome.err[-2000:])
+
+
+@pytest.mark.parametrize("value", PLAUSIBLE_OPTIONS["--set"])
+def test_every_hostile_set_value_is_a_plan_or_one_line(value):
+    """The fuzzer's --set values one by one (issue 41): an alias bomb, a 3000-level path, a typo, a NaN ..."""
+    with sandbox() as box:
+        recipe = box.root / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump({**SHIPPED_DEMO, "output": "out"}))
+        outcome = call_cli(box, ["run", str(recipe), "--dry-run", "--set", value], [box.cwd / "out"])
+    assert not outcome.problems(), (value[:80], outcome.problems(), outcome.code, outcome.err[-2000:])
+
+
+# --- ensbench-lm-eval's arguments (issue 41): members that do not exist, so no example loads a model ------------
+LM_EVAL_BASE = ["run", "--model", "gac", "--tasks", "piqa", "--model_args",
+                '{"members": [{"model": "/no/such/model-a"}, {"model": "/no/such/model-b"}]}']
+LM_EVAL_HOSTILE = {
+    "--limit": ["-1", "0", "nan", "abc", "1e999", "0.5"],
+    "--threads": ["-3", "abc", "99999999999999999999"],
+    "--model_args": ['{"members": [', "[]", '{"members": []}', '{"members": [{"model": 3}]}', '{"nope": 1}',
+                     '{"members": [{"model": "../../etc"}], "method": {"weights": [1e-320, 1e-320]}}'],
+    "--batch_size": ["-1", "0", "auto:abc", "abc"],
+    "--device": ["cuda:9", "bogus", ""],
+    "--tasks": ["nope_task", ",", ""],
+    "--include_path": ["/no/such/folder", "/etc/hostname"],
+    "--output_path": ["/etc/hostname/x"],
+}
+
+
+@seed(SEED)
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 2))
+@given(chosen=st.lists(st.sampled_from(sorted(LM_EVAL_HOSTILE)), min_size=1, max_size=3, unique=True),
+       data=st.data())
+def test_hostile_lm_eval_arguments_are_one_line_before_any_model_loads(chosen, data):
+    argv = list(LM_EVAL_BASE)
+    for option in chosen:
+        value = data.draw(st.sampled_from(LM_EVAL_HOSTILE[option]), label=option)
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    with pytest.MonkeyPatch.context() as monkeypatch, tempfile.TemporaryDirectory() as folder:
+        monkeypatch.chdir(folder)
+        out, err = io.StringIO(), io.StringIO()
+        monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", *argv])
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            from ensemble_bench import lm_eval_cli
+
+            try:
+                lm_eval_cli.main()
+                code = 0
+            except SystemExit as done:
+                code = done.code
+    errors = [line for line in err.getvalue().splitlines()  # ours, or lm-eval's argparse ("lm-eval run: error: ...")
+              if line.startswith("error: ") or ": error: " in line]
+    assert code in (1, 2), (argv, code, err.getvalue()[-1500:])
+    assert "Traceback" not in err.getvalue() + out.getvalue(), (argv, err.getvalue()[-1500:])
+    assert errors and len(err.getvalue()) < 20_000, (argv, err.getvalue()[-1500:])
