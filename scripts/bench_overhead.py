@@ -77,8 +77,9 @@ class PhaseClock:
 
 def instrument(clock: PhaseClock) -> None:
     """Time the phases of every method by wrapping the functions that do them."""
+    from ensemble_bench.decoding import feeding
     from ensemble_bench.members import kv, local
-    from ensemble_bench.methods import deepen, feeding, gac, unite
+    from ensemble_bench.methods import deepen, gac, unite
 
     clock.wrap(local.LocalMember, "_forward", "member forward")
     for feeder in (feeding.LocalFeeder, feeding.CanonicalFeeder):
