@@ -169,9 +169,10 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
     from ensemble_bench.overrides import option_overrides, parse_set
     from ensemble_bench.plan import plan_tables
+    from ensemble_bench.preflight import preflight
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.run_folder import SUMMARY
-    from ensemble_bench.runner import finished_run, preflight
+    from ensemble_bench.runs import finished_run
 
     overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)

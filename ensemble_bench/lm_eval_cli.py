@@ -204,7 +204,7 @@ def _with_device(given: dict, spec) -> dict:
 
 
 def _row_dir(run_dir: Path, row: Row) -> Path:
-    from ensemble_bench.runner import inside
+    from ensemble_bench.run_folder import inside
 
     return inside(run_dir, row.label)
 
@@ -222,7 +222,7 @@ def _check_machine(recipe: Recipe, run_dir: Path | None) -> None:
     """The recipe preflight of ``ensbench run`` (models, packages, devices, output and cache folders).
     The data is checked by loading the tasks (hub offline) or by lm-eval itself, so the preflight
     sees the recipe with data: offline and its placeholder task, which needs no network."""
-    from ensemble_bench.runner import preflight
+    from ensemble_bench.preflight import preflight
 
     output = str(run_dir.parent) if run_dir is not None else recipe.output
     problems = preflight(recipe.model_copy(update={"data": "offline", "output": output}), "--model_args")

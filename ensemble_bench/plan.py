@@ -31,7 +31,7 @@ def row_parameters(row) -> str:
 
 def results_line(recipe, fresh: bool) -> Text:
     """Where the run writes: the unfinished run it resumes, or the new run folder."""
-    from ensemble_bench.runner import planned_run_dir
+    from ensemble_bench.runs import planned_run_dir
 
     try:
         folder, resumed = planned_run_dir(recipe, fresh)

@@ -140,7 +140,7 @@ class PlacementSpec(BaseModel):
 
 
 def check_placement(recipe: Recipe, source: str) -> list[str]:
-    """A line per member whose device does not fit the placement (packages: ``runner.preflight``)."""
+    """A line per member whose device does not fit the placement (packages: ``preflight.preflight``)."""
     lines = []
     for i, member in enumerate(recipe.members):
         device = member.device
@@ -468,7 +468,7 @@ def _method_problems(recipe: Recipe, source: str) -> list[str]:
 
 def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     """Validate a recipe mapping: its schema, method parameters, benchmarks and plan. Nothing of the
-    machine is read (model files, packages, devices, the network: ``runner.preflight`` checks those),
+    machine is read (model files, packages, devices, the network: ``preflight.preflight`` checks those),
     so a stored run parses on any machine. Every mistake is reported at once: one UserError of one
     line each (``errors.several``)."""
     if not isinstance(data, dict):

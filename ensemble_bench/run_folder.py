@@ -24,7 +24,9 @@ from typing import Any
 
 import yaml
 
+from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.errors import UserError
 
 RECIPE = "recipe.yaml"
 PARAMS = "params.json"
@@ -36,6 +38,12 @@ SPAN_TRACE = "span_trace.jsonl"
 SUMMARY = "summary.md"  # written last: its presence marks a run finished
 SUMMARY_CSV = "summary.csv"
 PAIRED_CSV = "paired.csv"
+
+
+def output_root(recipe) -> Path:
+    """The recipe's ``output:`` folder with ``~`` and ``$VAR`` expanded: the one reading of it, used by
+    the preflight and the run alike (``settings.expand_path``)."""
+    return settings.expand_path(recipe.output, f"output: '{recipe.output}'")
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -59,3 +67,13 @@ def recorded_key(row_dir: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return found if isinstance(found, str) else None
+
+
+def inside(folder: Path, name: str) -> Path:
+    """``folder / name``, refused unless it is an entry of that folder (no separator, no '..', no
+    link out): every path the runner writes or deletes goes through here (labels are also checked
+    when the recipe is read)."""
+    path = folder / name
+    if name in ("", ".", "..") or "/" in name or "\\" in name or path.resolve().parent != folder.resolve():
+        raise UserError(f"{name!r} would be written outside the run folder {folder}; refused")
+    return path

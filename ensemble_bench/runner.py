@@ -14,25 +14,17 @@ import json
 import logging
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-import yaml
-
-from ensemble_bench import settings
 from ensemble_bench.build import MemberPool, build_method
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
-from ensemble_bench.members.sources import model_problem
-from ensemble_bench.methods import current_params, get_method
-from ensemble_bench.recipe import Recipe, Row, parse_recipe, selected_benchmarks
+from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
 from ensemble_bench.report.summary import write_summary
 from ensemble_bench.row_check import damage
 from ensemble_bench.row_store import (
@@ -48,17 +40,18 @@ from ensemble_bench.row_store import (
 from ensemble_bench.run_folder import (
     CACHE,
     PARAMS,
-    RECIPE,
     SPAN_TRACE,
     TASKS,
-    is_finished,
+    inside,
+    output_root,
     recorded_key,
     write_recipe,
     write_timing,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
+from ensemble_bench.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
 from ensemble_bench.sittings import resume_counts, save_counts
-from ensemble_bench.tasks import get_benchmark, is_builtin, lm_eval_tasks, recipe_tasks
+from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
 from ensemble_bench.tasks.task_sources import data_fingerprint
@@ -67,267 +60,6 @@ if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
 
 log = logging.getLogger(__name__)
-HUB = ("huggingface.co", 443)
-
-
-def output_root(recipe: Recipe) -> Path:
-    """The recipe's ``output:`` folder with ``~`` and ``$VAR`` expanded: the one reading of it, used by
-    the preflight and the run alike (``settings.expand_path``)."""
-    return settings.expand_path(recipe.output, f"output: '{recipe.output}'")
-
-
-# --- checks before anything is loaded (run and --dry-run) -------------------------------------------
-def _network_problem(recipe: Recipe) -> str | None:
-    if recipe.data != "hub":
-        return None
-    offline = settings.hub_offline()
-    if offline:
-        return (f"data: hub needs the network but {offline} is set: use data: offline (benchmarks with a "
-                "packaged copy) or unset it")
-    try:
-        socket.create_connection(HUB, timeout=3).close()
-    except OSError as err:
-        return f"data: hub cannot reach {HUB[0]} ({err.strerror or err}): check the network, or use data: offline"
-    return None
-
-
-def _device_problems(recipe: Recipe) -> list[str]:
-    """Members placed on a device this machine lacks (with Ray, devices belong to the cluster's nodes)."""
-    placed = [(i, m.device) for i, m in enumerate(recipe.members) if m.device_map is None and m.device != "cpu"]
-    if recipe.placement.kind == "ray" or not placed:
-        return []
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    problems = []
-    for i, device in placed:
-        if device.startswith("cuda") and int(device.partition(":")[2] or 0) >= gpus:
-            problems.append(f"members[{i}].device: '{device}' is not available (this machine has {gpus} CUDA "
-                            "device(s)): use device: cpu or another index")
-        elif device == "mps" and not torch.backends.mps.is_available():
-            problems.append(f"members[{i}].device: 'mps' is not available on this machine: use device: cpu")
-    return problems
-
-
-def _output_problem(recipe: Recipe) -> str | None:
-    target = output_root(recipe) / recipe.name
-    existing = None
-    try:
-        existing = next(p for p in (target, *target.parents) if p.exists())
-        if not existing.is_dir():
-            return f"output: '{existing}' is a file, not a folder: set output: to a folder"
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        where = existing or err.filename or recipe.output
-        return f"output: cannot write in '{where}' ({err.strerror or err}): make it writable or choose another output:"
-    return None
-
-
-def _cache_problem() -> str | None:
-    """The cache of models and data ($ENSBENCH_CACHE) cannot be written (a read-only disk)."""
-    root = settings.cache_root()
-    try:
-        with tempfile.TemporaryFile(dir=root):
-            pass
-    except OSError as err:
-        return (f"{settings.CACHE}: cannot write in '{root}' ({err.strerror or err}): make it writable or set "
-                f"{settings.CACHE} to a writable folder")
-    return None
-
-
-def _installed(package: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(package) is not None
-
-
-def _package_problems(recipe: Recipe) -> list[str]:
-    """Optional packages the recipe needs that this machine lacks: ray (placement), bitsandbytes
-    (quantization in this process), and what a method's parameters need (``Method.packages``)."""
-    lines = []
-    if recipe.placement.kind == "ray" and not _installed("ray"):
-        lines.append("placement.kind: ray needs the ray package (pip install 'ensemble-bench[ray]')")
-    for i, member in enumerate(recipe.members):
-        if member.quantization and recipe.placement.kind != "ray" and not _installed("bitsandbytes"):
-            lines.append(f"members[{i}].quantization: '{member.quantization}' needs the bitsandbytes package "
-                         "(pip install bitsandbytes)")
-    for row in recipe.plan:
-        for package, install in get_method(row.method).packages(row.params).items():
-            if not _installed(package):
-                lines.append(f"row {row.label}: method '{row.method}' needs the {install} package with these "
-                             f"parameters (pip install {install})")
-    return lines
-
-
-def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:
-    """Members (and models a method loads, such as a scorer) that cannot be loaded here (sources.model_problem)."""
-    named = [(f"members[{i}].model", member.model) for i, member in enumerate(recipe.members)]
-    named += [(f"row {row.label}", model) for row in recipe.plan
-              for model in get_method(row.method).models(row.params)]
-    fields: dict[str, str] = {}  # model -> the first field naming it
-    for field, model in named:
-        fields.setdefault(model, field)
-    found = []
-    for model, field in fields.items():
-        if problem := model_problem(model):
-            kind, line = problem
-            found.append((kind, f"{field}: {line}"))
-    return found
-
-
-def _data_problems(recipe: Recipe) -> list[str]:
-    """Benchmarks whose offline copy is not built and cannot be built here (BBH without its folder)."""
-    if recipe.data != "offline":
-        return []
-    from ensemble_bench.tasks.data_store import data_root, is_complete
-    from ensemble_bench.tasks.offline_data import LOCAL_DATASETS
-
-    lines = []
-    for i, task in enumerate(recipe.tasks):  # built-in benchmarks only: any other task brings its own data
-        spec = LOCAL_DATASETS.get(get_benchmark(task.name, task.variant).name) if is_builtin(task.name) else None
-        if spec is not None and (needs := spec.missing()) and not is_complete(spec, data_root()):
-            lines.append(f"tasks[{i}].name: benchmark '{task.name}' has no offline data on this machine: {needs}")
-    return lines
-
-
-def preflight(recipe: Recipe, source: str = "recipe") -> list[str]:
-    """What would stop the run on this machine, found before any model is loaded, every problem at
-    once: members' models (missing files, hub models not cached while offline), optional packages,
-    benchmark data, the output folder, the cache folder, the members' devices, the network for
-    ``data: hub``. A mistake in the recipe for this machine (a missing model file or package) raises
-    one UserError of one line each (with the environment's lines); the environment's problems alone
-    are returned, one line each (empty when all is well). A bad environment variable is a UserError
-    first (``settings.check_environment``)."""
-    settings.check_environment()
-    models = _model_problems(recipe)
-    mistakes = [f"{source}: {line}" for line in (*[line for kind, line in models if kind is UserError],
-                                                 *_package_problems(recipe), *_data_problems(recipe),
-                                                 *recipe_tasks.task_preflight(recipe))]
-    problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe),
-                _cache_problem(), *_device_problems(recipe), _network_problem(recipe)]
-    problems = [p for p in problems if p]
-    if mistakes:
-        raise several(UserError, mistakes + problems)
-    return problems
-
-
-# --- run directories ---------------------------------------------------------------------------
-def inside(folder: Path, name: str) -> Path:
-    """``folder / name``, refused unless it is an entry of that folder (no separator, no '..', no
-    link out): every path the runner writes or deletes goes through here (labels are also checked
-    when the recipe is read)."""
-    path = folder / name
-    if name in ("", ".", "..") or "/" in name or "\\" in name or path.resolve().parent != folder.resolve():
-        raise UserError(f"{name!r} would be written outside the run folder {folder}; refused")
-    return path
-
-
-def _runs_of(recipe: Recipe, passed: list[tuple[Path, str]] | None = None) -> list[Path]:
-    """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
-    runs stay findable when the fingerprint's own definition changes. A run whose rows were
-    computed with other method parameters than this code gives the recipe (a default changed
-    since) is not this recipe's run: it is neither resumed nor reused. Each folder passed over is
-    added to ``passed`` with the reason, in a few words."""
-    base = output_root(recipe) / recipe.name
-    fingerprint = recipe.fingerprint()
-    found: list[Path] = []
-    passed = [] if passed is None else passed
-    for folder in sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []:
-        try:
-            held = parse_recipe(yaml.safe_load((folder / RECIPE).read_text()), str(folder))
-        except (OSError, UserError, yaml.YAMLError) as err:
-            why = str(err).splitlines()[0] if str(err).strip() else type(err).__name__
-            passed.append((folder, f"its recipe.yaml cannot be read ({why})"))
-            continue
-        if held.model_copy(update={"output": recipe.output}).fingerprint() != fingerprint:
-            passed.append((folder, "it ran another version of this recipe"))
-        elif not _same_params(folder, recipe):
-            passed.append((folder, "its rows used other method parameters than this code gives the recipe "
-                                   "(a default changed since)"))
-        else:
-            found.append(folder)
-    return found
-
-
-def resolved_params(recipe: Recipe) -> dict[str, dict]:
-    """Every row's method parameters with the defaults of this code filled in (the recipe's
-    fingerprint leaves defaults out, so that adding a field keeps old runs resumable)."""
-    return {row.label: row.params.model_dump(mode="json") for row in recipe.plan}
-
-
-def _params_damage(folder: Path) -> str | None:
-    """Why a run folder's PARAMS cannot be read (cut short, not JSON, not a mapping), or None (sound or absent)."""
-    try:
-        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        return f"{PARAMS} is damaged ({type(err).__name__})"
-    return None if isinstance(held, dict) else f"{PARAMS} is damaged (not a JSON object)"
-
-
-def _same_params(folder: Path, recipe: Recipe) -> bool:
-    """Whether a run folder's rows used the parameters this code resolves; runs written before
-    PARAMS existed have none to compare and count as the same, and so does a damaged PARAMS (its
-    recipe.yaml is this recipe: the run resumes, says so, and writes the file again)."""
-    if _params_damage(folder) is not None:
-        return True
-    try:
-        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return True
-    method_of = {row.label: row.method for row in recipe.plan}  # stored names read as this code's (lead)
-    held = {label: current_params(method_of.get(label, ""), p) if isinstance(p, dict) else p
-            for label, p in held.items()} if isinstance(held, dict) else held
-    return held == resolved_params(recipe)
-
-
-def _run_dir(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
-    """The unfinished run of this exact recipe to resume, or a new run directory's name; whether resumed."""
-    passed: list[tuple[Path, str]] = []
-    unfinished = _unfinished_runs(recipe, passed)
-    if unfinished and not fresh:
-        return unfinished[-1], True
-    for folder, why in passed if not fresh else []:  # never passed over silently
-        log.warning("%s: unfinished run not resumed: %s; a new run starts", folder, why)
-    return _new_run_dir(recipe), False
-
-
-def _unfinished_runs(recipe: Recipe, passed: list[tuple[Path, str]]) -> list[Path]:
-    """The unfinished runs of this exact recipe, oldest first; the unfinished folders of the recipe's
-    name that are not its runs are added to ``passed`` with the reason."""
-    found: list[tuple[Path, str]] = []
-    runs = [p for p in _runs_of(recipe, found) if not is_finished(p)]
-    passed += [(folder, why) for folder, why in found if not is_finished(folder)]
-    return runs
-
-
-def planned_run_dir(recipe: Recipe, fresh: bool = False) -> tuple[Path, bool]:
-    """Where a run of the recipe will write, for its plan: the unfinished run it resumes (True), or
-    its new folder (False; named by the second the run starts, shown as <date>-<time>)."""
-    unfinished = _unfinished_runs(recipe, [])
-    if unfinished and not fresh:
-        return unfinished[-1], True
-    return output_root(recipe).resolve() / recipe.name / f"<date>-<time>-{recipe.fingerprint()}", False
-
-
-def _new_run_dir(recipe: Recipe) -> Path:
-    """A name for a new run folder: the time (to the second) and the fingerprint, with -02, -03, ...
-    when a run of the same second has it. Chosen under the recipe's run lock, so no other run of
-    this name and fingerprint can take it before it is created; the names still sort oldest first."""
-    base = output_root(recipe) / recipe.name
-    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{recipe.fingerprint()}"
-    number = 1
-    while (base / (name := stem if number == 1 else f"{stem}-{number:02d}")).exists():
-        number += 1
-    return base / name
-
-
-def finished_run(recipe: Recipe) -> Path | None:
-    """The newest finished run of this exact recipe, if any."""
-    done = [p for p in _runs_of(recipe) if is_finished(p)]
-    return done[-1] if done else None
-
-
 # --- evaluation -----------------------------------------------------------------------------------
 def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_manager,
                   row_key: str | None = None) -> None:
@@ -601,15 +333,15 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
-    run_dir, _ = _run_dir(recipe, fresh)
+    run_dir, _ = run_dir_of(recipe, fresh)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
     write_recipe(run_dir, recipe)
-    if params_damage := _params_damage(run_dir):
+    if damaged_params := params_damage(run_dir):
         log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
-                    run_dir / PARAMS, params_damage)
-    if params_damage or not (run_dir / PARAMS).exists():
+                    run_dir / PARAMS, damaged_params)
+    if damaged_params or not (run_dir / PARAMS).exists():
         atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]

@@ -126,7 +126,7 @@ def test_a_sweep_value_that_would_make_a_path_is_refused(tmp_path, monkeypatch, 
 
 
 def test_every_runner_path_stays_inside_the_run_folder(tmp_path):
-    from ensemble_bench.runner import inside
+    from ensemble_bench.run_folder import inside
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -357,7 +357,7 @@ def test_a_read_only_output_folder_is_refused_up_front(tmp_path, monkeypatch, ca
             if str(kwargs.get("dir", "")).startswith(str(folder)):
                 raise OSError(errno.EROFS, "Read-only file system")
             return writable(*args, **kwargs)
-        monkeypatch.setattr("ensemble_bench.runner.tempfile.TemporaryFile", read_only)
+        monkeypatch.setattr("ensemble_bench.preflight.tempfile.TemporaryFile", read_only)
     try:
         code, out = dry_run(monkeypatch, capsys, tmp_path, ONE_MEMBER.format(name="a", output=folder))
     finally:
@@ -377,7 +377,7 @@ def test_hub_data_without_network_is_refused_up_front(tmp_path, monkeypatch, cap
     def unreachable(address, timeout):
         assert timeout <= 5
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
-    monkeypatch.setattr("ensemble_bench.runner.socket.create_connection", unreachable)
+    monkeypatch.setattr("ensemble_bench.preflight.socket.create_connection", unreachable)
     code, out = dry_run(monkeypatch, capsys, tmp_path, text)
     assert code == 1 and "data: hub cannot reach huggingface.co (Network is unreachable)" in one_line(out)
 

@@ -89,7 +89,8 @@ def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_
     import json
 
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.runner import PARAMS, resolved_params
+    from ensemble_bench.run_folder import PARAMS
+    from ensemble_bench.runs import resolved_params
     from tests.test_faults import run_cli, tiny_recipe
 
     recipe = tmp_path / "recipe.yaml"
@@ -123,7 +124,7 @@ def dry_run_in_ascii_locale(recipe: Path, cwd: Path) -> subprocess.CompletedProc
 
 @pytest.mark.parametrize("field", ["output: ", "members[0].model: "])
 def test_a_path_the_ascii_locale_cannot_write_is_one_line(tmp_path, field):
-    """An output: was UnicodeEncodeError in runner.planned_run_dir, exit 70 with a traceback; a model folder
+    """An output: was UnicodeEncodeError in runs.planned_run_dir, exit 70 with a traceback; a model folder
     was called an unknown model."""
     from tests.test_faults import ONE_MEMBER
 

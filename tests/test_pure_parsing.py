@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from ensemble_bench import runner
+from ensemble_bench import preflight, runs
 from ensemble_bench.errors import EnvironmentFault, UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
 from tests.fake_runs import fake_run
@@ -58,7 +58,7 @@ def test_a_value_with_a_line_break_stays_on_its_line(tmp_path, monkeypatch, caps
 
 def test_parsing_reads_nothing_of_the_machine(tmp_path, monkeypatch):
     """Missing model files, a folder without a model and a missing package parse; the preflight finds them all."""
-    monkeypatch.setattr(runner, "_installed", lambda package: False)
+    monkeypatch.setattr(preflight, "_installed", lambda package: False)
     (tmp_path / "empty").mkdir()
     data = {"name": "gone", "members": [{"model": str(tmp_path / "gone.gguf"), "name": "a"},
                                         {"model": str(tmp_path / "empty"), "name": "b", "quantization": "8bit"},
@@ -67,7 +67,7 @@ def test_parsing_reads_nothing_of_the_machine(tmp_path, monkeypatch):
             "output": str(tmp_path / "out")}
     recipe = parse_recipe(data, "r.yaml")
     with pytest.raises(UserError) as info:
-        runner.preflight(recipe, "r.yaml")
+        preflight.preflight(recipe, "r.yaml")
     lines = lines_of(info.value)
     assert all(line.startswith("r.yaml: ") for line in lines) and len(lines) == 5, lines
     assert "members[0].model: model file not found" in lines[0] and "holds no saved model" in lines[1]
@@ -81,21 +81,21 @@ def test_a_hub_model_not_cached_while_offline_is_found_by_the_dry_run(tmp_path, 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     data = {"name": "hub", "members": [{"model": "someone/not-cached"}], "method": "single", "tasks": ["piqa"],
             "data": "offline", "output": str(tmp_path / "out")}
-    problems = runner.preflight(parse_recipe(data), "r.yaml")
+    problems = preflight.preflight(parse_recipe(data), "r.yaml")
     assert problems == ["members[0].model: 'someone/not-cached' is not in the local hub cache and HF_HUB_OFFLINE "
                         "is set: download it first (huggingface-cli download someone/not-cached), or unset "
                         "HF_HUB_OFFLINE"]
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    assert runner.preflight(parse_recipe(data), "r.yaml") == []
+    assert preflight.preflight(parse_recipe(data), "r.yaml") == []
 
 
 def test_a_rerank_scorer_package_missing_is_found_by_the_dry_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "_installed", lambda package: package != "llm_blender")
+    monkeypatch.setattr(preflight, "_installed", lambda package: package != "llm_blender")
     data = {"name": "rr", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0.5b"}], "tasks": ["nq"],
             "method": {"name": "rerank", "scorer": "reward", "scorer_backend": "llm-blender",
                        "scorer_model": "llm-blender/PairRM"}, "data": "offline", "output": str(tmp_path)}
     with pytest.raises(UserError, match=r"^r.yaml: row rerank: method 'rerank' needs the llm-blender package"):
-        runner.preflight(parse_recipe(data), "r.yaml")
+        preflight.preflight(parse_recipe(data), "r.yaml")
 
 
 def test_bbh_without_its_folder_is_found_by_the_dry_run_and_not_listed_ready(tmp_path, monkeypatch, capsys):
@@ -104,7 +104,7 @@ def test_bbh_without_its_folder_is_found_by_the_dry_run_and_not_listed_ready(tmp
     data = {"name": "b", "members": [{"model": "smollm2-135m"}], "method": "single", "tasks": ["bbh"],
             "data": "offline", "output": str(tmp_path / "out")}
     with pytest.raises(UserError) as info:
-        runner.preflight(parse_recipe(data), "r.yaml")
+        preflight.preflight(parse_recipe(data), "r.yaml")
     [line] = lines_of(info.value)
     assert line.startswith("r.yaml: tasks[0].name: benchmark 'bbh' has no offline data") and "ENSBENCH_BBH_DIR" in line
     assert str(tmp_path) not in line and "/" not in line.split("ENSBENCH_BBH_DIR")[1]
@@ -135,7 +135,7 @@ def moved_run(tmp_path):
 
 @pytest.mark.parametrize("command", [["compare"], ["table"]])
 def test_a_stored_run_reads_after_its_models_are_gone(command, moved_run, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "_installed", lambda package: False)  # no ray on this machine either
+    monkeypatch.setattr(preflight, "_installed", lambda package: False)  # no ray on this machine either
     code, out = run_cli(monkeypatch, capsys, *command, str(moved_run))
     assert code == 0, out.err
     assert "gac" in out.out and "arc_c" in out.out
@@ -159,7 +159,7 @@ def test_resume_says_why_it_passes_over_an_unfinished_run(tmp_path, caplog):
     other.mkdir()
     (other / "recipe.yaml").write_text(f"{{name: r, members: [{{model: smollm2-135m}}], method: single, "
                                        f"tasks: [nq], data: offline, output: {tmp_path}}}\n")
-    folder, resumed = runner._run_dir(recipe, fresh=False)
+    folder, resumed = runs.run_dir_of(recipe, fresh=False)
     said = [r.getMessage() for r in caplog.records]
     assert not resumed and folder not in (damaged, other) and len(said) == 2
     assert said[0].startswith(f"{damaged}: unfinished run not resumed: its recipe.yaml cannot be read")

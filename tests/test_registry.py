@@ -107,7 +107,8 @@ def test_read_stats_names_an_old_rows_params_as_today():
 
 def test_a_run_stored_with_the_papers_names_is_still_the_same_run(tiny_dirs, tmp_path):
     from ensemble_bench.recipe import parse_recipe
-    from ensemble_bench.runner import PARAMS, _same_params, resolved_params
+    from ensemble_bench.run_folder import PARAMS
+    from ensemble_bench.runs import resolved_params, same_params
 
     recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "a"}, {"model": tiny_dirs[1],
                                                                                         "name": "b"}],
@@ -116,6 +117,6 @@ def test_a_run_stored_with_the_papers_names_is_still_the_same_run(tiny_dirs, tmp
     assert stored["unite"]["lead"] == "b"
     old = {"unite": {**{k: v for k, v in stored["unite"].items() if k != "lead"}, "primary": "b", "weights": "average"}}
     (tmp_path / PARAMS).write_text(json.dumps(old))
-    assert _same_params(tmp_path, recipe)
+    assert same_params(tmp_path, recipe)
     (tmp_path / PARAMS).write_text(json.dumps({"unite": {**old["unite"], "primary": "a"}}))
-    assert not _same_params(tmp_path, recipe)
+    assert not same_params(tmp_path, recipe)

@@ -122,14 +122,14 @@ def test_two_runs_of_one_recipe_started_together_lose_nothing(tiny_dirs, tmp_pat
 
 def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.runner import _run_dir
+    from ensemble_bench.runs import run_dir_of
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(["smollm2-135m", "qwen2.5-0.5b"], tmp_path / "results"))
-    monkeypatch.setattr("ensemble_bench.runner.time.strftime", lambda _: "20260101-000000")
+    monkeypatch.setattr("ensemble_bench.runs.time.strftime", lambda _: "20260101-000000")
     names = []
     for _ in range(3):
-        run_dir, resumed = _run_dir(load_recipe(recipe), fresh=True)
+        run_dir, resumed = run_dir_of(load_recipe(recipe), fresh=True)
         assert not resumed and run_dir.name not in names
         run_dir.mkdir(parents=True)
         names.append(run_dir.name)

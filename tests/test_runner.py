@@ -196,7 +196,8 @@ def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs
     """params.json holds every row's parameters with this code's defaults; when a default changes
     (here: the stored file says GaC's retokenize was canonical), the old run is left alone."""
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.runner import PARAMS, _run_dir, finished_run
+    from ensemble_bench.run_folder import PARAMS
+    from ensemble_bench.runs import finished_run, run_dir_of
 
     recipe_path = tmp_path / "tiny.yaml"
     recipe_path.write_text(recipe_text(tiny_dirs, tmp_path / "results"))
@@ -211,6 +212,6 @@ def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs
     (run_dir / PARAMS).write_text(json.dumps(stored))
     assert finished_run(recipe) is None
     (run_dir / "summary.md").unlink()  # unfinished now: still not resumed, and the user is told why in one line
-    assert _run_dir(recipe, fresh=False)[1] is False
+    assert run_dir_of(recipe, fresh=False)[1] is False
     [said] = [r.getMessage() for r in caplog.records if "not resumed" in r.getMessage()]
     assert str(run_dir) in said and "other method parameters" in said and "\n" not in said
