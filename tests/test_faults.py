@@ -512,7 +512,8 @@ def test_an_interrupted_run_resumes_to_identical_files(sig, point, tiny_dirs, un
         recipe = folder / "recipe.yaml"
         folder.mkdir()
         recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=8))
-        command = [sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe)]
+        # one torch thread, as the in-process baseline (conftest): float sums can differ across thread counts
+        command = [sys.executable, "-m", "ensemble_bench.cli", "run", str(recipe), "--threads", "1"]
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                    preexec_fn=default_sigint)
         wait_for(partial(POINTS[point], folder / "results" / "tiny-faults"), process)

@@ -10,6 +10,7 @@ no example database is kept.
 
 import contextlib
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -333,6 +334,8 @@ def test_hostile_lm_eval_arguments_are_one_line_before_any_model_loads(chosen, d
             argv += [option, value]
     with pytest.MonkeyPatch.context() as monkeypatch, tempfile.TemporaryDirectory() as folder:
         monkeypatch.chdir(folder)
+        for name in ("", "lm_eval", "lm-eval"):  # handlers an earlier test bound to a stream since closed
+            monkeypatch.setattr(logging.getLogger(name), "handlers", [])
         out, err = io.StringIO(), io.StringIO()
         monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", *argv])
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
