@@ -54,7 +54,6 @@ from pydantic import Field
 from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import decode_batch, prefill
-from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
@@ -62,15 +61,12 @@ from ensemble_bench.methods.base import (
     MethodParams,
     Timing,
     lead_field,
-    normalised_weights,
-    resolve_member,
     rolling_with_members,
 )
 from ensemble_bench.methods.covering_decoder import (
     CoveringDecoder,
     ScoringState,
     TeacherForced,
-    TreeStats,
     forced_logprobs,
     live_average,
 )
@@ -89,23 +85,10 @@ class ByteLevel(CoveringDecoder):
     version = 3  # 3: the branch after whitespace takes the tokenizer's trunk for what follows (issue 42 item 8)
     Params = ByteLevelParams
     min_members = 1
-    lead_param = "lead"
     first_bytes = range(256)
 
-    def __init__(self, members: Sequence[Member], params: ByteLevelParams, batch_size: int = 1):
-        super().__init__(members, params, batch_size)
-        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
-        self.weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
-        self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
-        self.tails = [canonical_tail(m) for m in members]
-        self.stops = [sorted(m.stop_ids) for m in members]
-        self.stats = TreeStats()
-
-    @classmethod
-    def check_members(cls, params: ByteLevelParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
+    def member_vocabs(self) -> list[SortedVocab]:
+        return [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in self.members]
 
     def counters(self) -> dict:
         return {"lead_index": self.lead, **self.stats.summary(len(self.members), "byte")}

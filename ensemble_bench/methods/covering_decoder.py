@@ -30,12 +30,13 @@ import torch
 
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps
+from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import GenerationRequest
+from ensemble_bench.methods.base import GenerationRequest, normalised_weights, resolve_member
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.covering import Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
 from ensemble_bench.vocab.lookahead import lookahead
-from ensemble_bench.vocab.retokenize import CanonicalTail, Plan
+from ensemble_bench.vocab.retokenize import Plan
 
 
 @dataclass
@@ -104,15 +105,29 @@ class TreeStats:
 
 
 class CoveringDecoder(DecodingMethod):
-    """The loop over symbols; a subclass sets ``vocabs`` (its members' tokens spelled in symbols),
-    ``first_bytes`` (each symbol's first byte) and ``tails``, and says how a symbol is spelled."""
+    """The loop over symbols; a subclass spells its members' tokens in symbols (``member_vocabs``),
+    gives each symbol's first byte (``first_bytes``) and says how a symbol is spelled."""
 
-    vocabs: list[SortedVocab]
-    tails: list[CanonicalTail]
-    stops: list[list[int]]
     first_bytes: Sequence[int]
-    weights: list[float]
-    stats: TreeStats
+    lead_param = "lead"
+
+    def __init__(self, members: Sequence[Member], params, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
+        self.weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
+        self.tails = [canonical_tail(m) for m in members]
+        self.stops = [sorted(m.stop_ids) for m in members]
+        self.stats = TreeStats()
+        self.vocabs: list[SortedVocab] = self.member_vocabs()
+
+    @classmethod
+    def check_members(cls, params, labels: Sequence[str]) -> None:
+        resolve_member(params.lead, labels, params.lead_spelling)
+        if params.weights is not None:
+            normalised_weights(params.weights, len(labels))
+
+    def member_vocabs(self) -> list[SortedVocab]:
+        raise NotImplementedError
 
     def symbol_bytes(self, symbol: int) -> bytes:
         raise NotImplementedError
@@ -121,8 +136,8 @@ class CoveringDecoder(DecodingMethod):
         """The spelling type of ``vocabs`` (bytes or a tuple) of a run of symbols."""
         raise NotImplementedError
 
-    def opens(self, i: int, tree: Tree, state: CoverState) -> bool:
-        """Whether member i's branch at the new end of the text is a cover's trunk (default: always)."""
+    def opens(self, i: int, trunk: Sequence[int], state: CoverState) -> bool:
+        """Whether member i's ids ``trunk`` of the whole text are a cover's trunk (default: always)."""
         return True
 
     @property
@@ -188,7 +203,7 @@ class CoveringDecoder(DecodingMethod):
         member.crop(lengths)
         dist, scored = member.extend_scored(feeds)
         opening = [k for k, state in enumerate(states) if feeds[k] and self._advance_tree(state.trees[i], scored[k])
-                   and self.opens(i, state.trees[i], state)]
+                   and self.opens(i, state.trees[i].held, state)]
         if opening:  # the branch at the new end of every row that has one, opened together
             index = torch.tensor(opening, dtype=torch.long, device=dist.device)
             opened = open_branches(self.vocabs[i], [states[k].trees[i].cum[-1] for k in opening],
@@ -235,7 +250,8 @@ class CoveringDecoder(DecodingMethod):
         rounds = max((len(s.others) for s in splits.values()), default=0)
         holding = {k: tuple(states[k].trees[i].held) for k in splits}  # what each row's cache holds
         for slot in range(rounds):
-            chosen = {k: s.others[slot] for k, s in splits.items() if len(s.others) > slot}
+            chosen = {k: s.others[slot] for k, s in splits.items()
+                      if len(s.others) > slot and self.opens(i, s.others[slot][1], states[k])}
             alt, scored = self._read_trunks(member, states, i, {k: trunk for k, (_, trunk) in chosen.items()}, holding)
             for k, (first_bytes, trunk) in chosen.items():
                 tree = states[k].trees[i]
