@@ -1,6 +1,10 @@
 """The family pages' parameter tables (docs/methods/*.md) are the code's (``describe_params``),
-every built-in method has its table on exactly one page, and ``ensbench list --method X`` prints
-the same rows."""
+every built-in method has its table on exactly one page and a row in the method tables of
+docs/methods.md and the README (in the same order), and ``ensbench list --method X`` prints the
+same rows."""
+
+import re
+from pathlib import Path
 
 from ensemble_bench import docgen
 from ensemble_bench.docgen import FAMILIES, PAGES, params_tables, updated
@@ -19,6 +23,19 @@ def test_every_built_in_method_is_on_one_family_page():
     placed = [name for names in FAMILIES.values() for name in names]
     assert sorted(placed) == sorted(cls.name for cls in BUILT_IN)
     assert all(name in METHODS for name in placed)
+
+
+def method_rows(page: Path, section: str) -> list[str]:
+    """The method names of the table under ``section`` (a heading line), one per row."""
+    text = page.read_text(encoding="utf-8").split(section + "\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `(\w+)` \|", text, re.M)
+
+
+def test_readme_and_the_index_list_every_built_in_method():
+    root = PAGES.parents[1]
+    index = method_rows(root / "docs" / "methods.md", "## Every method")
+    assert sorted(index) == sorted(cls.name for cls in BUILT_IN)
+    assert method_rows(root / "README.md", "## Methods") == index
 
 
 def test_a_method_on_no_page_is_named(monkeypatch, capsys):
