@@ -67,6 +67,25 @@ def official_source(source: str | None, commit: str) -> Path:
     return folder
 
 
+def transformers5_cache_views() -> None:
+    """transformers 5 keeps a DynamicCache's tensors in ``layers[i].keys`` / ``.values``; the
+    official code (written for 4.5x) reads and assigns ``key_cache`` / ``value_cache`` lists. This
+    adds both as views over the layers (an adapter in this script: the official code is unchanged)."""
+    from transformers import DynamicCache
+
+    def view(name: str) -> property:
+        def read(cache):
+            return [getattr(layer, name) for layer in cache.layers]
+
+        def write(cache, tensors):
+            for layer, tensor in zip(cache.layers, tensors):
+                setattr(layer, name, tensor)
+        return property(read, write)
+
+    if not hasattr(DynamicCache, "key_cache"):
+        DynamicCache.key_cache, DynamicCache.value_cache = view("keys"), view("values")
+
+
 def ours(members, prompts: list[str], tokens: int) -> list[bytes]:
     from ensemble_bench.members import Prompt
     from ensemble_bench.methods import GenerationRequest
@@ -83,6 +102,7 @@ def official(members, prompts: list[str], lengths: list[int], conventions: str) 
 
     from ensemble_bench.members import Prompt
 
+    transformers5_cache_views()
     conditions = [bsm.ByteConditioning(m.model, m.tokenizer) for m in members]
     outputs = []
     for prompt, length in zip(prompts, lengths):
@@ -102,9 +122,9 @@ def verdict(mine: bytes, theirs: bytes) -> dict:
         return {"kind": "equal"}
     at = next((k for k, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
     kind = "prefix" if at == min(len(mine), len(theirs)) else "diverge"
-    return {"kind": kind, "at": at, "ours": mine[at:at + 12].decode("utf-8", "replace"),
-            "official": theirs[at:at + 12].decode("utf-8", "replace"), "before": mine[max(0, at - 20):at].decode(
-                "utf-8", "replace")}
+    return {"kind": kind, "at": at, "ours_from": mine[at:at + 12].decode("utf-8", "replace"),
+            "official_from": theirs[at:at + 12].decode("utf-8", "replace"),
+            "before": mine[max(0, at - 20):at].decode("utf-8", "replace")}
 
 
 def main(argv=None) -> int:
