@@ -56,7 +56,7 @@ from ensemble_bench.decoding.decode import (
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
-from ensemble_bench.decoding.stand_ins import Focused, Rehearsal, StandIn, focus
+from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import MethodParams, resolve_member
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -260,12 +260,12 @@ class Speculation(Rounds):
         going = [k for k in range(len(states)) if room[k] > 0]
         own = {k: list(rehearsal.virtual[k]) for k in going}  # the proposer's own greedy continuation
         with self.costs.timing(drafter, name="step"):
-            drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
+            drafter.fetch({k: Read(own[k], [len(own[k])]) for k in going})
         while going:
             going = self._draft_step(rehearsing, drafter, rehearsals, copies, forced, own, going, room, proposer)
         with self.costs.timing(*(m for i, m in enumerate(members) if i != proposer), name="block"):
             each(members, lambda member, plan: member.fetch(plan),
-                 [{k: (r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
+                 [{k: Read(r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
         return forced
 
     def _draft_step(self, rehearsing: Speculable, drafter: StandIn, rehearsals: list[Rehearsal], copies, forced,
@@ -285,7 +285,7 @@ class Speculation(Rounds):
                 own[k].append(token)
         self._feed(rehearsing, rehearsals, copies, taken, rehearse=True)
         with self.costs.timing(drafter, name="step"):
-            drafter.fetch({k: (own[k], [len(own[k])]) for k in taken})
+            drafter.fetch({k: Read(own[k], [len(own[k])]) for k in taken})
         return [k for k in taken if len(forced[k]) < room[k]]
 
     @staticmethod
