@@ -113,20 +113,21 @@ class Speculable(Protocol):
 
 
 def unmet(method: object) -> list[str]:
-    """What ``method`` lacks of ``Speculable``: each attribute it does not have, and each hook that
-    cannot be called with the arguments the engine passes (the protocol's own, by position)."""
+    """What ``method`` lacks of ``Speculable``: each attribute it does not have, and each hook its
+    class does not define or defines so that it cannot take the protocol's arguments."""
+    defined = dict(inspect.getmembers(type(method), inspect.isfunction))  # the class's own hooks, inherited too
     lacking = [name for name in Speculable.__annotations__ if not hasattr(method, name)]
     for name, declared in vars(Speculable).items():
         if not inspect.isfunction(declared) or name.startswith("_"):
             continue
-        if not hasattr(method, name):
+        arguments = list(inspect.signature(declared).parameters)  # self, then the protocol's arguments
+        if name not in defined:
             lacking.append(name)
             continue
-        arguments = list(inspect.signature(declared).parameters)[1:]  # the protocol's, less self
         try:
-            inspect.signature(getattr(method, name)).bind(*arguments)
+            inspect.signature(defined[name]).bind(*arguments)
         except TypeError:
-            lacking.append(f"{name}({', '.join(arguments)})")
+            lacking.append(f"{name}({', '.join(arguments[1:])})")
     return lacking
 
 
