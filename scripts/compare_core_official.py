@@ -1,0 +1,230 @@
+"""CoRE on GaC against the authors' code (zhichenz98/CoRE-EACL26), on CPU, greedy, beside ensbench.
+
+The official code is read at run time from a local git copy (``--repo``, default the mirror; never
+committed here): its ``src/`` is unpacked into a temporary folder and imported. Its CoRE step is its
+own ``TokenMappingProcessor`` (src/logits_processor.py), called with the members' logits exactly as
+its decode loop (src/run.py) gives them: the main model reads its ids plus the fused tokens; the
+assist model reads its own prompt at the first step and, from the second on, the main model's
+decoded text (special tokens dropped), re-encoded, without a cache. Its ``gac`` alignment (assist
+tokens onto main tokens of the same normalised string, src/utils/calculate_token_map.py) is built
+from its own ``_build_id_to_token``; the official builder multiplies two dense [V x |union|]
+matrices (tens of GB for a 152k vocabulary), so the same product is formed sparsely here.
+
+ensbench runs ``gac`` with ``core: true`` (the main model as ``lead``), once with the paper's rules
+and once with ``core_rules: official``. Every prompt whose texts differ is replayed at its first
+differing step with both decisions taken on the same state, one official rule at a time switched
+off, to name the cause (docs/fidelity.md).
+
+    python scripts/compare_core_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MIRROR = "/work/.mirror/zhichenz98+CoRE-EACL26/repo"
+TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
+          "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
+          "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
+QUESTIONS = ([f"Tell me one fact about {t}." for t in TOPICS]
+             + [f"What is {a} plus {b}? Answer with the number." for a, b in zip(range(3, 23), range(17, 57, 2))])
+
+
+def unpack_official(repo: str, into: Path) -> Path:
+    """The official ``src/`` at the copy's HEAD, unpacked into ``into`` (read, never copied here)."""
+    archive = subprocess.run(["git", "-C", repo, "archive", "HEAD", "src"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
+def gac_token_map(official, main_tok, assist_tok, main_size: int, assist_size: int):
+    """The official ``gac`` assist->main map [V_assist, V_main]: 1 where both ids spell the same
+    normalised string (its ``_build_id_to_token``), as its dense product gives it."""
+    import torch
+
+    main, assist = official._build_id_to_token(main_tok), official._build_id_to_token(assist_tok)
+    by_text: dict[str, list[int]] = {}
+    for token_id, text in main.items():
+        if text and token_id < main_size:
+            by_text.setdefault(text, []).append(token_id)
+    pairs = [(a, m) for a, text in assist.items() if text and a < assist_size for m in by_text.get(text, [])]
+    index = torch.tensor(pairs, dtype=torch.long).T
+    return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]), (assist_size, main_size)).coalesce()
+
+
+def last_logits(model, ids: list[int]):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[:, -1, :].float()
+
+
+class Official:
+    """The official processor's step, and its decode loop (run.py) for one prompt."""
+
+    def __init__(self, module, main, assist, token_map, variant: str, logs: Path):
+        self.module, self.main, self.assist, self.map = module, main, assist, token_map
+        self.variant, self.logs = variant, str(logs)  # the processor names a log file there (written in debug only)
+
+    def step(self, main_ids: list[int], assist_logits, substring: bool = True, top_k: int = 10) -> int:
+        import queue
+
+        self.module.check_substring = substring
+        fused_ids, assist_queue = queue.Queue(), queue.Queue()
+        assist_queue.put(assist_logits)
+        processor = self.module.TokenMappingProcessor(
+            [0.5, 0.5], fused_ids, [assist_queue], self.logs, self.main.tokenizer, [(None, self.map)], "cpu", "gac",
+            self.variant, "NQ", None, topK=top_k, assist_tokenizer_list=[self.assist.tokenizer])
+        processor(None, last_logits(self.main.model, main_ids))
+        return int(fused_ids.get_nowait())
+
+    def assist_input(self, prompt_ids: list[int], main_ids: list[int], step: int) -> list[int]:
+        """What run.py gives the assist: its own prompt first, then the main model's decoded text."""
+        if step == 0:
+            return prompt_ids
+        text = self.main.tokenizer.decode(main_ids, skip_special_tokens=True)
+        return self.assist.tokenizer(text, add_special_tokens=False).input_ids
+
+    def generate(self, main_prompt: list[int], assist_prompt: list[int], tokens: int) -> list[int]:
+        stops = {self.main.tokenizer.eos_token_id, self.main.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        ids: list[int] = []
+        for step in range(tokens):
+            assist_ids = self.assist_input(assist_prompt, main_prompt + ids, step)
+            token = self.step(main_prompt + ids, last_logits(self.assist.model, assist_ids))
+            if token in stops:
+                break
+            ids.append(token)
+        return ids
+
+
+def run_ours(members, lead: int, requests, rules: str) -> list[str]:
+    from ensemble_bench.methods.gac import Gac, GacParams
+
+    fields = {"core": True, "lead": lead, **({"core_rules": rules} if rules != "paper" else {})}
+    return [g.text for g in Gac(members, GacParams(**fields), batch_size=1).generate(requests)]
+
+
+def ours_decision(method, main_ids: list[int], assist_ids: list[int], lead: int) -> bytes:
+    """Our fused choice (bytes) on this state: the members' full log-probs, union projections, CoRE."""
+    import torch
+
+    logits = [last_logits(m.model, ids) for m, ids in zip(method.members, _ordered(assist_ids, main_ids, lead))]
+    logprobs = [torch.log_softmax(lg, dim=-1) for lg in logits]  # as the members give them (members/local.py)
+    fused = method.core.fuse(method.mixture.projections(logprobs), method.weights, lead)
+    return method.union.entries[int(fused.argmax())] or b"<stop>"
+
+
+def _ordered(assist_ids, main_ids, lead):
+    return [main_ids, assist_ids] if lead == 0 else [assist_ids, main_ids]
+
+
+def first_difference(official: Official, main_prompt, generated: list[int], ours_text: str) -> int | None:
+    """The first official step whose text ours does not continue with (None: ours continues it all)."""
+    text = ""
+    for step in range(len(generated)):
+        text = official.main.tokenizer.decode(generated[:step + 1])
+        if not ours_text.startswith(text):
+            return step
+    return None if ours_text == text else len(generated)
+
+
+def explain(official: Official, method, lead: int, main_prompt, assist_prompt, generated, step: int) -> dict:
+    """Both decisions on the same state at the first differing step, one official rule off at a time."""
+    main_ids = main_prompt + generated[:step]
+    ours_like = assist_prompt + official.assist.tokenizer(official.main.tokenizer.decode(generated[:step]),
+                                                           add_special_tokens=False).input_ids
+    actual_assist = official.assist_input(assist_prompt, main_ids, step)
+    pieces = method.members[lead].vocab.pieces
+
+    def spelled(token: int) -> bytes:
+        return pieces[token] if token < len(pieces) and pieces[token] is not None else b"<stop>"
+
+    ours = ours_decision(method, main_ids, ours_like, lead)
+    assist_logits = last_logits(official.assist.model, ours_like)
+    same_input = spelled(official.step(main_ids, assist_logits))
+    no_substring = spelled(official.step(main_ids, assist_logits, substring=False))
+    found = {"step": step, "official": spelled(generated[step]) if step < len(generated) else b"<stop>",
+             "ours": ours, "official_on_our_input": same_input, "official_no_substring_rule": no_substring,
+             "assist_input_differs": actual_assist != ours_like}
+    if found["official"] != same_input and same_input == ours:
+        cause = "assist input (run.py feeds the assist the main model's decoded text from step 2)"
+    elif same_input != ours and no_substring == ours:
+        cause = "substring rule (the official code keeps the main token when the fused one extends it)"
+    elif ours not in method.entries_of_lead:
+        cause = "ours chose a union entry the main vocabulary lacks (the official map keeps main tokens only)"
+    else:
+        cause = "top-10 truncation / other (see the fused margins)"
+    found["cause"] = cause
+    return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in found.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repo", default=MIRROR)
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--variant", default="consist-rbf")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from ensemble_bench.members import Prompt, load_member
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.gac import Gac, GacParams
+
+    torch.set_num_threads(args.threads)
+    folder = Path(tempfile.mkdtemp(prefix="core-official-"))
+    sys.path.insert(0, str(unpack_official(args.repo, folder)))
+    import logits_processor
+    from utils import calculate_token_map
+
+    members = [load_member("smollm2-135m", name="smollm2"), load_member("qwen2.5-0.5b", name="qwen2.5")]
+    lead = 1  # the main model: Qwen2.5 (the stronger), as the paper's main model
+    main, assist = members[lead], members[1 - lead]
+    token_map = gac_token_map(calculate_token_map, main.tokenizer, assist.tokenizer,
+                              main.model.config.vocab_size, assist.model.config.vocab_size)
+    official = Official(logits_processor, main, assist, token_map, args.variant, folder)
+    prompts = [Prompt(messages=(("user", q),)) for q in QUESTIONS[:args.prompts]]
+    requests = [GenerationRequest(p, (), args.tokens) for p in prompts]
+
+    official_ids = [official.generate(main.render(p), assist.render(p), args.tokens) for p in prompts]
+    official_texts = [main.tokenizer.decode(ids) for ids in official_ids]
+    report = {"prompts": len(prompts), "tokens": args.tokens, "variant": args.variant, "rows": {}}
+    for rules in ("official", "paper"):
+        texts = run_ours(members, lead, requests, rules)
+        method = Gac(members, GacParams(core=True, lead=lead, **({"core_rules": rules} if rules != "paper" else {})))
+        method.entries_of_lead = {method.union.entries[u] for u in range(method.union.size)
+                                  if int(method.union.maps[lead].to_member[u]) >= 0}
+        rows = []
+        for k, (prompt, ids, theirs, ours) in enumerate(zip(prompts, official_ids, official_texts, texts)):
+            verdict = "equal" if theirs == ours else ("prefix" if ours.startswith(theirs) or theirs.startswith(ours)
+                                                      else "differ")
+            row = {"prompt": k, "verdict": verdict, "official": theirs, "ours": ours}
+            step = None if verdict == "equal" else first_difference(official, main.render(prompt), ids, ours)
+            if step is not None and (step < len(ids) or len(ids) < args.tokens):
+                row["first_difference"] = explain(official, method, lead, main.render(prompt), assist.render(prompt),
+                                                  ids, step)
+            rows.append(row)
+        counts = Counter(r["verdict"] for r in rows)
+        causes = Counter(r["first_difference"]["cause"] for r in rows if "first_difference" in r)
+        report["rows"][rules] = {"counts": dict(counts), "causes": dict(causes), "per_prompt": rows}
+        print(f"core_rules {rules}: {counts.get('equal', 0)}/{len(rows)} equal, {counts.get('prefix', 0)} prefix, "
+              f"{counts.get('differ', 0)} differ; causes: {dict(causes)}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
