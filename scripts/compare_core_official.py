@@ -15,7 +15,7 @@ and once with ``core_rules: official``. Every prompt whose texts differ is repla
 differing step with both decisions taken on the same state, one official rule at a time switched
 off, to name the cause (docs/fidelity.md).
 
-    python scripts/compare_core_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
+    python scripts/compare_core_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE.jsonl]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MIRROR = "/work/.mirror/zhichenz98+CoRE-EACL26/repo"
+RULES = ("official", "paper")  # ensbench's core_rules, each compared with the official run
 TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
           "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
           "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
@@ -107,13 +108,6 @@ class Official:
         return ids
 
 
-def run_ours(members, lead: int, requests, rules: str) -> list[str]:
-    from ensemble_bench.methods.gac import Gac, GacParams
-
-    fields = {"core": True, "lead": lead, **({"core_rules": rules} if rules != "paper" else {})}
-    return [g.text for g in Gac(members, GacParams(**fields), batch_size=1).generate(requests)]
-
-
 def ours_decision(method, main_ids: list[int], assist_ids: list[int], lead: int) -> bytes:
     """Our fused choice (bytes) on this state: the members' full log-probs, union projections, CoRE."""
     import torch
@@ -175,7 +169,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variant", default="consist-rbf")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="JSON lines, one per prompt (default: in the temporary folder)")
     args = parser.parse_args()
 
     import torch
@@ -197,33 +191,38 @@ def main() -> None:
                               main.model.config.vocab_size, assist.model.config.vocab_size)
     official = Official(logits_processor, main, assist, token_map, args.variant, folder)
     prompts = [Prompt(messages=(("user", q),)) for q in QUESTIONS[:args.prompts]]
-    requests = [GenerationRequest(p, (), args.tokens) for p in prompts]
 
-    official_ids = [official.generate(main.render(p), assist.render(p), args.tokens) for p in prompts]
-    official_texts = [main.tokenizer.decode(ids) for ids in official_ids]
-    report = {"prompts": len(prompts), "tokens": args.tokens, "variant": args.variant, "rows": {}}
-    for rules in ("official", "paper"):
-        texts = run_ours(members, lead, requests, rules)
-        method = Gac(members, GacParams(core=True, lead=lead, **({"core_rules": rules} if rules != "paper" else {})))
+    methods = {rules: Gac(members, GacParams(core=True, lead=lead, core_rules=rules), batch_size=1) for rules in RULES}
+    for method in methods.values():
         method.entries_of_lead = {method.union.entries[u] for u in range(method.union.size)
                                   if int(method.union.maps[lead].to_member[u]) >= 0}
-        rows = []
-        for k, (prompt, ids, theirs, ours) in enumerate(zip(prompts, official_ids, official_texts, texts)):
+    lines = Path(args.out or folder / "rows.jsonl")
+    lines.write_text("", encoding="utf-8")
+    for k, prompt in enumerate(prompts):  # one prompt at a time, each written when done
+        ids = official.generate(main.render(prompt), assist.render(prompt), args.tokens)
+        theirs = main.tokenizer.decode(ids)
+        row = {"prompt": k, "question": QUESTIONS[k], "official": theirs}
+        for rules, method in methods.items():
+            ours = method.generate([GenerationRequest(prompt, (), args.tokens)])[0].text
             verdict = "equal" if theirs == ours else ("prefix" if ours.startswith(theirs) or theirs.startswith(ours)
                                                       else "differ")
-            row = {"prompt": k, "verdict": verdict, "official": theirs, "ours": ours}
+            row[rules] = {"verdict": verdict, "ours": ours}
             step = None if verdict == "equal" else first_difference(official, main.render(prompt), ids, ours)
             if step is not None and (step < len(ids) or len(ids) < args.tokens):
-                row["first_difference"] = explain(official, method, lead, main.render(prompt), assist.render(prompt),
-                                                  ids, step)
-            rows.append(row)
-        counts = Counter(r["verdict"] for r in rows)
-        causes = Counter(r["first_difference"]["cause"] for r in rows if "first_difference" in r)
-        report["rows"][rules] = {"counts": dict(counts), "causes": dict(causes), "per_prompt": rows}
+                row[rules]["first_difference"] = explain(official, method, lead, main.render(prompt),
+                                                         assist.render(prompt), ids, step)
+        with lines.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        print(k, {rules: row[rules]["verdict"] for rules in RULES}, flush=True)
+    summarise([json.loads(line) for line in lines.read_text(encoding="utf-8").splitlines()])
+
+
+def summarise(rows: list[dict]) -> None:
+    for rules in RULES:
+        counts = Counter(r[rules]["verdict"] for r in rows)
+        causes = Counter(r[rules]["first_difference"]["cause"] for r in rows if "first_difference" in r[rules])
         print(f"core_rules {rules}: {counts.get('equal', 0)}/{len(rows)} equal, {counts.get('prefix', 0)} prefix, "
-              f"{counts.get('differ', 0)} differ; causes: {dict(causes)}", flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+              f"{counts.get('differ', 0)} differ; first differences: {dict(causes)}", flush=True)
 
 
 if __name__ == "__main__":
