@@ -63,11 +63,36 @@ def gac_token_map(official, main_tok, assist_tok, main_size: int, assist_size: i
     return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]), (assist_size, main_size)).coalesce()
 
 
+class Reader:
+    """A model's next-token logits after ids, as the official loop gets them from a forward pass over
+    the whole sequence without a cache; here the cache of the longest common prefix with the last
+    call is reused (the same values up to float rounding; only a near-tie could tell them apart, and
+    every divergence below is replayed without a cache)."""
+
+    def __init__(self, model):
+        self.model, self.ids, self.cache = model, [], None
+
+    def __call__(self, ids: list[int]):
+        import torch
+
+        common = 0
+        while common < min(len(ids), len(self.ids)) and ids[common] == self.ids[common]:
+            common += 1
+        common = min(common, len(ids) - 1)  # at least one id is read
+        if self.cache is not None and common < len(self.ids):
+            self.cache.crop(common - len(self.ids))  # transformers 5: a negative count of ids to drop
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([ids[common:]]), past_key_values=self.cache, use_cache=True)
+        self.ids, self.cache = list(ids), out.past_key_values
+        return out.logits[:, -1, :].float()
+
+
 def last_logits(model, ids: list[int]):
+    """The official loop's read: the whole sequence, no cache."""
     import torch
 
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids])).logits[:, -1, :].float()
+        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[:, -1, :].float()
 
 
 class Official:
@@ -76,8 +101,9 @@ class Official:
     def __init__(self, module, main, assist, token_map, variant: str, logs: Path):
         self.module, self.main, self.assist, self.map = module, main, assist, token_map
         self.variant, self.logs = variant, str(logs)  # the processor names a log file there (written in debug only)
+        self.read_main, self.read_assist = Reader(main.model), Reader(assist.model)
 
-    def step(self, main_ids: list[int], assist_logits, substring: bool = True, top_k: int = 10) -> int:
+    def step(self, main_ids: list[int], assist_logits, substring: bool = True, main_logits=None) -> int:
         import queue
 
         self.module.check_substring = substring
@@ -85,8 +111,8 @@ class Official:
         assist_queue.put(assist_logits)
         processor = self.module.TokenMappingProcessor(
             [0.5, 0.5], fused_ids, [assist_queue], self.logs, self.main.tokenizer, [(None, self.map)], "cpu", "gac",
-            self.variant, "NQ", None, topK=top_k, assist_tokenizer_list=[self.assist.tokenizer])
-        processor(None, last_logits(self.main.model, main_ids))
+            self.variant, "NQ", None, topK=10, assist_tokenizer_list=[self.assist.tokenizer])
+        processor(None, last_logits(self.main.model, main_ids) if main_logits is None else main_logits)
         return int(fused_ids.get_nowait())
 
     def assist_input(self, prompt_ids: list[int], main_ids: list[int], step: int) -> list[int]:
@@ -101,7 +127,8 @@ class Official:
         ids: list[int] = []
         for step in range(tokens):
             assist_ids = self.assist_input(assist_prompt, main_prompt + ids, step)
-            token = self.step(main_prompt + ids, last_logits(self.assist.model, assist_ids))
+            main_logits = self.read_main(main_prompt + ids)
+            token = self.step(main_prompt + ids, self.read_assist(assist_ids), main_logits=main_logits)
             if token in stops:
                 break
             ids.append(token)
@@ -147,10 +174,14 @@ def explain(official: Official, method, lead: int, main_prompt, assist_prompt, g
     assist_logits = last_logits(official.assist.model, ours_like)
     same_input = spelled(official.step(main_ids, assist_logits))
     no_substring = spelled(official.step(main_ids, assist_logits, substring=False))
-    found = {"step": step, "official": spelled(generated[step]) if step < len(generated) else b"<stop>",
+    recorded = spelled(generated[step]) if step < len(generated) else b"<stop>"
+    uncached = spelled(official.step(main_ids, last_logits(official.assist.model, actual_assist)))
+    found = {"step": step, "official": recorded, "official_uncached": uncached,
              "ours": ours, "official_on_our_input": same_input, "official_no_substring_rule": no_substring,
              "assist_input_differs": actual_assist != ours_like}
-    if found["official"] != same_input and same_input == ours:
+    if recorded != uncached:
+        cause = "float rounding: the official step without a cache chooses otherwise (a near-tie)"
+    elif found["official"] != same_input and same_input == ours:
         cause = "assist input (run.py feeds the assist the main model's decoded text from step 2)"
     elif same_input != ours and no_substring == ours:
         cause = "substring rule (the official code keeps the main token when the fused one extends it)"
