@@ -87,12 +87,18 @@ class Reader:
         return out.logits[:, -1, :].float()
 
 
+READS: dict[tuple, object] = {}  # (model, ids) -> logits, emptied for each prompt
+
+
 def last_logits(model, ids: list[int]):
-    """The official loop's read: the whole sequence, no cache."""
+    """The official loop's read: the whole sequence, no cache (each state read once per prompt)."""
     import torch
 
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[:, -1, :].float()
+    key = (id(model), tuple(ids))
+    if key not in READS:
+        with torch.no_grad():
+            READS[key] = model(input_ids=torch.tensor([ids]), use_cache=False).logits[:, -1, :].float()
+    return READS[key]
 
 
 class Official:
@@ -102,6 +108,7 @@ class Official:
         self.module, self.main, self.assist, self.map = module, main, assist, token_map
         self.variant, self.logs = variant, str(logs)  # the processor names a log file there (written in debug only)
         self.read_main, self.read_assist = Reader(main.model), Reader(assist.model)
+        self.stops = {main.tokenizer.eos_token_id, main.tokenizer.convert_tokens_to_ids("<|im_end|>")}  # run.py's
 
     def step(self, main_ids: list[int], assist_logits, substring: bool = True, main_logits=None) -> int:
         import queue
@@ -123,7 +130,7 @@ class Official:
         return self.assist.tokenizer(text, add_special_tokens=False).input_ids
 
     def generate(self, main_prompt: list[int], assist_prompt: list[int], tokens: int) -> list[int]:
-        stops = {self.main.tokenizer.eos_token_id, self.main.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        stops = self.stops
         ids: list[int] = []
         for step in range(tokens):
             assist_ids = self.assist_input(assist_prompt, main_prompt + ids, step)
@@ -168,7 +175,9 @@ def explain(official: Official, method, lead: int, main_prompt, assist_prompt, g
     pieces = method.members[lead].vocab.pieces
 
     def spelled(token: int) -> bytes:
-        return pieces[token] if token < len(pieces) and pieces[token] is not None else b"<stop>"
+        if token in official.stops or token >= len(pieces) or pieces[token] is None:
+            return b"<stop>"
+        return pieces[token]
 
     ours = ours_decision(method, main_ids, ours_like, lead)
     assist_logits = last_logits(official.assist.model, ours_like)
@@ -230,9 +239,10 @@ def main() -> None:
     lines = Path(args.out or folder / "rows.jsonl")
     lines.write_text("", encoding="utf-8")
     for k, prompt in enumerate(prompts):  # one prompt at a time, each written when done
+        READS.clear()
         ids = official.generate(main.render(prompt), assist.render(prompt), args.tokens)
         theirs = main.tokenizer.decode(ids)
-        row = {"prompt": k, "question": QUESTIONS[k], "official": theirs}
+        row = {"prompt": k, "question": QUESTIONS[k], "official_text": theirs}
         for rules, method in methods.items():
             ours = method.generate([GenerationRequest(prompt, (), args.tokens)])[0].text
             verdict = "equal" if theirs == ours else ("prefix" if ours.startswith(theirs) or theirs.startswith(ours)
