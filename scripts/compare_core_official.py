@@ -110,7 +110,8 @@ class Official:
         self.read_main, self.read_assist = Reader(main.model), Reader(assist.model)
         self.stops = {main.tokenizer.eos_token_id, main.tokenizer.convert_tokens_to_ids("<|im_end|>")}  # run.py's
 
-    def step(self, main_ids: list[int], assist_logits, substring: bool = True, main_logits=None) -> int:
+    def step(self, main_ids: list[int], assist_logits, substring: bool = True, main_logits=None,
+             top_k: int = 10) -> int:
         import queue
 
         self.module.check_substring = substring
@@ -118,7 +119,7 @@ class Official:
         assist_queue.put(assist_logits)
         processor = self.module.TokenMappingProcessor(
             [0.5, 0.5], fused_ids, [assist_queue], self.logs, self.main.tokenizer, [(None, self.map)], "cpu", "gac",
-            self.variant, "NQ", None, topK=10, assist_tokenizer_list=[self.assist.tokenizer])
+            self.variant, "NQ", None, topK=top_k, assist_tokenizer_list=[self.assist.tokenizer])
         processor(None, last_logits(self.main.model, main_ids) if main_logits is None else main_logits)
         return int(fused_ids.get_nowait())
 
@@ -183,10 +184,13 @@ def explain(official: Official, method, lead: int, main_prompt, assist_prompt, g
     assist_logits = last_logits(official.assist.model, ours_like)
     same_input = spelled(official.step(main_ids, assist_logits))
     no_substring = spelled(official.step(main_ids, assist_logits, substring=False))
+    whole = min(official.assist.model.config.vocab_size, official.main.model.config.vocab_size)
+    untruncated = spelled(official.step(main_ids, assist_logits, substring=False, top_k=whole))
     recorded = spelled(generated[step]) if step < len(generated) else b"<stop>"
     uncached = spelled(official.step(main_ids, last_logits(official.assist.model, actual_assist)))
     found = {"step": step, "official": recorded, "official_uncached": uncached,
              "ours": ours, "official_on_our_input": same_input, "official_no_substring_rule": no_substring,
+             "official_no_substring_no_top10": untruncated,
              "assist_input_differs": actual_assist != ours_like}
     if recorded != uncached:
         cause = "float rounding: the official step without a cache chooses otherwise (a near-tie)"
@@ -194,10 +198,12 @@ def explain(official: Official, method, lead: int, main_prompt, assist_prompt, g
         cause = "assist input (run.py feeds the assist the main model's decoded text from step 2)"
     elif same_input != ours and no_substring == ours:
         cause = "substring rule (the official code keeps the main token when the fused one extends it)"
+    elif same_input != ours and untruncated == ours:
+        cause = "top-10 truncation (the official code keeps each model's 10 best tokens)"
     elif ours not in method.entries_of_lead:
         cause = "ours chose a union entry the main vocabulary lacks (the official map keeps main tokens only)"
     else:
-        cause = "top-10 truncation / other (see the fused margins)"
+        cause = "other"
     found["cause"] = cause
     return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in found.items()}
 
