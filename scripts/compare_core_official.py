@@ -16,6 +16,7 @@ differing step with both decisions taken on the same state, one official rule at
 off, to name the cause (docs/fidelity.md).
 
     python scripts/compare_core_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE.jsonl]
+    python scripts/compare_core_official.py --summarise FILE.jsonl
 """
 
 from __future__ import annotations
@@ -216,7 +217,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variant", default="consist-rbf")
     parser.add_argument("--out", default=None, help="JSON lines, one per prompt (default: in the temporary folder)")
+    parser.add_argument("--summarise", default=None, help="only summarise the JSON lines of an earlier run")
     args = parser.parse_args()
+    if args.summarise:
+        summarise([json.loads(line) for line in Path(args.summarise).read_text(encoding="utf-8").splitlines()])
+        return
 
     import torch
 
@@ -264,10 +269,23 @@ def main() -> None:
     summarise([json.loads(line) for line in lines.read_text(encoding="utf-8").splitlines()])
 
 
+def cause_of(row: dict, rules: str) -> str | None:
+    """A prompt's first difference's cause; under the paper's rules, where ours under the official
+    rules still agreed at that step, the rules themselves (the same state, only the rules differ)."""
+    found = row[rules].get("first_difference")
+    if found is None:
+        return None
+    other = row["official"].get("first_difference")
+    later = row["official"]["verdict"] != "differ" if other is None else other["step"] > found["step"]
+    if rules == "paper" and later:
+        return "the paper's rules (core_rules: official follows the code here)"
+    return found["cause"]
+
+
 def summarise(rows: list[dict]) -> None:
     for rules in RULES:
         counts = Counter(r[rules]["verdict"] for r in rows)
-        causes = Counter(r[rules]["first_difference"]["cause"] for r in rows if "first_difference" in r[rules])
+        causes = Counter(cause_of(r, rules) for r in rows if "first_difference" in r[rules])
         print(f"core_rules {rules}: {counts.get('equal', 0)}/{len(rows)} equal, {counts.get('prefix', 0)} prefix, "
               f"{counts.get('differ', 0)} differ; first differences: {dict(causes)}", flush=True)
 
