@@ -17,6 +17,7 @@ off, to name the cause (docs/fidelity.md).
 
     python scripts/compare_core_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE.jsonl]
     python scripts/compare_core_official.py --summarise FILE.jsonl
+    python scripts/compare_core_official.py --equations 1000
 """
 
 from __future__ import annotations
@@ -218,7 +219,15 @@ def main() -> None:
     parser.add_argument("--variant", default="consist-rbf")
     parser.add_argument("--out", default=None, help="JSON lines, one per prompt (default: in the temporary folder)")
     parser.add_argument("--summarise", default=None, help="only summarise the JSON lines of an earlier run")
+    parser.add_argument("--equations", type=int, default=0, help="only compare CoRE's step on N random inputs")
     args = parser.parse_args()
+    if args.equations:
+        folder = Path(tempfile.mkdtemp(prefix="core-official-"))
+        sys.path.insert(0, str(unpack_official(args.repo, folder)))
+        import logits_processor
+
+        print(json.dumps(equations(logits_processor, args.equations)))
+        return
     if args.summarise:
         summarise([json.loads(line) for line in Path(args.summarise).read_text(encoding="utf-8").splitlines()])
         return
@@ -280,6 +289,37 @@ def cause_of(row: dict, rules: str) -> str | None:
     if rules == "paper" and later:
         return "the paper's rules (core_rules: official follows the code here)"
     return found["cause"]
+
+
+def equations(module, trials: int, seed: int = 0) -> dict:
+    """CoRE's step alone: the official ``compute_consist_score`` and ensbench's ``CoreFusion``
+    (``core_rules: official``) on the same random top-10 distributions of 2-3 members over 1,000
+    tokens, the main model first: the largest difference of the weights and of the fused
+    distributions, and how often the fused argmax differs."""
+    import torch
+
+    from ensemble_bench.methods.core import CoreFusion, CoreParams
+
+    generator = torch.Generator().manual_seed(seed)
+    worst_weight = worst_fused = 0.0
+    argmax_differs = 0
+    for trial in range(trials):
+        count = 2 + trial % 2
+        probs = []
+        for _ in range(count):
+            logits = torch.randn(1, 1000, generator=generator, dtype=torch.float64) * 3
+            top = logits.topk(10).indices
+            probs.append(torch.zeros_like(logits).scatter(1, top, torch.softmax(logits[0, top[0]], 0)[None]))
+        scores, weights = module.compute_consist_score(probs, "consist-rbf", "NQ")
+        theirs = probs[0] * weights[0] + sum(probs[i] * weights[i] * scores[i] for i in range(1, count))
+        core = CoreFusion(CoreParams(core=True, core_rules="official"), count)
+        ours = core.fuse(torch.stack(probs), torch.ones(count), 0)
+        worst_weight = max(worst_weight, max(abs(a - b) for a, b in zip(core.counters()["core_weights_mean"],
+                                                                        weights.tolist())))
+        worst_fused = max(worst_fused, float((ours - theirs).abs().max()))
+        argmax_differs += int(ours.argmax() != theirs.argmax())
+    return {"trials": trials, "max_weight_difference": worst_weight, "max_fused_difference": worst_fused,
+            "argmax_differs": argmax_differs}
 
 
 def summarise(rows: list[dict]) -> None:
