@@ -288,6 +288,8 @@ def cause_of(row: dict, rules: str) -> str | None:
     later = row["official"]["verdict"] != "differ" if other is None else other["step"] > found["step"]
     if rules == "paper" and later:
         return "the paper's rules (core_rules: official follows the code here)"
+    if rules == "paper" and other["step"] == found["step"] and other["ours"] != found["ours"]:
+        return f"{other['cause']}; and the paper's rules"  # the official rules' row names the first
     return found["cause"]
 
 
