@@ -167,3 +167,15 @@ def test_core_changes_the_fusion(pair, method_class, params_class):
                                                                    "core_alpha": 50.0})
     assert plain != with_core
     assert "core_rows" not in run(method_class, params_class, pair(), {})[1].info()
+
+
+@pytest.mark.parametrize("case", ["gac", "unite", "packllm-mined"])
+def test_core_on_ray_members_equals_local(ray_members, case):
+    """The contract suite places each method's first parameter set in Ray; CoRE's here."""
+    method_class, params_class, fields = CASES[case]
+    local, remote = ray_members
+    near = method_class(local, params_class(**fields), batch_size=2)
+    far = method_class(remote, params_class(**fields), batch_size=2)
+    assert outputs(far, REQUESTS[:3]) == outputs(near, REQUESTS[:3])
+    keys = ("core_rows", "core_weights_mean", "core_mass_kept_mean")
+    assert [far.info()[k] for k in keys] == [near.info()[k] for k in keys]
