@@ -22,9 +22,10 @@ level the p_i enter unfiltered, without the model level w is the method's own we
 gives mass (the rest 0), each member's scores rescaled to mean 1 over those tokens, and the
 lead's weight raised to at least the others' sum.
 
-A method opts in with two lines: its Params inherit ``CoreParams``, and its fusion calls
-``self.core.fuse(probs, base_weights, lead)`` when ``self.core = CoreFusion.of(params, len(members))`` is
-not None; ``counters()`` and ``carried()`` add the fusion's (see docs/adding_a_method.md).
+A method opts in with a few lines (docs/adding_a_method.md, section 6): its Params inherit
+``CoreParams``; its fusion calls ``self.core.fuse(probs, base_weights, lead)`` when
+``self.core = CoreFusion.of(params, len(members))`` is not None; ``counters()`` and ``carried()`` add
+the fusion's.
 """
 
 from __future__ import annotations
