@@ -131,16 +131,17 @@ def _run_with_progress(loaded, fresh: bool):
     from rich.progress import Progress
 
     from ensemble_bench.members import load_listener
+    from ensemble_bench.report.summary import write_summary
     from ensemble_bench.runner import run_recipe
 
     if not console.is_terminal:
         plain = PlainProgress()
         with load_listener(plain.on_load):
-            return run_recipe(loaded, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
+            return run_recipe(loaded, write_summary, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
     with Progress(*BarProgress.columns(), console=console) as progress:
         bars = BarProgress(progress)
         with load_listener(bars.on_load):
-            return run_recipe(loaded, fresh=fresh, progress=bars.on_progress, on_row=bars.on_row)
+            return run_recipe(loaded, write_summary, fresh=fresh, progress=bars.on_progress, on_row=bars.on_row)
 
 
 @app.command()

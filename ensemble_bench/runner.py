@@ -25,7 +25,6 @@ from ensemble_bench.build import MemberPool, build_method
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
-from ensemble_bench.report.summary import write_summary
 from ensemble_bench.row_check import damage
 from ensemble_bench.row_store import (
     LENT_NOTE,
@@ -318,15 +317,20 @@ def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
     return states
 
 
-def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
+def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: bool = False,
+               progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
-    """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's
-    run lock is held throughout, from choosing the run folder to the summary: a second run of the same
-    recipe meanwhile is refused in one line and changes nothing."""
+    """Run every row of the recipe; return the run directory. When every row is complete, ``finish``
+    writes what marks the run finished (the CLI passes ``report.summary.write_summary``: the runner
+    writes runs and never imports the reports that read them). The recipe's run lock is held
+    throughout, from choosing the run folder to ``finish``: a second run of the same recipe meanwhile is
+    refused in one line and changes nothing."""
     if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
     with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
-        return _run_locked(recipe, fresh, progress, on_row)
+        run_dir = _run_locked(recipe, fresh, progress, on_row)
+        finish(run_dir, recipe)
+        return run_dir
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
@@ -361,5 +365,4 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
         store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
     _check_complete(run_dir, rows, group_names)
-    write_summary(run_dir, recipe)
     return run_dir

@@ -39,6 +39,8 @@ def shortest(tmp_path, monkeypatch):
     cls = register_method(example_module(tmp_path, monkeypatch).Shortest)
     yield cls
     METHODS.pop(cls.name)
+    if (lm := sys.modules.get("ensemble_bench.lm")) is not None:  # its lm-eval model goes with it
+        lm.LM_CLASSES.pop(cls.name, None)
 
 
 def test_the_registry_line_makes_the_method_and_its_lm_eval_model(shortest):

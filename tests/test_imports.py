@@ -1,8 +1,8 @@
 """The package's import graph, read with ``ast``: no cycle among module-level imports (typing-only
 imports under ``if TYPE_CHECKING:`` included: a circle hidden there is still a circle), and the seams
 of the design hold (members and vocab know nothing of methods, the runner, lm-eval's adapter or the
-CLI; methods know nothing of lm-eval, the adapter, the runner or the CLI), in function-level imports
-too."""
+CLI; methods know nothing of lm-eval, the adapter, the runner or the CLI; the modules writing a run know
+nothing of the reports reading it), in function-level imports too."""
 
 import ast
 from pathlib import Path
@@ -19,6 +19,9 @@ FORBIDDEN = {  # package -> modules (and their submodules) it must not import
                                                                "single", "voting", "mbr", "rerank", "token_level",
                                                                "span_level", "sample_level")],
                         f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
+    # the layer that writes runs never imports the reports that read them, nor the CLI above it
+    **{f"{TOP}.{name}": (f"{TOP}.report", f"{TOP}.cli", f"{TOP}.lm_eval_cli")
+       for name in ("runner", "runs", "run_folder", "run_lock", "row_store", "row_check", "preflight", "sittings")},
 }
 
 
