@@ -33,9 +33,9 @@ import yaml
 from ensemble_bench.errors import EnvironmentFault, UserError, working_folder_fault
 
 if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports torch (see working_folder_fault)
-    from ensemble_bench.cli import _exit_code
+    from ensemble_bench.cli_faults import exit_code
 
-    sys.exit(_exit_code(_NO_FOLDER))
+    sys.exit(exit_code(_NO_FOLDER))
 
 from ensemble_bench import settings  # noqa: E402
 from ensemble_bench.build import recipe_from_model_args  # noqa: E402
@@ -63,14 +63,14 @@ class Plan:
 
 def main() -> None:
     """The entry point: exit 0 done, 2 a user error, 1 an environment fault (one line each), 70 a bug."""
-    from ensemble_bench.cli import _exit_code  # the one handler of every fault, shared with ensbench
+    from ensemble_bench.cli_faults import exit_code  # the one handler of every fault, shared with ensbench
 
     try:
         run_cli()
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001 - every fault ends here: one line, or a bug report
-        sys.exit(_exit_code(err))
+        sys.exit(exit_code(err))
 
 
 def run_cli() -> None:
