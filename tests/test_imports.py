@@ -15,9 +15,9 @@ FORBIDDEN = {  # package -> modules (and their submodules) it must not import
     f"{TOP}.methods": (f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
     # the engine runs methods through their base interface only, never one paper's module
     f"{TOP}.decoding": (*[f"{TOP}.methods.{name}" for name in ("gac", "unite", "deepen", "packllm", "chared",
-                                                               "safe", "byte_level", "coolfusion", "sweetspan",
-                                                               "single", "voting", "mbr", "rerank", "token_level",
-                                                               "span_level", "sample_level")],
+                                                               "safe", "safe_reading", "byte_level", "coolfusion",
+                                                               "sweetspan", "single", "voting", "mbr", "rerank",
+                                                               "token_level", "span_level", "sample_level")],
                         f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
     # the layer that writes runs never imports the reports that read them, nor the CLI above it
     **{f"{TOP}.{name}": (f"{TOP}.report", f"{TOP}.cli", f"{TOP}.lm_eval_cli")

@@ -13,7 +13,8 @@ from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
-from ensemble_bench.methods.safe import END, Draft, Reading, Safe, SafeParams, sharpened_choice
+from ensemble_bench.methods.safe import END, Safe, SafeParams
+from ensemble_bench.methods.safe_reading import Draft, Reading, sharpened_choice
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from ensemble_bench.vocab.union import STOP_KEY
 from tests.tiny import REQUESTS
