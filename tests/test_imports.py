@@ -137,3 +137,17 @@ def test_the_seams_hold():
               for package, banned in FORBIDDEN.items() if within(module, package)
               for target in top | inner if any(within(target, b) for b in banned)]
     assert not broken, "; ".join(broken)
+
+
+
+HUBS = [f"{TOP}.{name}" for name in ("members", "methods", "decoding", "vocab", "report")]  # __init__ re-exports
+
+
+def test_no_module_imports_the_package_that_reexports_it():
+    """A module of a package whose ``__init__`` re-exports its modules imports from the module that defines a
+    name, never from the package (members/remote.py and members/vocab_files.py once did, inside functions, to
+    break that circle). tasks/ and the root package define their own names (the benchmark registry, the
+    version) and import none of the modules importing them: the cycle tests above check that."""
+    inward = [f"{module} imports {package}" for module, (top, inner, typing) in GRAPH.items()
+              for package in HUBS if module != package and within(module, package) and package in top | inner | typing]
+    assert not inward, "; ".join(inward)
