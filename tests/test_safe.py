@@ -81,7 +81,7 @@ def members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
 def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     safe = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), SafeParams(), batch_size=2)
     generations = safe.generate(REQUESTS)
-    info = safe.info()
+    info = {**safe.info(), **safe.info()[safe.name]}  # shared and own statistics
     assert info["tokens_committed"] >= sum(g.new_tokens for g in generations)
     assert 0 < info["tokens_ensembled"] <= info["stable_positions"]
     assert info["tokens_replaced"] <= info["tokens_ensembled"]

@@ -50,6 +50,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import canonical_tail, text_appender
+from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     GenerationRequest,
@@ -117,6 +118,14 @@ class SafeStats:
                 "ensembled_fraction": self.ensembled / self.tokens if self.tokens else None}
 
 
+@dataclass(frozen=True)
+class SafeReport(MethodStats):
+    lead_index: int
+    union_size: int
+    verifiers_sharing_the_drafter_vocabulary: list[int]
+    cycles: dict = spread()  # SafeStats.summary(): drafts, positions checked, skipped, ensembled
+
+
 class Safe(DecodingMethod):
     name = "safe"
     Params = SafeParams
@@ -145,9 +154,9 @@ class Safe(DecodingMethod):
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, "union_size": self.union.size,
-                "verifiers_sharing_the_drafter_vocabulary": sorted(self.shared), **self.stats.summary()}
+    def statistics(self) -> SafeReport:
+        return SafeReport(lead_index=self.lead, union_size=self.union.size,
+                          verifiers_sharing_the_drafter_vocabulary=sorted(self.shared), cycles=self.stats.summary())
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> SafeState:

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import lead_field, normalised_weights
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
 
@@ -42,6 +42,12 @@ class UniteStats:
 
     def per_step(self) -> float | None:
         return self.union_sizes / self.union_rows if self.union_rows else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniteReport(EmitterReport):
+    weights_resolved: list[float]
+    tokens_manipulated_per_step: float | None  # Table 5: the size of the top-k union per step
 
 
 class Unite(EmitterMethod):
@@ -97,9 +103,9 @@ class Unite(EmitterMethod):
             self._stops[key] = torch.tensor(sorted(self.aligners[member].stop_ids), dtype=torch.long, device=device)
         return self._stops[key]
 
-    def counters(self) -> dict:
-        return {**super().counters(), "weights_resolved": self.weights,
-                "tokens_manipulated_per_step": self.stats.per_step()}
+    def statistics(self) -> UniteReport:
+        return UniteReport(**vars(super().statistics()), weights_resolved=self.weights,
+                           tokens_manipulated_per_step=self.stats.per_step())
 
 
 def best_stop_ids(logprobs: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:

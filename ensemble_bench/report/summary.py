@@ -189,11 +189,11 @@ def timing_cells(stats: RunStats, row_dir: Path) -> dict:
 def speculative_cells(stats: RunStats) -> dict:
     """A speculative row's draft acceptance in % and each member's forward passes per generated token
     (``a 1.00, b 0.31``); nothing for other rows (the columns appear when some row drafts)."""
-    counters = stats.counters
-    if "speculative_acceptance_rate" not in counters:
+    own = stats.method_stats
+    if "speculative_acceptance_rate" not in own:
         return {}
-    rate = counters.get("speculative_acceptance_rate")
-    forwards = counters.get("speculative_forwards_per_token") or {}
+    rate = own.get("speculative_acceptance_rate")
+    forwards = own.get("speculative_forwards_per_token") or {}
     return {"accepted %": round(100 * rate, 1) if isinstance(rate, (int, float)) else None,
             "forwards/token": ", ".join(f"{name} {value:.2f}" for name, value in forwards.items()
                                         if isinstance(value, (int, float))) or None}
