@@ -210,7 +210,8 @@ def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, floa
     info = method.info()
     steps = info["decode_steps"] + info["generation_batches"]  # phases also ran in the first step
     phases = {name: 1000 * seconds / steps for name, seconds in clock.seconds.items()}
-    return info["decode_ms_per_token"], phases, info.get("bound_decided_fraction"), retokenize_cost(info)
+    own = info.get(method.name, {})  # the method's own statistics
+    return info["decode_ms_per_token"], phases, own.get("bound_decided_fraction"), retokenize_cost(own)
 
 
 def retokenize_cost(info: dict) -> dict:

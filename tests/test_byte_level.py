@@ -67,7 +67,7 @@ def test_a_branch_dies_when_no_token_extends_it():
 def test_covering_tree_statistics_are_reported(bpe_tokenizer, bpe_model):
     alone = ByteLevel([LocalMember(bpe_model, bpe_tokenizer, "solo")], ByteLevelParams(), batch_size=3)
     alone.generate(REQUESTS)
-    info = alone.info()
+    info = alone.info()[alone.name]
     assert info["covering_tree_branches_mean"] >= 1 and info["covering_tree_branches_max"] >= 2
 
 

@@ -126,7 +126,7 @@ def test_characters_per_token_reported(bpe_tokenizer, bpe_model, sp_tokenizer, s
     method = CharED([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
                     CharEDParams(), batch_size=3)
     one = method.generate(REQUESTS)
-    info = method.info()
+    info = method.info()[method.name]
     assert info["chared_steps"] == sum(g.new_tokens for g in one)
     assert info["chared_characters_per_token"] > 1.0  # a step's piece is a token of some member, mostly several bytes
     assert info["chared_characters_per_token"] <= info["chared_bytes_per_token"]

@@ -200,7 +200,7 @@ def test_list_reads_at_80_columns(monkeypatch, capsys):
     from ensemble_bench import listing  # `list` lives there (moved out of cli.py)
 
     monkeypatch.setattr(listing, "list_benchmarks", lambda: [*list_benchmarks(), blocked])
-    monkeypatch.setattr(cli, "console", cli.Console(width=80))
+    monkeypatch.setattr(cli, "console", cli.PipeConsole(width=80))
     code, out = cli_run(monkeypatch, capsys, "list")
     lines = out.out.splitlines()
     assert code == 0 and max(map(len, lines)) <= 80

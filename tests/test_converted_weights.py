@@ -34,7 +34,7 @@ def fake_gguf(fake_packaged, monkeypatch):  # noqa: F811
         return weights
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
-    monkeypatch.setattr(members, "load_tokenizer", lambda source, trust_remote_code=False: tokenizer)
+    monkeypatch.setattr(members.loading, "load_tokenizer", lambda source, trust_remote_code=False: tokenizer)
     return model, conversions, tokenizer
 
 

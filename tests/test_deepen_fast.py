@@ -119,6 +119,6 @@ def test_generation_with_bounds_equals_the_exact_path(bpe_tokenizer, bpe_model, 
     fast = Deepen(pair(), params, batch_size=3)
     bounded = [g.text for g in fast.generate(REQUESTS)]
     if scale > 1:
-        assert fast.info()["bound_decided_fraction"] > 0
+        assert fast.info()[fast.name]["bound_decided_fraction"] > 0
     bounds_off(monkeypatch)
     assert bounded == [g.text for g in Deepen(pair(), params, batch_size=3).generate(REQUESTS)]

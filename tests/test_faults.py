@@ -22,7 +22,7 @@ import click
 import pytest
 import typer
 
-from ensemble_bench import cli
+from ensemble_bench import cli, cli_faults
 from ensemble_bench.errors import EnvironmentFault, UserError
 from tests.fake_runs import fake_run
 
@@ -166,7 +166,7 @@ HANDLED = {
     "typer usage error": (typer.BadParameter("no such thing"), 2, "no such thing (ensbench --help)"),
     "click usage error": (click.UsageError("no such option"), 2, "error: no such option (ensbench --help)"),
 }
-for _abort in cli.INTERRUPTS:
+for _abort in cli_faults.INTERRUPTS:
     HANDLED[f"abort {_abort.__module__}.{_abort.__name__}"] = (_abort(), 130, "interrupted: run the same command")
 
 
@@ -199,7 +199,7 @@ def test_ctrl_c_under_typer_returns_130_and_the_resume_hint(monkeypatch, capsys)
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", raising(ZeroDivisionError("division by zero")))
     code, out = run_cli(monkeypatch, capsys, "list")
-    assert code == cli.BUG == 70
+    assert code == cli_faults.BUG == 70
     assert "Traceback" in out.err and "ZeroDivisionError" in out.err
     assert out.err.strip().splitlines()[-1].startswith("error: this is a bug in ensbench")
 
@@ -207,13 +207,13 @@ def test_a_bug_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
 def test_the_handler_itself_cannot_fail(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", raising(type("Odd", (Unprintable, UserError), {})()))
     code, out = run_cli(monkeypatch, capsys, "list")
-    assert code == cli.BUG and "AttributeError" not in out.err
+    assert code == cli_faults.BUG and "AttributeError" not in out.err
 
 
 def test_the_handler_names_only_exception_classes_that_exist():
-    for group in (cli.HELP_REQUESTS, cli.USAGE_ERRORS, cli.INTERRUPTS):
+    for group in (cli_faults.HELP_REQUESTS, cli_faults.USAGE_ERRORS, cli_faults.INTERRUPTS):
         assert group and all(isinstance(c, type) and issubclass(c, BaseException) for c in group)
-    assert typer.Abort in cli.INTERRUPTS and click.exceptions.Abort in cli.INTERRUPTS
+    assert typer.Abort in cli_faults.INTERRUPTS and click.exceptions.Abort in cli_faults.INTERRUPTS
 
 
 def test_command_line_help_and_success_still_work(monkeypatch, capsys):
@@ -292,13 +292,14 @@ def test_a_damaged_recipe_of_a_run_is_named(tmp_path, monkeypatch, capsys):
 def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the_cache(tiny_dirs, tmp_path,
                                                                                       monkeypatch, capfd):
     from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.report.summary import write_summary
     from ensemble_bench.runner import run_recipe
 
     monkeypatch.chdir(tmp_path)  # not a git checkout: lm-eval's git lookup must stay quiet
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results"))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe)
+    run_dir = run_recipe(recipe, write_summary)
     assert "fatal" not in capfd.readouterr().err
     first = {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
@@ -307,7 +308,7 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     [results] = (run_dir / "bpe").glob("results_*.json")
     results.write_text(results.read_text()[:100])
     events = []
-    assert run_recipe(recipe, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
     assert events[0][0] == "bpe" and events[0][1].startswith(f"damaged ({results.name} does not parse")
     assert events.index(("bpe", "loading")) > events.index(("sp", "kept from the interrupted run"))
     assert {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")} == first
@@ -493,12 +494,13 @@ def default_sigint():
 def uninterrupted(tiny_dirs, tmp_path_factory):
     """The files of an uninterrupted run of the interrupt tests' recipe."""
     from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.report.summary import write_summary
     from ensemble_bench.runner import run_recipe
 
     folder = tmp_path_factory.mktemp("whole")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=8))
-    run_dir = run_recipe(load_recipe(recipe))
+    run_dir = run_recipe(load_recipe(recipe), write_summary)
     return {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
 

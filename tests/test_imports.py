@@ -1,8 +1,8 @@
 """The package's import graph, read with ``ast``: no cycle among module-level imports (typing-only
 imports under ``if TYPE_CHECKING:`` included: a circle hidden there is still a circle), and the seams
 of the design hold (members and vocab know nothing of methods, the runner, lm-eval's adapter or the
-CLI; methods know nothing of lm-eval, the adapter, the runner or the CLI), in function-level imports
-too."""
+CLI; methods know nothing of lm-eval, the adapter, the runner or the CLI; the modules writing a run know
+nothing of the reports reading it), in function-level imports too."""
 
 import ast
 from pathlib import Path
@@ -15,10 +15,13 @@ FORBIDDEN = {  # package -> modules (and their submodules) it must not import
     f"{TOP}.methods": (f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
     # the engine runs methods through their base interface only, never one paper's module
     f"{TOP}.decoding": (*[f"{TOP}.methods.{name}" for name in ("gac", "unite", "deepen", "packllm", "chared",
-                                                               "safe", "byte_level", "coolfusion", "sweetspan",
-                                                               "single", "voting", "mbr", "rerank", "token_level",
-                                                               "span_level", "sample_level")],
+                                                               "safe", "safe_reading", "byte_level", "coolfusion",
+                                                               "sweetspan", "single", "voting", "mbr", "rerank",
+                                                               "token_level", "span_level", "sample_level")],
                         f"{TOP}.lm", f"{TOP}.runner", f"{TOP}.cli", "lm_eval"),
+    # the layer that writes runs never imports the reports that read them, nor the CLI above it
+    **{f"{TOP}.{name}": (f"{TOP}.report", f"{TOP}.cli", f"{TOP}.lm_eval_cli")
+       for name in ("runner", "runs", "run_folder", "run_lock", "row_store", "row_check", "preflight", "sittings")},
 }
 
 
@@ -134,3 +137,17 @@ def test_the_seams_hold():
               for package, banned in FORBIDDEN.items() if within(module, package)
               for target in top | inner if any(within(target, b) for b in banned)]
     assert not broken, "; ".join(broken)
+
+
+
+HUBS = [f"{TOP}.{name}" for name in ("members", "methods", "decoding", "vocab", "report")]  # __init__ re-exports
+
+
+def test_no_module_imports_the_package_that_reexports_it():
+    """A module of a package whose ``__init__`` re-exports its modules imports from the module that defines a
+    name, never from the package (members/remote.py and members/vocab_files.py once did, inside functions, to
+    break that circle). tasks/ and the root package define their own names (the benchmark registry, the
+    version) and import none of the modules importing them: the cycle tests above check that."""
+    inward = [f"{module} imports {package}" for module, (top, inner, typing) in GRAPH.items()
+              for package in HUBS if module != package and within(module, package) and package in top | inner | typing]
+    assert not inward, "; ".join(inward)

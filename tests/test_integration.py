@@ -213,7 +213,7 @@ def test_speculative_equals_every_token_on_real_members(smollm2):
             method = cls([smollm2, gemma], params(speculative=4, proposer=proposer), batch_size=3)
             assert [g.text for g in method.generate(requests)] == expected, (cls.name, proposer)
             # drafts were read and verified (the draft length may then fall to 0 where they do not pay)
-            assert sum(row["drafted"] for row in method.info()["speculative_rows"]) > 0
+            assert sum(row["drafted"] for row in method.info()[method.name]["speculative_rows"]) > 0
 
 
 def test_byte_level_tree_scoring_equals_the_byte_loop_on_real_members(smollm2, monkeypatch):

@@ -163,7 +163,7 @@ def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_mod
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
     fast = PackLLM(pair(), params, batch_size=3)
     generations = fast.generate(REQUESTS)
-    recorded = {tuple(round(x, 5) for x in w) for w in fast.info()["packllm_prompt_weights"]}
+    recorded = {tuple(round(x, 5) for x in w) for w in fast.info()[fast.name]["packllm_prompt_weights"]}
     members, models = pair(), [bpe_model, sp_model]
     for request, generation in zip(REQUESTS, generations):
         weights = naive_weights(members, models, request, params)
@@ -255,7 +255,7 @@ def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_mod
         weights = naive_weights(members, models, request, params)
         references.add(max(range(2), key=lambda k: (weights[k], -k)))
         assert generation.text == cut_at_until(naive_mined(members, models, request, weights), request.until)
-    assert fast.info()["alignment"] == "mined"
+    assert fast.info()[fast.name]["alignment"] == "mined"
     if params.tau == 0.02:
         assert references == {0, 1}  # rows with different references in one batch
 
@@ -266,7 +266,7 @@ def test_prompt_weights_are_batch_invariant_and_reported(bpe_tokenizer, bpe_mode
         method = PackLLM([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
                          PackLLMParams(variant="opt", alignment=alignment), batch_size=batch_size)
         method.generate(REQUESTS)
-        return method.info()
+        return method.info()[method.name]  # its own statistics
     info_one, info_three = run(1), run(3)
 
     def flat(info):
@@ -298,7 +298,8 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bp
     weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0]
     assert weights[0] != pytest.approx(0.5, abs=1e-3)
     scores = method.loglikelihood(requests)
-    assert method.info()["packllm_prompt_weights"] == [[round(x, 6) for x in weights]]  # one distinct context
+    own = method.info()[method.name]
+    assert own["packllm_prompt_weights"] == [[round(x, 6) for x in weights]]  # one distinct context
     for request, score in zip(requests, scores):
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob

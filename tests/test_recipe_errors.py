@@ -284,12 +284,13 @@ def test_the_plan_is_built_once_per_command(tmp_path, monkeypatch, capsys):
     import yaml
 
     from ensemble_bench import recipe as recipe_module
+    from ensemble_bench import recipe_schema
 
     calls, validations = [], []
-    planned, validate = recipe_module.plan_rows, recipe_module.validate_method
-    monkeypatch.setattr(recipe_module, "plan_rows", lambda *a, **k: calls.append(1) or planned(*a, **k))
-    monkeypatch.setattr(recipe_module, "validate_method",
-                        lambda *a, **k: validations.append(1) or validate(*a, **k))
+    planned, validate = recipe_schema.plan_rows, recipe_schema.validate_method
+    for module in (recipe_module, recipe_schema):  # the loading and the schema (Recipe.plan) each call them
+        monkeypatch.setattr(module, "plan_rows", lambda *a, **k: calls.append(1) or planned(*a, **k))
+        monkeypatch.setattr(module, "validate_method", lambda *a, **k: validations.append(1) or validate(*a, **k))
     data = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "offline" / "demo.yaml").read_text())
     data.pop("method")
     path = tmp_path / "demo.yaml"

@@ -91,17 +91,26 @@ def test_run_stats_round_trip_and_keep_the_report_keys(bpe_model, bpe_tokenizer,
     stats = RunStats.from_json(info)
     assert stats.to_json() == info
     assert stats.method == "gac" and stats.tokens_generated > 0 and stats.decode_ms_per_token > 0
-    assert 0 <= stats.ensembled_fraction <= 1 and stats.counters["union_size"] > 400
+    assert 0 <= stats.ensembled_fraction <= 1 and stats.method_stats["union_size"] > 400
     assert {"decode_ms_per_token", "time_to_first_token_ms", "tokens_generated", "ensembled_fraction", "params",
-            "contexts_truncated", "gate_index", "union_size"} <= set(info)
-    assert "counters" not in info and "tokens_manipulated_per_step" not in info  # optional keys only when set
+            "contexts_truncated", "gac"} <= set(info)
+    assert {"gate_index", "union_size", "tokens_ensembled"} <= set(info["gac"]) and "union_size" not in info  # its own
+    assert "method_stats" not in info and "tokens_manipulated_per_step" not in info  # optional keys only when set
+
+
+def test_a_methods_counter_never_shadows_a_shared_field():
+    own = {"tokens_generated": -1, "ensembled_fraction": 0.25, "rounds": 3}
+    stats = RunStats.of_method({"method": "x", "params": {}, "tokens_generated": 9}, own)
+    assert stats.tokens_generated == 9 and stats.ensembled_fraction == 0.25
+    assert stats.to_json()["x"] == {"tokens_generated": -1, "rounds": 3}
+    assert RunStats.from_json(stats.to_json()) == stats
 
 
 def test_read_stats_names_an_old_rows_params_as_today():
     old = {"label": "ss", "method": "sweetspan", "params": {"main": 0, "filter_ratio": 4.0}, "decode_ms_per_token": 2.5,
            "rounds": 7}
     stats = read_stats(old)
-    assert stats.params["lambda"] == 4.0 and stats.params["lead"] == 0 and stats.counters == {"rounds": 7}
+    assert stats.params["lambda"] == 4.0 and stats.params["lead"] == 0 and stats.method_stats == {"rounds": 7}
     assert stats.label == "ss" and stats.decode_ms_per_token == 2.5
 
 

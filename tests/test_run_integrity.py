@@ -140,6 +140,7 @@ def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
 @pytest.mark.usefixtures("offline_data")
 def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_dirs, tmp_path, monkeypatch):
     from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.report.summary import write_summary
     from ensemble_bench.runner import run_recipe
 
     monkeypatch.chdir(tmp_path)
@@ -148,7 +149,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2)
                            .replace("- {name: piqa, limit: 2}", two_tasks))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe)
+    run_dir = run_recipe(recipe, write_summary)
     first = {row: row_files(run_dir / row) for row in ROWS}
     assert all(set(files) == {"piqa", "arc", "results"} for files in first.values())
 
@@ -158,7 +159,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     [short] = (run_dir / "sp").glob("samples_piqa_*.jsonl")  # one example fewer, every line still parses
     short.write_text("".join(short.read_text().splitlines(keepends=True)[:-1]))
     events = []
-    assert run_recipe(recipe, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
     assert ("bpe", f"damaged ({lost.name} is missing): recomputed from the response cache") in events
     results_name = short.name.replace('samples_piqa', 'results')[:-1]
     assert ("sp", f"damaged ({short.name} does not hold the examples {results_name}"
@@ -208,12 +209,13 @@ def test_output_naming_an_unset_variable_is_one_line(tmp_path, monkeypatch, caps
 def finished_tiny_run(tiny_dirs, tmp_path_factory, offline_data):
     """The output folder of one finished tiny run (copied by each test that changes it)."""
     from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.report.summary import write_summary
     from ensemble_bench.runner import run_recipe
 
     folder = tmp_path_factory.mktemp("finished")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=2))
-    run_recipe(load_recipe(recipe))
+    run_recipe(load_recipe(recipe), write_summary)
     return folder / "results"
 
 

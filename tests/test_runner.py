@@ -68,7 +68,7 @@ def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, 
     results = json.loads(next((run_dir / "bpe").glob("results_*.json")).read_text())
     assert results["config"]["ensbench"]["method"] == "single"
     gac = json.loads(next((run_dir / "gac").glob("results_*.json")).read_text())["config"]["ensbench"]
-    assert gac["method"] == "gac" and 0 < gac["ensembled_fraction"] <= 1 and gac["union_size"] > 400
+    assert gac["method"] == "gac" and 0 < gac["ensembled_fraction"] <= 1 and gac["gac"]["union_size"] > 400
     first = {row: samples_of(run_dir / row) for row in ("bpe", "sp", "gac")}
     first_tokens = {row: json.loads((run_dir / row / "timing.json").read_text())["tokens_generated"]
                     for row in ("sp", "gac")}

@@ -13,7 +13,8 @@ from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
-from ensemble_bench.methods.safe import END, Draft, Reading, Safe, SafeParams, sharpened_choice
+from ensemble_bench.methods.safe import END, Safe, SafeParams
+from ensemble_bench.methods.safe_reading import Draft, Reading, sharpened_choice
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from ensemble_bench.vocab.union import STOP_KEY
 from tests.tiny import REQUESTS
@@ -80,7 +81,7 @@ def members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
 def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     safe = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), SafeParams(), batch_size=2)
     generations = safe.generate(REQUESTS)
-    info = safe.info()
+    info = {**safe.info(), **safe.info()[safe.name]}  # shared and own statistics
     assert info["tokens_committed"] >= sum(g.new_tokens for g in generations)
     assert 0 < info["tokens_ensembled"] <= info["stable_positions"]
     assert info["tokens_replaced"] <= info["tokens_ensembled"]

@@ -143,7 +143,7 @@ def test_reward_rerank_end_to_end(reward_dir, bpe_tokenizer, bpe_model, sp_token
     for i, (request, generation) in enumerate(zip(REQUESTS, chosen)):
         candidates = [a[i] for a in alone]
         assert generation.text == candidates[rerank.scorer.choose(request.prompt, candidates, 0)]
-    assert rerank.timing.decode_steps > 0 and rerank.info()["scorer"] == "reward"
+    assert rerank.timing.decode_steps > 0 and rerank.info()[rerank.name]["scorer"] == "reward"
 
 
 def test_llm_blender_rankers_go_through_the_package(monkeypatch, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):

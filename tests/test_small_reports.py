@@ -4,6 +4,8 @@ answered (none: said so), speculative rows show acceptance and forwards per toke
 
 import json
 
+import pytest
+
 from ensemble_bench.decoding.speculation_stats import RowRecord, SpeculationStats
 from ensemble_bench.methods import RunStats
 from ensemble_bench.report.summary import reuse_section, timing_cells
@@ -27,9 +29,12 @@ def test_the_cache_line_counts_the_requests_the_cache_answered(tmp_path):
     assert lines[-1] == "- y: `a/cache/y.db`'s response cache held none of its 10 requests (all computed)"
 
 
-def test_a_speculative_row_shows_its_acceptance_and_forwards_per_token(tmp_path):
-    stats = RunStats.from_json({"method": "gac", "params": {}, "speculative_acceptance_rate": 0.625,
-                                "speculative_forwards_per_token": {"a": 1.0, "b": 0.3125}})
+@pytest.mark.parametrize("stored", ["under the method's name", "flat (runs stored before)"])
+def test_a_speculative_row_shows_its_acceptance_and_forwards_per_token(tmp_path, stored):
+    own = {"speculative_acceptance_rate": 0.625, "speculative_forwards_per_token": {"a": 1.0, "b": 0.3125}}
+    shared = {"method": "gac", "params": {}, "tokens_generated": 8}
+    stats = RunStats.from_json({**shared, "gac": own} if stored.startswith("under") else {**shared, **own})
+    assert stats.method_stats == own and stats.tokens_generated == 8
     cells = timing_cells(stats, tmp_path)
     assert cells["accepted %"] == 62.5 and cells["forwards/token"] == "a 1.00, b 0.31"
     assert "accepted %" not in timing_cells(RunStats.from_json({"method": "gac", "params": {}}), tmp_path)

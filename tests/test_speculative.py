@@ -50,7 +50,7 @@ def test_speculative_equals_every_token(pair, case, proposer):
     expected, _ = run(method_class, params_class, pair(), fields)
     got, method = run(method_class, params_class, pair(), {**fields, "speculative": 4, "proposer": proposer})
     assert got == expected
-    info = method.info()
+    info = method.info()[method.name]  # the method's own statistics
     assert info["speculative_proposer"] == ["bpe", "sp"][proposer]
     assert len(info["speculative_rows"]) == len(LONG)
 
@@ -60,7 +60,7 @@ def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
     expected, _ = run(Gac, GacParams, pair(), {}, batch_size)
     got, method = run(Gac, GacParams, pair(), {"speculative": 6, "proposer": "auto"}, batch_size)
     assert got == expected
-    assert method.info()["speculative_proposer"] == "auto"
+    assert method.info()[method.name]["speculative_proposer"] == "auto"
 
 
 class IdleMachineCosts(Costs):
@@ -80,7 +80,7 @@ def test_member_with_itself_takes_every_draft(same_model):
     method = Gac([same_model("a"), same_model("b")], GacParams(speculative=4), batch_size=2)
     method.speculation.costs = IdleMachineCosts()
     assert outputs(method, LONG) == alone
-    info = method.info()
+    info = method.info()[method.name]  # the method's own statistics
     assert info["speculative_acceptance_rate"] == 1.0
     assert info["speculative_tokens_per_round"] > 2
     # the second member reads each round's draft in one forward: fewer forwards than tokens
@@ -96,7 +96,7 @@ def test_unite_with_itself_equals_the_member(same_model):  # exact under local f
 
 def test_draft_length_adapts_down_when_drafts_fail(pair):
     _, method = run(Gac, GacParams, pair(), {"speculative": 8, "proposer": 0})
-    info = method.info()
+    info = method.info()[method.name]  # the method's own statistics
     assert info["speculative_draft_length_mean"] < 8
     rows = info["speculative_rows"]
     assert all(r["tokens"] >= r["rounds"] for r in rows)

@@ -35,6 +35,7 @@ import torch
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.loading import load_member
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 
@@ -48,8 +49,6 @@ class MemberServer:
     def __init__(self, load: dict[str, Any], threads: int | None = None):
         if threads:
             torch.set_num_threads(threads)
-        from ensemble_bench.members import load_member
-
         self.error: str | None = None
         try:
             self.member = load_member(**load)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.stats import RunStats
+from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
 
@@ -307,9 +307,14 @@ class Method(ABC):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Total log-likelihood of each whole text (perplexity tasks)."""
 
+    def statistics(self) -> MethodStats | dict[str, Any]:
+        """The method's own statistics, a ``MethodStats`` dataclass it declares (serialised under its name;
+        ``ensembled_fraction`` and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``). A
+        method that declares none reports the dict of ``counters`` (empty by default)."""
+        return self.counters()
+
     def counters(self) -> dict[str, Any]:
-        """The method's own counters (JSON values) for its run statistics; the keys ``ensembled_fraction``
-        and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``."""
+        """The JSON values of a method that declares no ``MethodStats`` (packllm and byte_level, for now)."""
         return {}
 
     def run_stats(self) -> RunStats:
@@ -318,7 +323,7 @@ class Method(ABC):
         truncated = {m.name: m.contexts_truncated - before for m, before in zip(self.members, self._truncated_before)}
         shared = {"method": self.name, "params": self.params.model_dump(mode="json"), "batch_size": self.batch_size,
                   **self.timing.summary(), "contexts_truncated": truncated}
-        return RunStats.from_json({**shared, **self.counters()})
+        return RunStats.of_method(shared, self.statistics())
 
     def carried(self) -> dict[str, object]:
         """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the

@@ -37,6 +37,7 @@ from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, cached_tail, member_continuation
 from ensemble_bench.decoding.feeding import Held as TextHeld
 from ensemble_bench.decoding.scorers import mean_perplexity
+from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
     Generation,
@@ -97,6 +98,13 @@ def perplexity(logprobs: Sequence[float]) -> float:
 def text_of(member: Member, tokens: Sequence[int]) -> str:
     """The text of a member's ids by their bytes (no decode-time space stripping), whole characters."""
     return split_valid_utf8(member.vocab.join(tokens))[0]
+
+
+@dataclass(frozen=True)
+class SpanReport(MethodStats):
+    lead_index: int
+    rounds: int  # span rounds: candidates proposed and scored
+    retokenizing: dict = spread()
 
 
 class SpanMethod(DecodingMethod):
@@ -323,6 +331,6 @@ class SpanMethod(DecodingMethod):
         totals = rolling_with_members(self.members, texts, self.batch_size)
         return [sum(values) / len(values) for values in zip(*totals)]
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, "rounds": self.rounds,
-                **self.feed_stats.summary(self.params.retokenize)}
+    def statistics(self) -> SpanReport:
+        return SpanReport(lead_index=self.lead, rounds=self.rounds,
+                          retokenizing=self.feed_stats.summary(self.params.retokenize))
