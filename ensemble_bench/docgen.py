@@ -1,7 +1,7 @@
 """docs/methods.md's parameter tables, generated from the methods' Params (``describe_params``).
 
 ``python -m ensemble_bench.docgen`` rewrites the part of docs/methods.md between the two
-markers; ``--check`` only says whether it is up to date (exit 1 if not). tests/test_method_params_doc.py
+markers; ``--check`` only says whether it is up to date (exit 1 if not). tests/docs/test_method_params_doc.py
 keeps the page in sync.
 """
 

@@ -1,0 +1,191 @@
+"""GaC: hand-checked union maths, thresholds, seeded sampling, and fast == a naive uncached Eq. 3/5
+(identity, batch invariance and Ray: tests/methods/test_method_contract.py)."""
+
+import math
+
+import pytest
+import torch
+
+from ensemble_bench.decoding.feeding import member_continuation
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import LoglikelihoodRequest
+from ensemble_bench.methods.gac import Gac, GacParams
+from ensemble_bench.methods.single import Single
+from ensemble_bench.vocab import VocabView
+from ensemble_bench.vocab.append import TextAppender, single_byte_ids
+from ensemble_bench.vocab.union import STOP_KEY, build_union
+from tests.tiny import REQUESTS, outputs
+
+
+# ------------------------------------------------------------------ hand-checked union maths
+def test_union_by_bytes_hand_checked():
+    # A: byte-level style. id 4 is a partial UTF-8 piece (first byte of 'é'), id 6 a padded head row.
+    a = VocabView((b"<|im_end|>", b" James", b"a", b"es", b"\xc3", b"\xa9", None), frozenset({0}), "byte-level")
+    # B: SentencePiece style. ' James' is two ids (' Jam' + 'es'); id 4 is the byte-fallback <0xC3>;
+    # ids 1 and 5 both spell ' Jam' (a duplicate inside one vocabulary); id 6 is <unk>, special.
+    b = VocabView((b"</s>", b" Jam", b"es", b"a", b"\xc3", b" Jam", b"<unk>"), frozenset({0, 6}), "sentencepiece")
+    union = build_union([a, b], [[0], [0]])
+    assert set(union.entries) == {STOP_KEY + b"<|im_end|>", STOP_KEY + b"</s>", b" James", b"a", b"es",
+                                  b"\xc3", b"\xa9", b" Jam"}
+    assert union.size == 8 and int(union.stop_mask.sum()) == 2
+    at = {e: k for k, e in enumerate(union.entries)}
+    pa = torch.tensor([[0.05, 0.40, 0.10, 0.05, 0.20, 0.20, 0.00]])
+    pb = torch.tensor([[0.10, 0.25, 0.05, 0.10, 0.20, 0.25, 0.05]])
+    qa, qb = union.maps[0].project(pa, union.size), union.maps[1].project(pb, union.size)
+    assert qb[0, at[b" Jam"]] == pytest.approx(0.50)  # duplicates add up
+    assert qb.sum() == pytest.approx(0.95)             # <unk> (special, not a stop) maps nowhere
+    mixed = (qa + qb) / 2                               # Eq. 3, average
+    expected = {b" James": 0.20, b" Jam": 0.25, b"a": 0.10, b"es": 0.05, b"\xc3": 0.20, b"\xa9": 0.10,
+                STOP_KEY + b"<|im_end|>": 0.025, STOP_KEY + b"</s>": 0.05}
+    for entry, value in expected.items():
+        assert float(mixed[0, at[entry]]) == pytest.approx(value), entry
+    assert union.entries[int(mixed.argmax())] == b" Jam"
+    weighted = (1 * qa + 3 * qb) / 4                    # Sec. 4.3 weights
+    assert float(weighted[0, at[b" James"]]) == pytest.approx(0.10)
+    assert int(union.maps[1].to_member[at[b" Jam"]]) == 1  # lowest id among duplicates
+    assert int(union.maps[0].to_member[at[b" Jam"]]) == -1
+
+
+def test_appending_bytes_to_a_member_hand_checked(bpe_tokenizer, bpe_model):
+    member = LocalMember(bpe_model, bpe_tokenizer, "bpe")
+    union = build_union([member.vocab], [sorted(member.stop_ids)])
+    appender = TextAppender(member.vocab.pieces, union.maps[0].by_bytes,
+                            single_byte_ids(member.vocab.pieces, member.vocab.special_ids),
+                            member_continuation(member), window=4)
+    caf = member.encode("Caf", add_special_tokens=False)
+    # bytes that are exactly one of the member's tokens: that token, nothing re-tokenised
+    first = appender.plan(caf, b"\xc3")  # half of 'é' (a partial UTF-8 byte-level piece)
+    assert first.drop == 0 and first.ids == (union.maps[0].by_bytes[b"\xc3"],)
+    # bytes that are not one token: the window is re-encoded and replaced where it parts
+    tail = caf + list(first.ids)
+    second = appender.plan(tail, b"\xa9 is")
+    rebuilt = tail[:len(tail) - second.drop] + list(second.ids)
+    assert second.drop > 0
+    assert rebuilt == member.encode("Café is", add_special_tokens=False)
+    # a word that is one id in A and two ids in B
+    sp_like = appender.encode_bytes(b" James went")
+    assert member.vocab.join(sp_like) == b" James went"
+
+
+# ------------------------------------------------------------------ generation invariants
+def test_threshold_one_ensembles_every_token_and_zero_none(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    def pair(threshold):
+        return Gac([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+                   GacParams(threshold=threshold, gate=0), batch_size=2)
+    everything = pair(1.0)
+    everything.generate(REQUESTS)
+    assert everything.stats.ensembled == everything.stats.steps > 0
+    ungated = Gac([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+                  GacParams(), batch_size=2)
+    assert outputs(everything) == outputs(ungated)
+    nothing = pair(0.0)
+    alone = outputs(Single([LocalMember(bpe_model, bpe_tokenizer, "solo")], Single.Params(), batch_size=2))
+    assert outputs(nothing) == alone
+    assert nothing.stats.ensembled == 0
+
+
+# ------------------------------------------------------------------ naive reference implementation
+def naive_gac(members, models, request, weights, gate=None, threshold=None, window=4):
+    """Eq. 3/5 one request at a time, every forward recomputed from scratch, union by a dict."""
+    index, maps = {}, []
+    for m in members:
+        mapping = {}
+        for token_id, piece in enumerate(m.vocab.pieces):
+            if token_id in m.stop_ids:
+                key = STOP_KEY + piece
+            elif piece and token_id not in m.vocab.special_ids:
+                key = piece
+            else:
+                continue
+            mapping[token_id] = index.setdefault(key, len(index))
+        maps.append(mapping)
+    entries = sorted(index, key=index.get)
+    appenders = [TextAppender(m.vocab.pieces, {p: i for i, p in reversed(list(enumerate(m.vocab.pieces)))
+                                               if p and i not in m.vocab.special_ids and i not in m.stop_ids},
+                              single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
+                              member_continuation(m), window) for m in members]
+    seqs = [m.render(request.prompt) for m in members]
+    pending = [[] for _ in members]
+    text = b""
+    reference = gate if gate is not None else 0
+    lowest = {}
+    for token_id, union_id in maps[reference].items():
+        lowest.setdefault(union_id, token_id)
+    reference_ids = []
+
+    def render():  # the reference member's decode when it has every piece as a token
+        if reference_ids is not None:
+            return members[reference].decode(reference_ids)
+        return text.decode("utf-8", errors="replace")
+    for _ in range(1, request.max_new_tokens + 1):
+        def probs(k):
+            with torch.no_grad():
+                return models[k](torch.tensor([seqs[k]])).logits[0, -1].float().log_softmax(-1).exp()
+        gate_p = probs(gate) if gate is not None else None
+        if gate is not None and float(gate_p.max()) > threshold:  # Eq. 5, gate alone
+            token = int(gate_p.argmax())
+            if token in members[gate].stop_ids:
+                break
+            data = members[gate].vocab.pieces[token]
+            seqs[gate].append(token)
+            chosen_reference = token
+            for k in range(len(members)):
+                if k != gate:
+                    pending[k].append(data)
+        else:
+            for k in range(len(members)):  # catch up piece by piece, then Eq. 3
+                for piece in pending[k]:
+                    plan = appenders[k].plan(seqs[k], piece)
+                    seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
+                pending[k] = []
+            mixed = [0.0] * len(entries)
+            for k, mapping in enumerate(maps):
+                p = probs(k)
+                for token_id, union_id in mapping.items():
+                    mixed[union_id] += weights[k] * float(p[token_id]) / sum(weights)
+            best = max(range(len(entries)), key=lambda u: (mixed[u], -u))
+            if entries[best].startswith(STOP_KEY):
+                break
+            data = entries[best]
+            chosen_reference = lowest.get(best, -1)
+            for k in range(len(members)):
+                plan = appenders[k].plan(seqs[k], data)
+                seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
+        text += data
+        if reference_ids is not None:
+            reference_ids = reference_ids + [chosen_reference] if chosen_reference >= 0 else None
+        if any(u in render() for u in request.until):
+            break
+    return render()
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, gated):
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    params = GacParams(weights=[1.0, 1.5], threshold=0.2, gate=1) if gated else GacParams(weights=[1.0, 1.5])
+    fast = Gac(members, params, batch_size=3).generate(REQUESTS)
+    reference_members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    for request, generation in zip(REQUESTS, fast):
+        slow = naive_gac(reference_members, [bpe_model, sp_model], request, [1.0, 1.5],
+                         gate=1 if gated else None, threshold=0.2)
+        from ensemble_bench.decoding.stopping import cut_at_until
+        assert generation.text == cut_at_until(slow, request.until)
+
+
+def test_loglikelihood_is_weighted_average_of_sequence_probabilities(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+    gac = Gac([a, b], GacParams(weights=[1.0, 3.0]))
+    request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
+    [score] = gac.loglikelihood([request])
+    la = a.score([a.encode_pair(request.prompt.text, request.continuation)])[0].logprob
+    lb = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
+    assert score.logprob == pytest.approx(math.log((math.exp(la) + 3 * math.exp(lb)) / 4), abs=1e-5)
+
+
+def test_sampling_is_seeded_and_batch_invariant(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    def run(seed, batch_size):
+        members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+        return outputs(Gac(members, GacParams(temperature=1.0, seed=seed), batch_size=batch_size))
+    first = run(7, 3)
+    assert run(7, 3) == first and run(7, 1) == first
+    assert run(8, 3) != first

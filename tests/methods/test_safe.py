@@ -1,0 +1,332 @@
+"""SAFE: hand-checked sharpening and stability, consensus with itself, fast == a naive uncached
+generate-verify-ensemble cycle, block verification == one-token extends and one verifier forward per
+cycle, the recorded shares, parameters (identity, batch invariance and Ray: tests/methods/test_method_contract.py)."""
+
+import copy
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from ensemble_bench.decoding.feeding import text_appender
+from ensemble_bench.decoding.stopping import cut_at_until
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.methods import LoglikelihoodRequest
+from ensemble_bench.methods.safe import END, Draft, Reading, Safe, SafeParams, sharpened_choice
+from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
+from ensemble_bench.vocab.union import STOP_KEY
+from tests.tiny import REQUESTS
+
+
+# ------------------------------------------------------------------ hand-checked pieces
+def test_sharpening_moves_mass_to_the_drafters_prefix_token_only_when_the_average_is_smooth():
+    entries = (STOP_KEY + b"</s>", b" So", b" Sofia", b" Sofa", b" and", b" ", STOP_KEY + b"</s> x")
+    mixed = torch.tensor([0.05, 0.20, 0.25, 0.15, 0.30, 0.05, 0.0])
+    everything = range(len(entries))
+    # smooth (top 0.30 < 0.5): " So" (0.20 > lambda 0.1) takes " Sofia" + " Sofa" -> 0.60 (Sec. 3.3)
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 1
+    # the longer entries gain nothing from their prefix (the reverse direction is not the paper's)
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, [2, 3, 4], everything, 0.1) == 4
+    # lambda: a candidate must exceed the floor
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, everything, 0.25) == 4
+    # only pool entries give: without " Sofia" in the pool " So" reaches 0.35
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 3, 4], 0.1) == 1
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 2, 4], 0.1) == 1
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.5, everything, [1, 4], 0.1) == 4
+    # not smooth enough to sharpen: plain argmax
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.3, everything, everything, 0.1) == 4
+    assert sharpened_choice(mixed, entries, frozenset({0, 6}), 0.0, everything, everything, 0.1) == 4
+    # the bare space and stop entries never gain; stops give nothing to a stop prefix
+    spaced = torch.tensor([0.25, 0.0, 0.20, 0.0, 0.30, 0.15, 0.10])
+    assert sharpened_choice(spaced, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 4
+    # ties: the lowest index
+    tie = torch.tensor([0.0, 0.25, 0.0, 0.0, 0.25, 0.0, 0.0])
+    assert sharpened_choice(tie, entries, frozenset({0, 6}), 0.5, everything, everything, 0.1) == 1
+
+
+def test_stable_positions_are_token_starts_in_every_reading():
+    # draft " So" "fia" " is": offsets 0, 3, 6, 9
+    draft = Draft(tokens=[1, 2, 3], offsets=[0, 3, 6, 9])
+    whole_word = Reading((), (7, 8), (6, 9), 0)         # " Sofia" " is": no boundary at 3
+    split = Reading((), (4, 5, 6), (3, 6, 9), 0)       # the drafter's own split
+    assert Safe._stable(draft, [whole_word]) == [0, 2]
+    assert Safe._stable(draft, [whole_word, split]) == [0, 2]
+    assert Safe._stable(draft, [split]) == [0, 1, 2]
+    # a reading that re-tokenised back into the committed text (start < 0) still starts a token at 0
+    behind = Reading((9,), (10, 11), (0, 9), -2)
+    assert Safe._stable(draft, [behind]) == [0]
+    stopped = Draft(tokens=[1], offsets=[0, 3], stop=True)
+    assert Safe._stable(stopped, [Reading((), (4,), (3,), 0)]) == [0, 1]
+    assert Safe._stable(stopped, [Reading((), (4,), (2,), 0, b"\xc3")]) == [0]
+
+
+# ------------------------------------------------------------------ a member with itself
+@pytest.mark.parametrize("params", [SafeParams(), SafeParams(draft_tokens=1, sharpen=0.0, gate_threshold=0.5),
+                                    SafeParams(drafter=1, draft_tokens=7, weights=[1.0, 3.0], candidate_floor=0.0)])
+def test_with_itself_every_draft_is_accepted_by_consensus(same_model, params):
+    """Its outputs are the member's alone (tests/methods/test_method_contract.py); here, why: no position is
+    ensembled."""
+    pair = Safe([same_model("a"), same_model("b")], params, batch_size=3)
+    pair.generate(REQUESTS)
+    assert pair.stats.ensembled == 0 and pair.stats.drafts_accepted == pair.stats.rounds > 0
+    assert pair.stats.unanimous == pair.stats.stable > 0  # rule (ii)(1) decides every position
+
+
+def members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+
+
+def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    safe = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), SafeParams(), batch_size=2)
+    generations = safe.generate(REQUESTS)
+    info = safe.info()
+    assert info["tokens_committed"] >= sum(g.new_tokens for g in generations)
+    assert 0 < info["tokens_ensembled"] <= info["stable_positions"]
+    assert info["tokens_replaced"] <= info["tokens_ensembled"]
+    assert info["ensembled_fraction"] == info["tokens_ensembled"] / info["tokens_committed"]
+    assert info["draft_acceptance_rate"] == info["drafts_accepted"] / info["safe_rounds"]
+    assert info["safe_rounds"] - info["drafts_accepted"] == info["tokens_replaced"]  # a replacement ends its draft
+    # every position checked ends in exactly one of: a skip by rule (ii)(1), (ii)(2), the gate, or an ensemble
+    assert info["stable_positions"] == (info["skipped_unanimous"] + info["skipped_average"] + info["skipped_gate"]
+                                        + info["tokens_ensembled"])
+    assert info["skipped_gate"] == 0 and info["tokens_sharpened"] <= info["tokens_ensembled"]
+
+
+# ------------------------------------------------------------------ naive reference implementation
+def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0, window=4, floor=0.1, gate=None):
+    """One request, every forward recomputed from scratch, every verifier re-tokenised from
+    scratch, the skip rules, the union average and the sharpening by dicts (paper Sec. 3.2-3.3)."""
+    verifiers = [v for v in range(len(members)) if v != drafter]
+
+    def key(u, token):
+        m = members[u]
+        if token in m.stop_ids:
+            return STOP_KEY + m.vocab.pieces[token]
+        return m.vocab.pieces[token] if m.vocab.pieces[token] and token not in m.vocab.special_ids else None
+
+    def logprobs(u, ids):
+        with torch.no_grad():
+            return models[u](torch.tensor([prompts[u] + ids])).logits[0, -1].float().log_softmax(-1)
+
+    def own_probability(u, lp, token):
+        """u's probability of its token of the draft (None: of stopping)."""
+        probs = lp.exp()
+        return float(sum(probs[s] for s in members[u].stop_ids)) if token is None else float(probs[token])
+
+    def mixed_choice(dists):
+        projected = []
+        for u, lp in enumerate(dists):
+            mass: dict[bytes, float] = {}
+            for token, p in enumerate(lp.exp().tolist()):
+                k = key(u, token)
+                if k is not None:
+                    mass[k] = mass.get(k, 0.0) + p
+            projected.append(mass)
+        union: dict[bytes, float] = {}
+        for mass in projected:
+            for k, p in mass.items():
+                union[k] = union.get(k, 0.0) + p / len(dists)
+        order = list(union)
+        if max(union.values()) < sharpen:  # Sec. 3.3: lambda-floored drafter tokens take the mass of their extensions
+            tops = [sorted(mass, key=lambda e: -mass[e])[:10] for mass in projected]
+            pool = {e for top in tops for e in top}
+            score = dict(union)
+            for c in tops[drafter]:
+                if c.startswith(STOP_KEY) or c == b" " or not union[c] > floor:
+                    continue
+                score[c] = union[c] + sum(union[o] for o in pool if o != c and not o.startswith(STOP_KEY)
+                                          and o.startswith(c))
+            union = score
+        return max(order, key=lambda e: (union[e], -order.index(e)))
+
+    tails = {v: CanonicalTail.from_view(members[v].vocab, continuation_encoder(
+        lambda text, m=members[v]: m.encode(text, add_special_tokens=False))) for v in verifiers}
+    appender = text_appender(members[drafter], window)
+    prompts = [m.render(request.prompt) for m in members]
+    pieces = members[drafter].vocab.pieces
+    text, own, writer_ids, count = b"", [], [], 0
+    while True:
+        tokens, seen, stop = [], [], False
+        while True:
+            seen.append(logprobs(drafter, own + tokens))
+            pick = int(seen[-1].argmax())
+            if pick in members[drafter].stop_ids:
+                stop = True
+                break
+            tokens.append(pick)
+            done = (text + b"".join(pieces[t] for t in tokens)).decode("utf-8", "replace")
+            if len(tokens) >= draft_tokens or count + len(tokens) >= request.max_new_tokens or any(
+                    u in done for u in request.until):
+                break
+        starts = [len(text) + sum(len(pieces[t]) for t in tokens[:i]) for i in range(len(tokens) + 1)]
+        readings = {}
+        for v in verifiers:
+            ids, pending = tails[v].canonical(text + b"".join(pieces[t] for t in tokens))
+            ends = [sum(len(members[v].vocab.pieces[i]) for i in ids[:j]) for j in range(len(ids) + 1)]
+            readings[v] = (ids, ends)
+        kept, chosen = len(tokens), None
+        for t in range(len(tokens) + stop):
+            last = t == len(tokens)
+            at = {}
+            for v, (ids, ends) in readings.items():
+                if starts[t] in ends and (last or ends.index(starts[t]) < len(ids)):
+                    at[v] = ends.index(starts[t])
+            if len(at) < len(verifiers):
+                continue  # not stable
+            dists = {v: logprobs(v, readings[v][0][:j]) for v, j in at.items()}
+            agree = all((int(dists[v].argmax()) in members[v].stop_ids) if last
+                        else int(dists[v].argmax()) == readings[v][0][at[v]] for v in verifiers)
+            if agree:
+                continue
+            average = own_probability(drafter, seen[t], None if last else tokens[t]) + sum(
+                own_probability(v, dists[v], None if last else readings[v][0][at[v]]) for v in verifiers)
+            if average / len(members) > 0.5:
+                continue
+            if gate is not None and float(seen[t].exp().max()) >= gate:
+                continue
+            entry = mixed_choice([seen[t] if u == drafter else dists[u] for u in range(len(members))])
+            mine = STOP_KEY if last else pieces[tokens[t]]
+            if (entry.startswith(STOP_KEY) and last) or entry == mine:
+                continue
+            kept, chosen = t, entry
+            break
+        text += b"".join(pieces[t] for t in tokens[:kept])
+        own += tokens[:kept]
+        count += kept
+        if writer_ids is not None:
+            writer_ids += tokens[:kept]
+        if (chosen is None and stop) or (chosen is not None and chosen.startswith(STOP_KEY)):
+            break
+        if chosen is not None:
+            plan = appender.plan(own, chosen)
+            own = own[:len(own) - plan.drop] + list(plan.ids)
+            text += chosen
+            count += 1
+            exact = appender.by_bytes.get(chosen)
+            writer_ids = writer_ids + [exact] if writer_ids is not None and exact is not None else None
+        rendered = members[drafter].decode(writer_ids) if writer_ids is not None else text.decode("utf-8", "replace")
+        if any(u in rendered for u in request.until) or count >= request.max_new_tokens:
+            break
+    if writer_ids is not None:
+        return members[drafter].decode(writer_ids)
+    rendered = text.decode("utf-8", "replace")
+    return rendered[1:] if members[drafter].vocab.strips_leading_space and rendered.startswith(" ") else rendered
+
+
+@pytest.fixture(scope="module")
+def peaked_bpe_model(bpe_model):
+    """The byte-level model with 10x larger logits: its own token is so probable that the average
+    own-token probability passes 1/2 at some positions (rule (ii)(2)) and the gate closes at others."""
+    model = copy.deepcopy(bpe_model)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)
+    return model
+
+
+@pytest.mark.parametrize("drafter,draft_tokens,sharpen,floor,gate,peaked", [
+    (0, 5, 0.5, 0.1, None, False), (1, 3, 0.0, 0.1, None, False), (0, 4, 1.0, 0.02, 0.5, False),
+    (0, 4, 0.5, 0.1, 0.99, True)])
+def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, peaked_bpe_model,
+                                                    drafter, draft_tokens, sharpen, floor, gate, peaked):
+    first = peaked_bpe_model if peaked else bpe_model
+    params = SafeParams(drafter=drafter, draft_tokens=draft_tokens, sharpen=sharpen, candidate_floor=floor,
+                        gate_threshold=gate)
+    fast = Safe(members_of(bpe_tokenizer, first, sp_tokenizer, sp_model), params, batch_size=3)
+    generations = fast.generate(REQUESTS)
+    if peaked:  # the comparison covers both skips beyond consensus
+        assert fast.stats.average > 0 and fast.stats.gated > 0 and fast.stats.ensembled > 0
+    else:  # the comparison covers replaced tokens
+        assert fast.stats.replaced > 0
+    if sharpen in (0.0, 1.0):  # never / always below the sharpening threshold
+        assert fast.stats.sharpened == (fast.stats.ensembled if sharpen else 0)
+    slow_members = members_of(bpe_tokenizer, first, sp_tokenizer, sp_model)
+    for request, generation in zip(REQUESTS, generations):
+        slow = naive_safe(slow_members, [first, sp_model], request, draft_tokens, sharpen, drafter,
+                          floor=floor, gate=gate)
+        assert generation.text == cut_at_until(slow, request.until)
+
+
+# ------------------------------------------------------------------ the verifier's block read
+class OneTokenSafe(Safe):
+    """The reference verifier: every row is re-read from its prompt's last token with one-token
+    ``extend`` calls, keeping the distribution after each token (no block read)."""
+
+    def _verify(self, v, states, readings, drafts, positions):
+        member = self.members[v]
+        rows = [state.prompt[v] + list(reading.prefix + reading.ids) for state, reading in zip(states, readings)]
+        start = [len(state.prompt[v]) - 1 for state in states]
+        member.crop(start)
+        after: list[dict[int, torch.Tensor]] = [{} for _ in states]  # index of the last token read -> log-probs
+        for step in range(max(len(row) - first for row, first in zip(rows, start))):
+            fed = [[row[first + step]] if first + step < len(row) else [] for row, first in zip(rows, start)]
+            dist = member.extend(fed)
+            for k, tokens in enumerate(fed):
+                if tokens:
+                    after[k][start[k] + step] = dist[k]
+        found = []
+        for k, (state, reading, draft, stable) in enumerate(zip(states, readings, drafts, positions)):
+            base = len(state.prompt[v]) + len(reading.prefix) - 1
+            found.append({t: after[k][base + reading.count_to(draft.offsets[t])] for t in stable}
+                         | {END: after[k][len(rows[k]) - 1]})
+        return found
+
+
+@pytest.mark.parametrize("fields,batch_size", [({}, 3), ({}, 1), ({"drafter": 1, "draft_tokens": 3, "sharpen": 0.0}, 2),
+                                               ({"draft_tokens": 8, "gate_threshold": 0.9}, 5)])
+def test_block_verification_equals_one_token_extends(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, fields,
+                                                     batch_size):
+    """Same generations and the same decisions as a verifier reading the draft token by token."""
+    params = SafeParams(**fields)
+    block = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params, batch_size=batch_size)
+    reference = OneTokenSafe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params,
+                             batch_size=batch_size)
+    assert [(g.text, g.new_tokens) for g in block.generate(REQUESTS)] == [
+        (g.text, g.new_tokens) for g in reference.generate(REQUESTS)]
+    assert block.stats == reference.stats and block.stats.replaced > 0 and block.stats.stable > block.stats.rounds
+
+
+class CycleCounted(Safe):
+    cycles = 0
+
+    def choose(self, dists, states):
+        self.cycles += 1
+        return super().choose(dists, states)
+
+
+@pytest.mark.parametrize("drafter,batch_size", [(0, 3), (1, 1)])
+def test_a_verifier_makes_one_forward_pass_per_cycle(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, drafter,
+                                                     batch_size):
+    members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    safe = CycleCounted(members, SafeParams(drafter=drafter, draft_tokens=6), batch_size=batch_size)
+    safe.generate(REQUESTS)
+    verifier, drafter_member = members[1 - drafter], members[drafter]
+    assert safe.stats.stable > safe.stats.rounds > 0  # several positions verified per cycle, in one forward
+    assert verifier.clock.decode_calls == safe.cycles
+    assert drafter_member.clock.decode_calls > safe.cycles  # the drafter drafts token by token
+
+
+# ------------------------------------------------------------------ scoring, parameters
+def test_loglikelihood_is_the_drafters(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
+    drafter = members[1]
+    expected = drafter.score([drafter.encode_pair(request.prompt.text, request.continuation)])[0]
+    assert Safe(members, SafeParams(drafter="b")).loglikelihood([request]) == [expected]
+
+
+@pytest.mark.parametrize("fields", [{"draft_tokens": 0}, {"draft_tokens": 65}, {"sharpen": 1.5},
+                                    {"sharpen": -0.1}, {"window": -1}, {"gate_threshold": 0}, {"gate_threshold": 1.5},
+                                    {"gate_threshold": "0.5"}, {"gate": 0.5}, {"candidate_floor": -0.1},
+                                    {"candidate_floor": 1.1},
+                                    {"lambda": 0.1}, {"draft_tokens": "5"}])
+def test_bad_parameters_are_rejected(fields):
+    with pytest.raises(ValidationError):
+        SafeParams(**fields)
+
+
+@pytest.mark.parametrize("fields,message", [({"drafter": "nobody"}, "drafter"), ({"drafter": 2}, "out of range"),
+                                            ({"weights": [1.0]}, "expected 2"), ({"weights": [0.0, 0.0]}, "positive")])
+def test_member_dependent_parameters_are_one_line_errors(fields, message):
+    with pytest.raises(UserError, match=message):
+        Safe.check_members(SafeParams(**fields), ["a", "b"])
