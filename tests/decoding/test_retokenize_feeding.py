@@ -10,8 +10,7 @@ step (what the reference code does), identity where the greedy path is canonical
 import pytest
 from pydantic import ValidationError
 
-import tests.methods.test_deepen as deepen_tests
-import tests.methods.test_unite as unite_tests
+import tests.naive as naive
 from ensemble_bench.decoding.feeding import cached_tail
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest
@@ -119,8 +118,8 @@ def test_unite_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tok
     members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
     fast = Unite(members, UniteParams(k=5, primary=emitter), batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
-        monkeypatch.setattr(unite_tests, "feed_chosen", NaiveCanonicalFeed())
-        assert generation.text == unite_tests.naive_unite(members, [bpe_model, sp_model], request, 5, emitter)
+        monkeypatch.setattr(naive, "feed_chosen", NaiveCanonicalFeed())
+        assert generation.text == naive.naive_unite(members, [bpe_model, sp_model], request, 5, emitter)
 
 
 @pytest.mark.parametrize("emitter", [0, 1])
@@ -129,8 +128,8 @@ def test_deepen_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_to
     members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
     fast = Deepen(members, DeepenParams(support=None, main=emitter, eta=0.3), batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
-        monkeypatch.setattr(deepen_tests, "feed_chosen", NaiveCanonicalFeed())
-        assert generation.text == deepen_tests.naive_deepen(members, [bpe_model, sp_model], request, None, emitter, 0.3)
+        monkeypatch.setattr(naive, "feed_chosen", NaiveCanonicalFeed())
+        assert generation.text == naive.naive_deepen(members, [bpe_model, sp_model], request, None, emitter, 0.3)
 
 
 def greedy_ids(member, requests) -> list[list[int]]:

@@ -16,6 +16,7 @@ from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.covering import END, SortedVocab, branch_at, next_byte_distribution
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
+from tests.naive import naive_byte_level, naive_byte_score, naive_next_byte
 from tests.tiny import CORPUS, REQUESTS
 
 # ------------------------------------------------------------------ hand-checked covering tree
@@ -72,57 +73,11 @@ def test_covering_tree_statistics_are_reported(bpe_tokenizer, bpe_model):
 
 
 def pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
     return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
 
 
 # ------------------------------------------------------------------ naive reference implementation
-def naive_next_byte(member, model, prompt, tail, x):
-    """M(. | x) of one member: every j, c_j re-encoded from scratch, one full forward per branch, a
-    Python loop over the vocabulary."""
-    terms = []
-    for j in range(len(x) + 1):
-        suffix = x[j:]
-        ids, pending = tail.canonical(x[:j])
-        if pending or not any(p and p.startswith(suffix) for p in member.vocab.pieces):
-            continue
-        with torch.no_grad():
-            logprobs = model(torch.tensor([prompt + ids])).logits[0].double().log_softmax(-1)
-        trunk = sum(float(logprobs[len(prompt) - 1 + q, token]) for q, token in enumerate(ids))
-        probs = logprobs[-1].exp().tolist()
-        mass = [0.0] * 257
-        for token, piece in enumerate(member.vocab.pieces):
-            if piece and token not in member.vocab.special_ids and token not in member.stop_ids \
-                    and len(piece) > len(suffix) and piece.startswith(suffix):
-                mass[piece[len(suffix)]] += probs[token]
-        if j == len(x):
-            mass[256] = sum(probs[s] for s in member.stop_ids)
-        terms.append((trunk, mass))
-    top = max(t for t, _ in terms)
-    total = [sum(math.exp(t - top) * m[b] for t, m in terms) for b in range(257)]
-    return [v / sum(total) for v in total]
-
-
-def naive_byte_level(members, models, request, weights, main=0):
-    tails = [CanonicalTail.from_view(m.vocab,
-                                     continuation_encoder(lambda t, m=m: m.encode(t, add_special_tokens=False)))
-             for m in members]
-    prompts = [m.render(request.prompt) for m in members]
-    x, budget = b"", 0
-    while True:
-        dists = [naive_next_byte(m, model, p, tail, x) for m, model, p, tail in zip(members, models, prompts, tails)]
-        mixed = [sum(w * d[b] for w, d in zip(weights, dists)) / sum(weights) for b in range(257)]
-        byte = max(range(257), key=lambda b: (mixed[b], -b))
-        if byte == 256:
-            break
-        x += bytes([byte])
-        budget = max(budget, len(tails[main].canonical(x)[0]))
-        text = x.decode("utf-8", "replace")
-        if any(u in text for u in request.until) or budget >= request.max_new_tokens:
-            break
-    text = x.decode("utf-8", "replace")
-    return text[1:] if members[main].vocab.strips_leading_space and text.startswith(" ") else text
-
-
 SHORT = [GenerationRequest(Prompt(text=CORPUS[i][:10 + 7 * i]), ("@@",) if i % 2 else ("\n\n",), 3 + i)
          for i in range(3)]
 
@@ -139,24 +94,6 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
 
 
 # ------------------------------------------------------------------ scoring, parameters
-def naive_byte_score(members, models, context, continuation, weights):
-    """log q(continuation | context) and is_greedy: for every byte, every member's M(. | x) from
-    scratch (naive_next_byte), the weighted average, the forced byte's log-probability."""
-    tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
-        lambda t, m=m: m.encode(t, add_special_tokens=False))) for m in members]
-    spaces = len(context) - len(context.rstrip())
-    context, forced = context[:len(context) - spaces], (context[len(context) - spaces:] + continuation).encode()
-    prompts = [m.encode(context) if context else [m.prefix_token_id] for m in members]
-    total, greedy = 0.0, True
-    for i, byte in enumerate(forced):
-        dists = [naive_next_byte(m, model, p, tail, forced[:i])
-                 for m, model, p, tail in zip(members, models, prompts, tails)]
-        mixed = [sum(w * d[b] for w, d in zip(weights, dists)) / sum(weights) for b in range(257)]
-        total += math.log(mixed[byte] or 1e-300)  # zero: a byte token inside a character (no branch opens)
-        greedy = greedy and max(range(257), key=lambda b: (mixed[b], -b)) == byte
-    return total, greedy
-
-
 SCORED = [LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42"),
           LoglikelihoodRequest(Prompt(text=CORPUS[0][:23]), CORPUS[0][23:41]),
           LoglikelihoodRequest(Prompt(text="Caf\u00e9 "), "cr\u00e8me br\u00fbl\u00e9e"),  # moved space, 2-byte chars

@@ -15,6 +15,7 @@ from ensemble_bench.methods.base import NonFiniteScore
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.byte_tree import ContinuationTree
 from tests.methods.test_byte_level import SCORED, nihon_member  # noqa: F401 (a fixture)
+from tests.naive import naive_live_score
 from tests.tiny import CORPUS
 
 LONGER = SCORED + [
@@ -150,27 +151,6 @@ def test_no_member_with_a_live_branch_scores_minus_infinity_on_both_paths(bpe_to
     assert read[1].logprob == looped[1].logprob == -math.inf
     assert not read[1].is_greedy and not looped[1].is_greedy
     assert_same(read, looped)
-
-
-def naive_live_score(members_, models, request, weights):
-    """naive_byte_score's sum with the rule for a member without mass: it is left out of the average
-    at that byte (naive_next_byte fails on it: no term, or no mass)."""
-    from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
-    from tests.methods.test_byte_level import naive_next_byte
-
-    tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
-        lambda t, m=m: m.encode(t, add_special_tokens=False))) for m in members_]
-    prompts = [m.encode(request.prompt.text) for m in members_]
-    forced, total, dead = request.continuation.encode(), 0.0, 0
-    for i, byte in enumerate(forced):
-        live = []
-        for member, model, prompt, tail, w in zip(members_, models, prompts, tails, weights):
-            try:
-                live.append((w, naive_next_byte(member, model, prompt, tail, forced[:i])))
-            except (ValueError, ZeroDivisionError):
-                dead += 1
-        total += math.log(sum(w * d[byte] for w, d in live) / sum(w for w, _ in live))
-    return total, dead
 
 
 @pytest.mark.parametrize("weights", [[1.0, 2.0], [3.0, 1.0]])

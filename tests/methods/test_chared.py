@@ -7,14 +7,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from ensemble_bench.decoding.feeding import member_continuation
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, member_readers
-from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.covering import SortedVocab
+from tests.naive import naive_chared
 from tests.tiny import REQUESTS
 
 
@@ -59,59 +58,6 @@ def test_parameters_are_validated():
 
 
 # ------------------------------------------------------------------ generation against a naive reference
-def naive_chared(members, models, request, weights, window=4):
-    """CharED one request at a time: every forward from scratch, every marginal by a scan of the vocabulary."""
-    appenders = [TextAppender(m.vocab.pieces, {p: i for i, p in reversed(list(enumerate(m.vocab.pieces)))
-                                               if p and i not in m.vocab.special_ids and i not in m.stop_ids},
-                              single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
-                              member_continuation(m), window) for m in members]
-    seqs = [m.render(request.prompt) for m in members]
-    text, writer_ids, count = b"", [], 0
-
-    def render():
-        if writer_ids is not None:
-            return members[0].decode(writer_ids)
-        out = text.decode("utf-8", errors="replace")
-        return out[1:] if members[0].vocab.strips_leading_space and out.startswith(" ") else out
-    while count < request.max_new_tokens:
-        probs = []
-        for model, seq in zip(models, seqs):
-            with torch.no_grad():
-                probs.append(model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).exp().tolist())
-        piece = b""
-        while True:
-            q = {}
-            for member, p, w in zip(members, probs, weights):
-                tokens = [(member.vocab.pieces[i], p[i]) for i in range(len(p)) if member.vocab.pieces[i] is not None
-                          and i not in member.vocab.special_ids and i not in member.stop_ids]
-                inside = [(t, x) for t, x in tokens if t.startswith(piece)]
-                stop = sum(p[i] for i in member.stop_ids) if not piece else 0.0
-                z = sum(x for _, x in inside) + stop
-                if z == 0:
-                    q[-1] = q.get(-1, 0.0) + (w if piece else 0.0)
-                    continue
-                q[-1] = q.get(-1, 0.0) + w * (stop if not piece else sum(x for t, x in inside if t == piece)) / z
-                for t, x in inside:
-                    if len(t) > len(piece):
-                        q[t[len(piece)]] = q.get(t[len(piece)], 0.0) + w * x / z
-            best = max(sorted(q), key=lambda option: q[option])  # ties: end (-1), then the lowest byte
-            if best == -1:
-                break
-            piece += bytes([best])
-        if not piece:
-            break
-        count += 1
-        text += piece
-        lowest = appenders[0].by_bytes.get(piece)
-        writer_ids = writer_ids + [lowest] if writer_ids is not None and lowest is not None else None
-        for k in range(len(members)):
-            plan = appenders[k].plan(seqs[k], piece)
-            seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
-        if any(u in render() for u in request.until):
-            break
-    return render(), count
-
-
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     def pair():
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]

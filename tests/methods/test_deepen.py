@@ -6,15 +6,12 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from ensemble_bench.decoding.feeding import text_appender
-from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams, resolve_deepen_weights
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform, kl_divergence
-from tests.naive import feed_chosen
+from tests.naive import naive_deepen
 from tests.tiny import REQUESTS
 
 
@@ -65,48 +62,7 @@ def test_row_cache_returns_the_computed_rows_under_eviction():
     assert space.fits(12) and not space.fits(13)
 
 
-# ------------------------------------------------------------------ naive dense reference
-def dense_relative(member, anchors):
-    """R^ for every id at once, by F.cosine_similarity (Eq. 2) and a row softmax (Eq. 4)."""
-    embeddings = member.input_embeddings().float()
-    cosine = F.cosine_similarity(embeddings[:, None, :], embeddings[anchors][None, :, :], dim=-1)
-    return cosine.softmax(dim=-1)
-
-
-def naive_deepen(members, models, request, support, main, eta=0.15, steps=5, window=4):
-    anchors = anchor_ids([m.vocab for m in members])
-    dense = [dense_relative(m, a) for m, a in zip(members, anchors)]
-    valid = [sorted(set(m.vocab.text_ids()) | set(m.stop_ids)) for m in members]
-    appenders = [text_appender(m, window) for m in members]
-    seqs = [m.render(request.prompt) for m in members]
-    emitted: list[int] = []
-    for _ in range(request.max_new_tokens):
-        probs, supports = [], []
-        for model, seq, ids in zip(models, seqs, valid):
-            with torch.no_grad():
-                p = model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).exp()
-            keep = torch.tensor(ids)
-            if support is not None:
-                keep = keep[p[keep].topk(min(support, len(ids))).indices]
-            truncated = torch.zeros_like(p)
-            truncated[keep] = p[keep]
-            probs.append(truncated)
-            supports.append(keep)
-        target = sum(pr @ rel for pr, rel in zip(probs, dense)) / len(members)  # Eq. 5, Avg
-        p = probs[main].clone()
-        for _ in range(steps):  # Eq. 7 on the main model's support only
-            ratio = target / (p @ dense[main])
-            p[supports[main]] += eta * (dense[main][supports[main]] @ ratio)
-        token = int(supports[main][p[supports[main]].argmax()])
-        if token in members[main].stop_ids:
-            break
-        emitted.append(token)
-        feed_chosen(members, appenders, seqs, main, token)
-        if any(u in members[main].decode(emitted) for u in request.until):
-            break
-    return cut_at_until(members[main].decode(emitted), request.until)
-
-
+# ------------------------------------------------------------------ fast == the naive dense reference (tests/naive.py)
 @pytest.mark.parametrize("support,main", [(None, 0), (None, 1), (6, 1)])
 def test_cached_batched_path_equals_naive_dense_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
                                                           support, main):

@@ -10,33 +10,13 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods import deepen as deepen_module
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.vocab.relative import MemberSlice, RelativeSpace, Scratch, bounded_choice
+from tests.naive import dense_argmax, dense_relative
 from tests.tiny import REQUESTS
-
-
-def dense_relative(embeddings: torch.Tensor, anchors: list[int]) -> torch.Tensor:
-    embeddings = embeddings.float()
-    cosine = F.cosine_similarity(embeddings[:, None, :], embeddings[anchors][None, :, :], dim=-1)
-    return cosine.softmax(dim=-1)
-
-
-def dense_argmax(dense, probs, supports, weights, main, eta, steps) -> int:
-    """The dense transform of one row: Eq. 5 on the supports, T steps of Eq. 7, the argmax."""
-    truncated = []
-    for p, ids in zip(probs, supports):
-        kept = torch.zeros_like(p)
-        kept[ids] = p[ids]
-        truncated.append(kept)
-    target = sum(w * (p @ rel) for w, p, rel in zip(weights, truncated, dense))
-    p = truncated[main].clone()
-    for _ in range(steps):
-        p[supports[main]] += eta * (dense[main][supports[main]] @ (target / (p @ dense[main])))
-    return int(supports[main][p[supports[main]].argmax()])
 
 
 def make_slice(space: RelativeSpace, probs: torch.Tensor, supports: torch.Tensor, head: int) -> MemberSlice:

@@ -21,13 +21,12 @@ from ensemble_bench.vocab import relative
 from ensemble_bench.vocab.relative import RelativeSpace, Scratch, bounded_choice
 from tests.methods.test_deepen_fast import (
     bounds_off,
-    dense_argmax,
-    dense_relative,
     make_slice,
     peaked,
     random_members,
     random_probs,
 )
+from tests.naive import dense_argmax, dense_relative
 from tests.tiny import REQUESTS
 
 

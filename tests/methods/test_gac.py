@@ -14,6 +14,7 @@ from ensemble_bench.methods.single import Single
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.union import STOP_KEY, build_union
+from tests.naive import naive_gac
 from tests.tiny import REQUESTS, outputs
 
 
@@ -84,81 +85,7 @@ def test_threshold_one_ensembles_every_token_and_zero_none(bpe_tokenizer, bpe_mo
     assert nothing.stats.ensembled == 0
 
 
-# ------------------------------------------------------------------ naive reference implementation
-def naive_gac(members, models, request, weights, gate=None, threshold=None, window=4):
-    """Eq. 3/5 one request at a time, every forward recomputed from scratch, union by a dict."""
-    index, maps = {}, []
-    for m in members:
-        mapping = {}
-        for token_id, piece in enumerate(m.vocab.pieces):
-            if token_id in m.stop_ids:
-                key = STOP_KEY + piece
-            elif piece and token_id not in m.vocab.special_ids:
-                key = piece
-            else:
-                continue
-            mapping[token_id] = index.setdefault(key, len(index))
-        maps.append(mapping)
-    entries = sorted(index, key=index.get)
-    appenders = [TextAppender(m.vocab.pieces, {p: i for i, p in reversed(list(enumerate(m.vocab.pieces)))
-                                               if p and i not in m.vocab.special_ids and i not in m.stop_ids},
-                              single_byte_ids(m.vocab.pieces, m.vocab.special_ids),
-                              member_continuation(m), window) for m in members]
-    seqs = [m.render(request.prompt) for m in members]
-    pending = [[] for _ in members]
-    text = b""
-    reference = gate if gate is not None else 0
-    lowest = {}
-    for token_id, union_id in maps[reference].items():
-        lowest.setdefault(union_id, token_id)
-    reference_ids = []
-
-    def render():  # the reference member's decode when it has every piece as a token
-        if reference_ids is not None:
-            return members[reference].decode(reference_ids)
-        return text.decode("utf-8", errors="replace")
-    for _ in range(1, request.max_new_tokens + 1):
-        def probs(k):
-            with torch.no_grad():
-                return models[k](torch.tensor([seqs[k]])).logits[0, -1].float().log_softmax(-1).exp()
-        gate_p = probs(gate) if gate is not None else None
-        if gate is not None and float(gate_p.max()) > threshold:  # Eq. 5, gate alone
-            token = int(gate_p.argmax())
-            if token in members[gate].stop_ids:
-                break
-            data = members[gate].vocab.pieces[token]
-            seqs[gate].append(token)
-            chosen_reference = token
-            for k in range(len(members)):
-                if k != gate:
-                    pending[k].append(data)
-        else:
-            for k in range(len(members)):  # catch up piece by piece, then Eq. 3
-                for piece in pending[k]:
-                    plan = appenders[k].plan(seqs[k], piece)
-                    seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
-                pending[k] = []
-            mixed = [0.0] * len(entries)
-            for k, mapping in enumerate(maps):
-                p = probs(k)
-                for token_id, union_id in mapping.items():
-                    mixed[union_id] += weights[k] * float(p[token_id]) / sum(weights)
-            best = max(range(len(entries)), key=lambda u: (mixed[u], -u))
-            if entries[best].startswith(STOP_KEY):
-                break
-            data = entries[best]
-            chosen_reference = lowest.get(best, -1)
-            for k in range(len(members)):
-                plan = appenders[k].plan(seqs[k], data)
-                seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
-        text += data
-        if reference_ids is not None:
-            reference_ids = reference_ids + [chosen_reference] if chosen_reference >= 0 else None
-        if any(u in render() for u in request.until):
-            break
-    return render()
-
-
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("gated", [False, True])
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, gated):
     members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]

@@ -6,10 +6,8 @@ tests/methods/test_method_contract.py)."""
 import math
 
 import pytest
-import torch
 from pydantic import ValidationError
 
-from ensemble_bench.decoding.feeding import text_appender, text_lookup
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
@@ -27,7 +25,7 @@ from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.vocab import mined
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.mined import cached_mined_map, mined_map, nearest
-from tests.methods.test_gac import naive_gac
+from tests.naive import naive_gac, naive_mined, naive_weights
 from tests.tiny import REQUESTS
 
 
@@ -123,38 +121,7 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
     assert "damaged MinED cache" in caplog.text
 
 
-# ------------------------------------------------------------------ generation against a naive reference
-def naive_weights(members, models, request, params):
-    """The prompt's lambda from full forwards, one member at a time (ends and segments by dicts)."""
-    cumulative, totals = [], []
-    for member, model in zip(members, models):
-        ids = member.render(request.prompt)
-        ids = ids[1:] if ids and ids[0] == member.prefix_token_id else ids
-        with torch.no_grad():
-            logprobs = model(torch.tensor([[member.prefix_token_id] + ids])).logits[0].float().log_softmax(-1)
-        running, offset, total = {}, -1 if member.vocab.strips_leading_space else 0, 0.0
-        for position, token in enumerate(ids):
-            total += float(logprobs[position, token])
-            offset += len(member.vocab.pieces[token] or b"")
-            running[max(offset, 0)] = total
-        cumulative.append(running)
-        totals.append((total, len(ids)))
-    log_ppl = [-total / count for total, count in totals]
-    if params.variant == "sim":
-        exp = [math.exp(-x / params.tau) for x in log_ppl]
-        return [e / sum(exp) for e in exp]
-    cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
-    bounds = list(zip([None] + cuts[:-1], cuts))
-    segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
-    first, second = sorted(range(2), key=lambda k: log_ppl[k])
-    best = min(range(params.grid, -1, -1), key=lambda s: -sum(
-        math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
-        for x, y in zip(segs[first], segs[second])))
-    weights = [0.0, 0.0]
-    weights[first], weights[second] = best / params.grid, 1 - best / params.grid
-    return weights
-
-
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"),
                                     PackLLMParams(variant="opt", alignment="union")],
                          ids=["sim", "opt"])
@@ -171,78 +138,11 @@ def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_mod
         assert generation.text == cut_at_until(naive_gac(members, models, request, weights), request.until)
 
 
-def levenshtein(a: bytes, b: bytes) -> int:
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        previous, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
-    return row[-1]
-
-
-def naive_map(reference, member) -> dict[int, int]:
-    """Reference id -> member id: same role (stop, other special, text), exact bytes, else least edit distance."""
-    def role(m, i):
-        return "stop" if i in m.stop_ids else "special" if i in m.vocab.special_ids else "text"
-    found = {}
-    for i, piece in enumerate(reference.vocab.pieces):
-        if piece is None:
-            continue
-        same = [j for j, p in enumerate(member.vocab.pieces) if p is not None and role(member, j) == role(reference, i)]
-        if same:
-            found[i] = min(same, key=lambda j: (member.vocab.pieces[j] != piece,
-                                                levenshtein(piece, member.vocab.pieces[j]), j))
-    return found
-
-
-def naive_mined(members, models, request, weights, window=4):
-    """Eq. 3 on the top-1 expert's vocabulary, one request at a time, full forwards, maps as dicts."""
-    reference = max(range(len(members)), key=lambda k: (weights[k], -k))
-    ref = members[reference]
-    maps = [None if k == reference else naive_map(ref, m) for k, m in enumerate(members)]
-    appenders = [text_appender(m, window) for m in members]
-    writer_ids = text_lookup(members[0])
-    seqs = [m.render(request.prompt) for m in members]
-    text, writer = b"", []
-    for _ in range(request.max_new_tokens):
-        logprobs = []
-        for model, seq in zip(models, seqs):
-            with torch.no_grad():
-                logprobs.append(model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).tolist())
-        def fused(x, logprobs=logprobs):
-            total = 0.0
-            for k, lp in enumerate(logprobs):
-                if weights[k] > 0:
-                    y = x if k == reference else maps[k].get(x)
-                    total += weights[k] * lp[y] if y is not None else -math.inf
-            return total
-        allowed = [x for x, p in enumerate(ref.vocab.pieces)
-                   if x in ref.stop_ids or (p is not None and x not in ref.vocab.special_ids)]
-        token = max(allowed, key=lambda x: (fused(x), -x))
-        if token in ref.stop_ids:
-            break
-        data = ref.vocab.pieces[token]
-        for k, appender in enumerate(appenders):
-            if k == reference:
-                seqs[k].append(token)
-            else:
-                plan = appender.plan(seqs[k], data)
-                seqs[k] = seqs[k][:len(seqs[k]) - plan.drop] + list(plan.ids)
-        text += data
-        if writer is not None:
-            own = token if reference == 0 else writer_ids.get(data)
-            writer = writer + [own] if own is not None else None
-        rendered = members[0].decode(writer) if writer is not None else text.decode("utf-8", errors="replace")
-        if any(u in rendered for u in request.until):
-            break
-    return members[0].decode(writer) if writer is not None else text.decode("utf-8", errors="replace")
-
-
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02)],
                          ids=["sim", "opt", "sharp"])
 @pytest.mark.parametrize("order", ["bpe-sp", "sp-bpe"])
-def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params,
-                                                          order, tmp_path, monkeypatch):
+def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
+                                                          params, order, tmp_path, monkeypatch):
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path))
     pairs = [(bpe_model, bpe_tokenizer), (sp_model, sp_tokenizer)][::1 if order == "bpe-sp" else -1]
     def pair():

@@ -8,14 +8,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from ensemble_bench.decoding.feeding import text_appender
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.safe import END, Draft, Reading, Safe, SafeParams, sharpened_choice
-from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from ensemble_bench.vocab.union import STOP_KEY
+from tests.naive import naive_safe
 from tests.tiny import REQUESTS
 
 
@@ -93,127 +92,7 @@ def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     assert info["skipped_gate"] == 0 and info["tokens_sharpened"] <= info["tokens_ensembled"]
 
 
-# ------------------------------------------------------------------ naive reference implementation
-def naive_safe(members, models, request, draft_tokens=5, sharpen=0.5, drafter=0, window=4, floor=0.1, gate=None):
-    """One request, every forward recomputed from scratch, every verifier re-tokenised from
-    scratch, the skip rules, the union average and the sharpening by dicts (paper Sec. 3.2-3.3)."""
-    verifiers = [v for v in range(len(members)) if v != drafter]
-
-    def key(u, token):
-        m = members[u]
-        if token in m.stop_ids:
-            return STOP_KEY + m.vocab.pieces[token]
-        return m.vocab.pieces[token] if m.vocab.pieces[token] and token not in m.vocab.special_ids else None
-
-    def logprobs(u, ids):
-        with torch.no_grad():
-            return models[u](torch.tensor([prompts[u] + ids])).logits[0, -1].float().log_softmax(-1)
-
-    def own_probability(u, lp, token):
-        """u's probability of its token of the draft (None: of stopping)."""
-        probs = lp.exp()
-        return float(sum(probs[s] for s in members[u].stop_ids)) if token is None else float(probs[token])
-
-    def mixed_choice(dists):
-        projected = []
-        for u, lp in enumerate(dists):
-            mass: dict[bytes, float] = {}
-            for token, p in enumerate(lp.exp().tolist()):
-                k = key(u, token)
-                if k is not None:
-                    mass[k] = mass.get(k, 0.0) + p
-            projected.append(mass)
-        union: dict[bytes, float] = {}
-        for mass in projected:
-            for k, p in mass.items():
-                union[k] = union.get(k, 0.0) + p / len(dists)
-        order = list(union)
-        if max(union.values()) < sharpen:  # Sec. 3.3: lambda-floored drafter tokens take the mass of their extensions
-            tops = [sorted(mass, key=lambda e: -mass[e])[:10] for mass in projected]
-            pool = {e for top in tops for e in top}
-            score = dict(union)
-            for c in tops[drafter]:
-                if c.startswith(STOP_KEY) or c == b" " or not union[c] > floor:
-                    continue
-                score[c] = union[c] + sum(union[o] for o in pool if o != c and not o.startswith(STOP_KEY)
-                                          and o.startswith(c))
-            union = score
-        return max(order, key=lambda e: (union[e], -order.index(e)))
-
-    tails = {v: CanonicalTail.from_view(members[v].vocab, continuation_encoder(
-        lambda text, m=members[v]: m.encode(text, add_special_tokens=False))) for v in verifiers}
-    appender = text_appender(members[drafter], window)
-    prompts = [m.render(request.prompt) for m in members]
-    pieces = members[drafter].vocab.pieces
-    text, own, writer_ids, count = b"", [], [], 0
-    while True:
-        tokens, seen, stop = [], [], False
-        while True:
-            seen.append(logprobs(drafter, own + tokens))
-            pick = int(seen[-1].argmax())
-            if pick in members[drafter].stop_ids:
-                stop = True
-                break
-            tokens.append(pick)
-            done = (text + b"".join(pieces[t] for t in tokens)).decode("utf-8", "replace")
-            if len(tokens) >= draft_tokens or count + len(tokens) >= request.max_new_tokens or any(
-                    u in done for u in request.until):
-                break
-        starts = [len(text) + sum(len(pieces[t]) for t in tokens[:i]) for i in range(len(tokens) + 1)]
-        readings = {}
-        for v in verifiers:
-            ids, pending = tails[v].canonical(text + b"".join(pieces[t] for t in tokens))
-            ends = [sum(len(members[v].vocab.pieces[i]) for i in ids[:j]) for j in range(len(ids) + 1)]
-            readings[v] = (ids, ends)
-        kept, chosen = len(tokens), None
-        for t in range(len(tokens) + stop):
-            last = t == len(tokens)
-            at = {}
-            for v, (ids, ends) in readings.items():
-                if starts[t] in ends and (last or ends.index(starts[t]) < len(ids)):
-                    at[v] = ends.index(starts[t])
-            if len(at) < len(verifiers):
-                continue  # not stable
-            dists = {v: logprobs(v, readings[v][0][:j]) for v, j in at.items()}
-            agree = all((int(dists[v].argmax()) in members[v].stop_ids) if last
-                        else int(dists[v].argmax()) == readings[v][0][at[v]] for v in verifiers)
-            if agree:
-                continue
-            average = own_probability(drafter, seen[t], None if last else tokens[t]) + sum(
-                own_probability(v, dists[v], None if last else readings[v][0][at[v]]) for v in verifiers)
-            if average / len(members) > 0.5:
-                continue
-            if gate is not None and float(seen[t].exp().max()) >= gate:
-                continue
-            entry = mixed_choice([seen[t] if u == drafter else dists[u] for u in range(len(members))])
-            mine = STOP_KEY if last else pieces[tokens[t]]
-            if (entry.startswith(STOP_KEY) and last) or entry == mine:
-                continue
-            kept, chosen = t, entry
-            break
-        text += b"".join(pieces[t] for t in tokens[:kept])
-        own += tokens[:kept]
-        count += kept
-        if writer_ids is not None:
-            writer_ids += tokens[:kept]
-        if (chosen is None and stop) or (chosen is not None and chosen.startswith(STOP_KEY)):
-            break
-        if chosen is not None:
-            plan = appender.plan(own, chosen)
-            own = own[:len(own) - plan.drop] + list(plan.ids)
-            text += chosen
-            count += 1
-            exact = appender.by_bytes.get(chosen)
-            writer_ids = writer_ids + [exact] if writer_ids is not None and exact is not None else None
-        rendered = members[drafter].decode(writer_ids) if writer_ids is not None else text.decode("utf-8", "replace")
-        if any(u in rendered for u in request.until) or count >= request.max_new_tokens:
-            break
-    if writer_ids is not None:
-        return members[drafter].decode(writer_ids)
-    rendered = text.decode("utf-8", "replace")
-    return rendered[1:] if members[drafter].vocab.strips_leading_space and rendered.startswith(" ") else rendered
-
-
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.fixture(scope="module")
 def peaked_bpe_model(bpe_model):
     """The byte-level model with 10x larger logits: its own token is so probable that the average

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from ensemble_bench.decoding.feeding import member_continuation
-from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity, text_of
+from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity
 from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
+from tests.naive import naive_span
 from tests.tiny import CORPUS, outputs
 
 
@@ -137,72 +137,7 @@ def test_agreeing_rounds_cost_only_the_proposals(same_model, span_words):
     assert method.rounds > len(alone)  # so a commit pass per round would break the bound
 
 
-# ------------------------------------------------------------------ naive reference
-def naive_span(members, models, request, segment_end, choose, main=0):
-    """One request, every forward recomputed from the full sequence; same rules as span_level.py."""
-    seqs = [m.render(request.prompt) for m in members]
-    main_ids, committed, finish = [], "", None
-
-    def next_logprobs(v, ids):
-        with torch.no_grad():
-            return models[v](torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
-
-    while finish is None:
-        proposals = []
-        for u, member in enumerate(members):
-            tokens, proposal = [], None
-            while proposal is None:
-                token = int(next_logprobs(u, seqs[u] + tokens).argmax())
-                if token in member.stop_ids:
-                    proposal = (text_of(member, tokens), tuple(tokens), "stop_id")
-                    break
-                tokens.append(token)
-                text = text_of(member, tokens)
-                if any(x and x in committed + text for x in request.until):
-                    proposal = (text, tuple(tokens), "until")
-                elif len(tokens) >= request.max_new_tokens - len(main_ids):
-                    proposal = (text, tuple(tokens), "length")
-                else:
-                    end = segment_end(u, text)
-                    if end is not None:
-                        size = len(text[:end].encode())
-                        cut = [c for c in range(1, len(tokens) + 1) if len(member.vocab.join(tokens[:c])) == size]
-                        if cut:
-                            proposal = (text[:end], tuple(tokens[:cut[0]]), None)
-            proposals.append(proposal)
-        keys = list(dict.fromkeys((p[0], p[2]) for p in proposals))
-        own = {}
-        for u, p in enumerate(proposals):
-            own.setdefault((p[0], p[2]), {})[u] = p[1]
-        tokens_for = [[own[key].get(v) or tuple(member_continuation(members[v])(key[0]) if key[0] else [])
-                       for key in keys] for v in range(len(members))]
-        if len(keys) == 1:
-            winner = 0
-        else:
-            table = []
-            for j, key in enumerate(keys):
-                row = []
-                for v, member in enumerate(members):
-                    ids = list(tokens_for[v][j])
-                    logprobs = []
-                    for t in range(len(ids)):
-                        logprobs.append(float(next_logprobs(v, seqs[v] + ids[:t])[ids[t]]))
-                    if key[1] is not None:
-                        end = next_logprobs(v, seqs[v] + ids)
-                        logprobs.append(max(float(end[s]) for s in member.stop_ids))
-                    row.append(math.exp(-sum(logprobs) / len(logprobs)))
-                table.append(row)
-            winner = choose(table)
-        text, finish = keys[winner]
-        committed += text
-        for v in range(len(members)):
-            seqs[v] = seqs[v] + list(tokens_for[v][winner])
-        main_ids += list(tokens_for[main][winner])
-        if finish is None and len(main_ids) >= request.max_new_tokens:
-            finish = "length"
-    return cut_at_until(members[main].decode(main_ids), request.until)
-
-
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("kind", ["cool", "cool-noalign", "sweet-1", "sweet-3"])
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, kind):
     def pair():

@@ -4,8 +4,6 @@ invariance and Ray: tests/methods/test_method_contract.py)."""
 import pytest
 import torch
 
-from ensemble_bench.decoding.feeding import text_appender
-from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
@@ -19,7 +17,7 @@ from ensemble_bench.vocab.topk import (
     member_topk,
     union_keys,
 )
-from tests.naive import feed_chosen
+from tests.naive import naive_unite
 from tests.tiny import REQUESTS
 
 # ------------------------------------------------------------------ hand-checked alignment (Alg. 1)
@@ -76,33 +74,7 @@ def test_stop_tokens_share_one_key_and_each_member_uses_its_most_probable_stop()
     assert (aligned.token, aligned.prob, aligned.rule) == (0, pytest.approx(0.10), RULE_VOCAB)
 
 
-# ------------------------------------------------------------------ naive reference
-def naive_unite(members, models, request, k, primary, window=4):
-    """Algorithm 1 one request at a time, every forward recomputed from scratch."""
-    appenders = [text_appender(m, window) for m in members]
-    aligners_ = [TopKAligner(m.vocab, m.stop_ids, ap.encode_bytes) for m, ap in zip(members, appenders)]
-    seqs = [m.render(request.prompt) for m in members]
-    emitted: list[int] = []
-    for _ in range(request.max_new_tokens):
-        probs = []
-        for model, seq in zip(models, seqs):
-            with torch.no_grad():
-                probs.append(model(torch.tensor([seq])).logits[0, -1].float().log_softmax(-1).exp())
-        tops = [member_topk(al, p.topk(k).indices.tolist(), p) for al, p in zip(aligners_, probs)]
-        keys = union_keys(tops)
-        aligned = [[al.align(key, p, top) for key in keys] for al, p, top in zip(aligners_, probs, tops)]
-        averaged = average_aligned(aligned, [1.0] * len(members))
-        best = max((j for j in range(len(keys)) if aligned[primary][j].token >= 0), key=lambda j: averaged[j])
-        token = aligned[primary][best].token
-        if token in members[primary].stop_ids:
-            break
-        emitted.append(token)
-        feed_chosen(members, appenders, seqs, primary, token)
-        if any(u in members[primary].decode(emitted) for u in request.until):
-            break
-    return cut_at_until(members[primary].decode(emitted), request.until)
-
-
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("primary", [0, 1])
 def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, primary):
     def pair():

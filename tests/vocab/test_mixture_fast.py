@@ -13,6 +13,7 @@ from ensemble_bench.vocab import VocabView, build_vocab_view
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw
 from ensemble_bench.vocab.union import build_union
+from tests.naive import naive_sample
 from tests.tiny import outputs
 
 
@@ -113,19 +114,6 @@ def test_block_argmax_is_torch_argmax_with_ties_nan_and_infinities(size):
     assert block_argmax(values[2:4]).tolist() == values[2:4].argmax(dim=-1).tolist()
 
 # ------------------------------------------------------------------ sampling
-def naive_sample(union, weights, logprobs, temperature, generator):
-    """One row, in float64 with Python sums: q(u) = sum_i w_i sum_{t -> u} p_i(t) / sum_i w_i,
-    then the first entry whose cumulative q^(1/T) exceeds u x the total, u from the generator."""
-    q = [0.0] * union.size
-    for mapping, lp, weight in zip(union.maps, logprobs, weights):
-        for token, entry in zip(mapping.src_ids.tolist(), mapping.union_ids.tolist()):
-            q[entry] += weight * float(lp[token].double().exp()) / sum(weights)
-    tempered = torch.tensor(q, dtype=torch.float64).pow(1 / temperature)
-    uniform = float(torch.rand((), dtype=torch.float64, generator=generator))
-    cumulative = tempered.cumsum(0)
-    return int((cumulative > uniform * float(cumulative[-1])).nonzero()[0])
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
 @pytest.mark.parametrize("scale", [1.5, 30.0])
 def test_sampling_equals_naive_sampling_whatever_the_batch(temperature, scale):
