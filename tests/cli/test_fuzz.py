@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.members import Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.gac import Gac, GacParams
 from tests.fake_runs import fake_run
@@ -119,9 +119,9 @@ def test_runtime_fields_through_a_real_tiny_run_are_a_result_or_one_line(case, t
 
 
 # --- every distinct failure the fuzzer found, as a named test ------------------------------------------------------
-def test_gac_zero_or_underflowing_weight_scores_multiple_choice(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_gac_zero_or_underflowing_weight_scores_multiple_choice(pair):
     """weights: [0.0, 1.0] (a member kept for gating only, GaC Table 5) took log(0) in the scoring (exit 70)."""
-    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+    a, b = pair()
     request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
     alone = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
     for weights in ([0.0, 1.0], [1e-300, 1.0]):

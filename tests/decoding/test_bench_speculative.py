@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ensemble_bench.members import LocalMember
-
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_speculative.py"
 
 
@@ -24,8 +22,8 @@ def bench():
 
 
 @pytest.fixture
-def tiny_members(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    return [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(sp_model, sp_tokenizer, "sp")]
+def tiny_members(pair):
+    return pair("bpe", "sp")
 
 
 def test_defaults_cover_every_pair_task_and_batch_size(bench):

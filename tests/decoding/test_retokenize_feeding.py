@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 import tests.naive as naive
 from ensemble_bench.decoding.feeding import cached_tail
-from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
@@ -29,9 +29,6 @@ METHODS = {
     "gac-gate": (Gac, GacParams, {"gate": 1, "threshold": 0.3}),
 }
 
-
-def pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
 
 
 def mismatches(method, states) -> tuple[int, int]:
@@ -68,12 +65,11 @@ def watch(method) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_canonical_members_hold_their_encoding_of_the_text_after_every_step(
-        name, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_canonical_members_hold_their_encoding_of_the_text_after_every_step(pair, name):
     cls, params, extra = METHODS[name]
     results = {}
     for policy in ("local", "canonical"):
-        method = cls(pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params(retokenize=policy, **extra),
+        method = cls(pair(), params(retokenize=policy, **extra),
                      batch_size=3)
         seen = watch(method)
         method.generate(REQUESTS)
@@ -86,9 +82,9 @@ def test_canonical_members_hold_their_encoding_of_the_text_after_every_step(
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_canonical_is_batch_invariant(name, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_canonical_is_batch_invariant(pair, name):
     cls, params, extra = METHODS[name]
-    runs = [outputs(cls(pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model),
+    runs = [outputs(cls(pair(),
                         params(retokenize="canonical", **extra), batch_size=size)) for size in (1, 3)]
     assert runs[0] == runs[1]
 
@@ -114,8 +110,8 @@ class NaiveCanonicalFeed:
 
 
 @pytest.mark.parametrize("emitter", [0, 1])
-def test_unite_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, emitter, monkeypatch):
-    members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+def test_unite_canonical_equals_naive_reference(pair, bpe_model, sp_model, emitter, monkeypatch):
+    members = pair()
     fast = Unite(members, UniteParams(k=5, primary=emitter), batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
         monkeypatch.setattr(naive, "feed_chosen", NaiveCanonicalFeed())
@@ -123,9 +119,8 @@ def test_unite_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tok
 
 
 @pytest.mark.parametrize("emitter", [0, 1])
-def test_deepen_canonical_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, emitter,
-                                                 monkeypatch):
-    members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+def test_deepen_canonical_equals_naive_reference(pair, bpe_model, sp_model, emitter, monkeypatch):
+    members = pair()
     fast = Deepen(members, DeepenParams(support=None, main=emitter, eta=0.3), batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):
         monkeypatch.setattr(naive, "feed_chosen", NaiveCanonicalFeed())
@@ -168,14 +163,14 @@ def test_identity_under_canonical_where_the_greedy_path_is_canonical(cls, params
 
 
 @pytest.mark.parametrize("method", ["coolfusion", "sweetspan"])
-def test_span_methods_hold_a_fixed_point_of_re_encoding(method, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_span_methods_hold_a_fixed_point_of_re_encoding(pair, method):
     """Span methods under canonical: after every round, a member that took another member's winner
     holds ids that re-encoding back to its last hard boundary leaves unchanged (the proposer keeps
     its own ids, as the chooser does in UniTE); local and canonical both give valid text."""
     cls, params = (CoolFusion, CoolFusionParams) if method == "coolfusion" else (SweetSpan, SweetSpanParams)
     extra = {"align": False} if cls is CoolFusion else {"span_words": 1}
     for policy in ("local", "canonical"):
-        instance = cls(pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params(retokenize=policy, **extra),
+        instance = cls(pair(), params(retokenize=policy, **extra),
                        batch_size=3)
         took, checks = [], []
         choose, take = instance.choose, instance._take

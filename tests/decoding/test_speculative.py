@@ -8,7 +8,6 @@ import pytest
 
 from ensemble_bench.decoding.speculative import Costs, Speculation
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
@@ -18,10 +17,6 @@ from tests.tiny import REQUESTS, outputs
 
 LONG = [r.__class__(r.prompt, r.until, 24) for r in REQUESTS]
 
-
-@pytest.fixture
-def pair(bpe_model, bpe_tokenizer, sp_model, sp_tokenizer):
-    return lambda: [LocalMember(bpe_model, bpe_tokenizer, "bpe"), LocalMember(sp_model, sp_tokenizer, "sp")]
 
 
 CASES = {
@@ -46,8 +41,8 @@ def run(method_class, params_class, members, fields, batch_size=2, requests=LONG
 @pytest.mark.parametrize("proposer", [0, 1])
 def test_speculative_equals_every_token(pair, case, proposer):
     method_class, params_class, fields = CASES[case]
-    expected, _ = run(method_class, params_class, pair(), fields)
-    got, method = run(method_class, params_class, pair(), {**fields, "speculative": 4, "proposer": proposer})
+    expected, _ = run(method_class, params_class, pair("bpe", "sp"), fields)
+    got, method = run(method_class, params_class, pair("bpe", "sp"), {**fields, "speculative": 4, "proposer": proposer})
     assert got == expected
     info = method.info()
     assert info["speculative_proposer"] == ["bpe", "sp"][proposer]
@@ -56,8 +51,8 @@ def test_speculative_equals_every_token(pair, case, proposer):
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
-    expected, _ = run(Gac, GacParams, pair(), {}, batch_size)
-    got, method = run(Gac, GacParams, pair(), {"speculative": 6, "proposer": "auto"}, batch_size)
+    expected, _ = run(Gac, GacParams, pair("bpe", "sp"), {}, batch_size)
+    got, method = run(Gac, GacParams, pair("bpe", "sp"), {"speculative": 6, "proposer": "auto"}, batch_size)
     assert got == expected
     assert method.info()["speculative_proposer"] == "auto"
 
@@ -81,7 +76,7 @@ def test_unite_with_itself_equals_the_member(same_model):  # exact under local f
 
 
 def test_draft_length_adapts_down_when_drafts_fail(pair):
-    _, method = run(Gac, GacParams, pair(), {"speculative": 8, "proposer": 0})
+    _, method = run(Gac, GacParams, pair("bpe", "sp"), {"speculative": 8, "proposer": 0})
     info = method.info()
     assert info["speculative_draft_length_mean"] < 8
     rows = info["speculative_rows"]

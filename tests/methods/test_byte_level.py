@@ -72,12 +72,8 @@ def test_covering_tree_statistics_are_reported(bpe_tokenizer, bpe_model):
     assert info["covering_tree_branches_mean"] >= 1 and info["covering_tree_branches_max"] >= 2
 
 
-def pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
-    return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
-
-
-# ------------------------------------------------------------------ naive reference implementation
 SHORT = [GenerationRequest(Prompt(text=CORPUS[i][:10 + 7 * i]), ("@@",) if i % 2 else ("\n\n",), 3 + i)
          for i in range(3)]
 
@@ -117,11 +113,11 @@ def test_loglikelihood_byte_by_byte_equals_naive_reference(bpe_tokenizer, bpe_mo
     assert fast[2].logprob < -600  # these tiny vocabularies split e-grave into byte tokens: q = 0 there
 
 
-def test_scoring_edge_cases_are_batch_invariant(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_scoring_edge_cases_are_batch_invariant(pair):
     """A moved space, two-byte characters, an empty continuation, an empty context (the contract's
     batch test scores plain continuations only)."""
     def run(batch_size):
-        members = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+        members = pair()
         return ByteLevel(members, ByteLevelParams(weights=[2.0, 1.0]), batch_size=batch_size).loglikelihood(SCORED)
     one, two, five = run(1), run(2), run(5)
     for a, b, c in zip(one, two, five):
@@ -129,8 +125,8 @@ def test_scoring_edge_cases_are_batch_invariant(bpe_tokenizer, bpe_model, sp_tok
         assert a.is_greedy == b.is_greedy == c.is_greedy
 
 
-def test_is_greedy_when_the_continuation_is_the_greedy_generation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    method = ByteLevel(pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), ByteLevelParams(weights=[1.0, 2.0]))
+def test_is_greedy_when_the_continuation_is_the_greedy_generation(pair):
+    method = ByteLevel(pair(), ByteLevelParams(weights=[1.0, 2.0]))
     prompt = Prompt(text="Question: 12 plus 30?\nAnswer:")
     [generation] = method.generate([GenerationRequest(prompt, (), 4)])
     text = generation.text
@@ -205,11 +201,11 @@ START = [GenerationRequest(Prompt(text="The quick"), (), 6), GenerationRequest(P
 
 
 @pytest.mark.parametrize("chosen", [(0,), (0, 1)])
-def test_generation_stops_where_no_member_has_a_live_branch(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
-                                                             chosen):
+def test_generation_stops_where_no_member_has_a_live_branch(pair, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
+                                                            chosen):
     """Both members led to the first byte of a 3-byte character (U+9xxx) they spell only in byte tokens:
     no branch is live at its second byte, so every row stops there (no IndexError, no NaN byte)."""
-    both = pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+    both = pair()
     with favouring(bpe_model, bpe_tokenizer, "\u00e9"), favouring(sp_model, sp_tokenizer, "<0xE9>"):
         generations = ByteLevel([both[i] for i in chosen], ByteLevelParams(), batch_size=2).generate(START)
     assert [(g.text, g.finish) for g in generations] == [("\ufffd", "no_continuation")] * 2

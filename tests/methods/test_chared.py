@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.members import Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest
 from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, member_readers
 from ensemble_bench.vocab.covering import SortedVocab
@@ -57,10 +57,8 @@ def test_parameters_are_validated():
     assert METHODS["chared"] is CharED
 
 
-# ------------------------------------------------------------------ generation against a naive reference
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+# ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
+def test_cached_batched_path_equals_naive_reference(pair, bpe_model, sp_model):
     fast = CharED(pair(), CharEDParams(weights=[1.0, 1.5]), batch_size=3).generate(REQUESTS)
     members = pair()
     for request, generation in zip(REQUESTS, fast):
@@ -68,8 +66,8 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
         assert (generation.text, generation.new_tokens) == (cut_at_until(text, request.until), count)
 
 
-def test_characters_per_token_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    method = CharED([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+def test_characters_per_token_reported(pair):
+    method = CharED(pair(),
                     CharEDParams(), batch_size=3)
     one = method.generate(REQUESTS)
     info = method.info()
@@ -78,8 +76,8 @@ def test_characters_per_token_reported(bpe_tokenizer, bpe_model, sp_tokenizer, s
     assert info["chared_characters_per_token"] <= info["chared_bytes_per_token"]
 
 
-def test_loglikelihood_is_weighted_average_of_sequence_probabilities(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+def test_loglikelihood_is_weighted_average_of_sequence_probabilities(pair):
+    a, b = pair()
     request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
     [score] = CharED([a, b], CharEDParams(weights=[1.0, 3.0])).loglikelihood([request])
     la = a.score([a.encode_pair(request.prompt.text, request.continuation)])[0].logprob

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.deepen import Deepen, DeepenParams, resolve_deepen_weights
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.relative import RelativeSpace, anchor_ids, inverse_transform, kl_divergence
@@ -64,10 +63,7 @@ def test_row_cache_returns_the_computed_rows_under_eviction():
 
 # ------------------------------------------------------------------ fast == the naive dense reference (tests/naive.py)
 @pytest.mark.parametrize("support,main", [(None, 0), (None, 1), (6, 1)])
-def test_cached_batched_path_equals_naive_dense_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
-                                                          support, main):
-    def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_cached_batched_path_equals_naive_dense_reference(pair, bpe_model, sp_model, support, main):
     fast = Deepen(pair(), DeepenParams(retokenize="local", support=support, main=main, eta=0.3),
                   batch_size=3).generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):

@@ -66,15 +66,13 @@ def old_supports(method: Deepen, index: int, logprobs: torch.Tensor):
     return ids, probs.gather(1, ids)
 
 
-def method_with(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support) -> Deepen:
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def method_with(members, support) -> Deepen:
     return Deepen(members, DeepenParams(support=support), batch_size=1)
 
 
 @pytest.mark.parametrize("support", [None, 1, 7, 40])
-def test_supports_from_logprobs_equal_the_top_of_the_probabilities(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
-                                                                   support):
-    method = method_with(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support)
+def test_supports_from_logprobs_equal_the_top_of_the_probabilities(pair, support):
+    method = method_with(pair(), support)
     generator = torch.Generator().manual_seed(5)
     size = method.valid[0].shape[0]
     for scale in (1.0, 30.0, 300.0):  # 300: most probabilities subnormal or zero
@@ -88,12 +86,11 @@ def test_supports_from_logprobs_equal_the_top_of_the_probabilities(bpe_tokenizer
 
 
 @pytest.mark.parametrize("support", [1, 7, 20])
-def test_supports_from_logprobs_through_vocabulary_blocks(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support,
-                                                          monkeypatch):
+def test_supports_from_logprobs_through_vocabulary_blocks(pair, support, monkeypatch):
     """The support's top-k taken from the vocabulary's blocks (``candidate_topk``): the same ids and
     probabilities as the top of exp(log-probs), ties included."""
     monkeypatch.setattr(deepen_module, "CANDIDATE_BLOCK", 2)  # the tiny vocabulary in blocks of 2: the block path
-    method = method_with(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, support)
+    method = method_with(pair(), support)
     size = method.valid[0].shape[0]
     assert size // 2 >= 4 * (support + 1)
     generator = torch.Generator().manual_seed(7)

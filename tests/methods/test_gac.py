@@ -69,17 +69,17 @@ def test_appending_bytes_to_a_member_hand_checked(bpe_tokenizer, bpe_model):
 
 
 # ------------------------------------------------------------------ generation invariants
-def test_threshold_one_ensembles_every_token_and_zero_none(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    def pair(threshold):
-        return Gac([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+def test_threshold_one_ensembles_every_token_and_zero_none(pair, bpe_tokenizer, bpe_model):
+    def gated(threshold):
+        return Gac(pair(),
                    GacParams(threshold=threshold, gate=0), batch_size=2)
-    everything = pair(1.0)
+    everything = gated(1.0)
     everything.generate(REQUESTS)
     assert everything.stats.ensembled == everything.stats.steps > 0
-    ungated = Gac([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+    ungated = Gac(pair(),
                   GacParams(), batch_size=2)
     assert outputs(everything) == outputs(ungated)
-    nothing = pair(0.0)
+    nothing = gated(0.0)
     alone = outputs(Single([LocalMember(bpe_model, bpe_tokenizer, "solo")], Single.Params(), batch_size=2))
     assert outputs(nothing) == alone
     assert nothing.stats.ensembled == 0
@@ -87,11 +87,11 @@ def test_threshold_one_ensembles_every_token_and_zero_none(bpe_tokenizer, bpe_mo
 
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("gated", [False, True])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, gated):
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_cached_batched_path_equals_naive_reference(pair, bpe_model, sp_model, gated):
+    members = pair()
     params = GacParams(weights=[1.0, 1.5], threshold=0.2, gate=1) if gated else GacParams(weights=[1.0, 1.5])
     fast = Gac(members, params, batch_size=3).generate(REQUESTS)
-    reference_members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    reference_members = pair()
     for request, generation in zip(REQUESTS, fast):
         slow = naive_gac(reference_members, [bpe_model, sp_model], request, [1.0, 1.5],
                          gate=1 if gated else None, threshold=0.2)
@@ -99,8 +99,8 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
         assert generation.text == cut_at_until(slow, request.until)
 
 
-def test_loglikelihood_is_weighted_average_of_sequence_probabilities(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+def test_loglikelihood_is_weighted_average_of_sequence_probabilities(pair):
+    a, b = pair()
     gac = Gac([a, b], GacParams(weights=[1.0, 3.0]))
     request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
     [score] = gac.loglikelihood([request])
@@ -109,9 +109,9 @@ def test_loglikelihood_is_weighted_average_of_sequence_probabilities(bpe_tokeniz
     assert score.logprob == pytest.approx(math.log((math.exp(la) + 3 * math.exp(lb)) / 4), abs=1e-5)
 
 
-def test_sampling_is_seeded_and_batch_invariant(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_sampling_is_seeded_and_batch_invariant(pair):
     def run(seed, batch_size):
-        members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+        members = pair()
         return outputs(Gac(members, GacParams(temperature=1.0, seed=seed), batch_size=batch_size))
     first = run(7, 3)
     assert run(7, 3) == first and run(7, 1) == first

@@ -134,9 +134,9 @@ def twins(request):
 
 
 @pytest.fixture(scope="module")
-def mixed(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def mixed(pair):
     """Two members with different tokenizers."""
-    return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    return pair()
 
 
 @pytest.fixture(scope="module")

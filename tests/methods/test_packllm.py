@@ -125,9 +125,7 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"),
                                     PackLLMParams(variant="opt", alignment="union")],
                          ids=["sim", "opt"])
-def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params):
-    def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_cached_batched_union_path_equals_naive_reference(pair, bpe_model, sp_model, params):
     fast = PackLLM(pair(), params, batch_size=3)
     generations = fast.generate(REQUESTS)
     recorded = {tuple(round(x, 5) for x in w) for w in fast.info()["packllm_prompt_weights"]}
@@ -161,9 +159,9 @@ def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_mod
 
 
 @pytest.mark.parametrize("alignment", ["union", "mined"])
-def test_prompt_weights_are_batch_invariant_and_reported(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, alignment):
+def test_prompt_weights_are_batch_invariant_and_reported(pair, alignment):
     def run(batch_size):
-        method = PackLLM([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")],
+        method = PackLLM(pair(),
                          PackLLMParams(variant="opt", alignment=alignment), batch_size=batch_size)
         method.generate(REQUESTS)
         return method.info()
@@ -178,10 +176,9 @@ def test_prompt_weights_are_batch_invariant_and_reported(bpe_tokenizer, bpe_mode
     assert info_one["packllm_prompt_scoring_ms_per_request"] > 0
 
 
-def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(bpe_tokenizer, bpe_model, sp_tokenizer,
-                                                                       sp_model, monkeypatch):
+def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(pair, monkeypatch):
     assert token_chunks([5, 5, 5, 20, 1, 1], 10) == [[0, 1], [2], [3], [4, 5]]
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    members = pair()
     prompts = [[m.render(r.prompt) for r in REQUESTS] for m in members]
     method = PackLLM(members, PackLLMParams(variant="opt"))
     whole = [x for w in method.weights_for(prompts) for x in w]
@@ -189,9 +186,8 @@ def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(bpe_token
     assert [x for w in method.weights_for(prompts) for x in w] == pytest.approx(whole, abs=1e-6)
 
 
-def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bpe_tokenizer, bpe_model, sp_tokenizer,
-                                                                              sp_model):
-    a, b = LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")
+def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pair):
+    a, b = pair()
     method = PackLLM([a, b], PackLLMParams(tau=0.3))
     prompt = Prompt(text="Question: 12 plus 30?\nAnswer:")
     requests = [LoglikelihoodRequest(prompt, " 42"), LoglikelihoodRequest(prompt, " 7")]

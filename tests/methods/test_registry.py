@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from ensemble_bench.members import LocalMember
 from ensemble_bench.methods import METHODS, RunStats, current_params, get_method, read_stats
 from ensemble_bench.methods.base import MethodParams, WindowParams
 from ensemble_bench.methods.gac import Gac, GacParams
@@ -83,8 +82,8 @@ def test_every_field_has_a_description():
     assert MethodParams.model_fields == {}
 
 
-def test_run_stats_round_trip_and_keep_the_report_keys(bpe_model, bpe_tokenizer, sp_model, sp_tokenizer):
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_run_stats_round_trip_and_keep_the_report_keys(pair):
+    members = pair()
     gac = Gac(members, GacParams(gate="a", threshold=0.5), batch_size=2)
     gac.generate(REQUESTS[:2])
     info = gac.info()

@@ -76,8 +76,8 @@ def members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
 
 
-def test_recorded_shares(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    safe = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), SafeParams(), batch_size=2)
+def test_recorded_shares(pair):
+    safe = Safe(pair(), SafeParams(), batch_size=2)
     generations = safe.generate(REQUESTS)
     info = safe.info()
     assert info["tokens_committed"] >= sum(g.new_tokens for g in generations)
@@ -153,12 +153,11 @@ class OneTokenSafe(Safe):
 
 @pytest.mark.parametrize("fields,batch_size", [({}, 3), ({}, 1), ({"drafter": 1, "draft_tokens": 3, "sharpen": 0.0}, 2),
                                                ({"draft_tokens": 8, "gate_threshold": 0.9}, 5)])
-def test_block_verification_equals_one_token_extends(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, fields,
-                                                     batch_size):
+def test_block_verification_equals_one_token_extends(pair, fields, batch_size):
     """Same generations and the same decisions as a verifier reading the draft token by token."""
     params = SafeParams(**fields)
-    block = Safe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params, batch_size=batch_size)
-    reference = OneTokenSafe(members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model), params,
+    block = Safe(pair(), params, batch_size=batch_size)
+    reference = OneTokenSafe(pair(), params,
                              batch_size=batch_size)
     assert [(g.text, g.new_tokens) for g in block.generate(REQUESTS)] == [
         (g.text, g.new_tokens) for g in reference.generate(REQUESTS)]
@@ -174,9 +173,8 @@ class CycleCounted(Safe):
 
 
 @pytest.mark.parametrize("drafter,batch_size", [(0, 3), (1, 1)])
-def test_a_verifier_makes_one_forward_pass_per_cycle(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, drafter,
-                                                     batch_size):
-    members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+def test_a_verifier_makes_one_forward_pass_per_cycle(pair, drafter, batch_size):
+    members = pair()
     safe = CycleCounted(members, SafeParams(drafter=drafter, draft_tokens=6), batch_size=batch_size)
     safe.generate(REQUESTS)
     verifier, drafter_member = members[1 - drafter], members[drafter]
@@ -186,8 +184,8 @@ def test_a_verifier_makes_one_forward_pass_per_cycle(bpe_tokenizer, bpe_model, s
 
 
 # ------------------------------------------------------------------ scoring, parameters
-def test_loglikelihood_is_the_drafters(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    members = members_of(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model)
+def test_loglikelihood_is_the_drafters(pair):
+    members = pair()
     request = LoglikelihoodRequest(Prompt(text="Question: 12 plus 30?\nAnswer:"), " 42")
     drafter = members[1]
     expected = drafter.score([drafter.encode_pair(request.prompt.text, request.continuation)])[0]

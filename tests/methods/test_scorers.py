@@ -16,7 +16,7 @@ from ensemble_bench.decoding.scorers import (
     most_wins,
 )
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.members import Prompt
 from ensemble_bench.methods.rerank import Rerank, RerankParams
 from ensemble_bench.methods.single import Single
 from tests.tiny import REQUESTS
@@ -135,8 +135,8 @@ def test_rerank_params_validation(given, message):
         RerankParams(**given)
 
 
-def test_reward_rerank_end_to_end(reward_dir, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_reward_rerank_end_to_end(pair, reward_dir):
+    members = pair()
     rerank = Rerank(members, RerankParams(scorer="reward", scorer_model=reward_dir), batch_size=2)
     chosen = rerank.generate(REQUESTS)
     alone = [[g.text for g in Single([m], Single.Params()).generate(REQUESTS)] for m in members]
@@ -146,7 +146,7 @@ def test_reward_rerank_end_to_end(reward_dir, bpe_tokenizer, bpe_model, sp_token
     assert rerank.timing.decode_steps > 0 and rerank.info()["scorer"] == "reward"
 
 
-def test_llm_blender_rankers_go_through_the_package(monkeypatch, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_llm_blender_rankers_go_through_the_package(pair, monkeypatch):
     """The llm-blender package is not installed here: a stand-in records the calls of our glue."""
     import sys
     import types
@@ -165,7 +165,7 @@ def test_llm_blender_rankers_go_through_the_package(monkeypatch, bpe_tokenizer, 
             calls.setdefault("rank", []).append((inputs, candidates, return_scores))
             return [[-len(c) for c in candidates[0]]]  # shorter scores higher
 
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    members = pair()
     params = RerankParams(scorer="pairwise", scorer_model="llm-blender/pair-ranker", scorer_backend="llm-blender")
     monkeypatch.setitem(sys.modules, "llm_blender", None)
     with pytest.raises(UserError, match="pip install llm-blender"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ensemble_bench.decoding.feeding import member_continuation
-from ensemble_bench.members import LocalMember, Prompt
+from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.single import Single
@@ -68,8 +68,8 @@ def direct_perplexity(model, context, tokens):
     return math.exp(-sum(picked) / len(picked))
 
 
-def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_segment_perplexity_equals_a_direct_computation(pair, bpe_model, sp_model):
+    members = pair()
     method = CoolFusion(members, CoolFusionParams(), batch_size=2)
     prompts = [CORPUS[0][:20], CORPUS[2][:33]]
     contexts = [[m.encode(p) for p in prompts] for m in members]
@@ -97,8 +97,8 @@ def test_segment_perplexity_equals_a_direct_computation(bpe_tokenizer, bpe_model
     assert perplexity([]) == math.inf
 
 
-def test_a_proposers_own_scores_equal_a_direct_computation(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
-    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_a_proposers_own_scores_equal_a_direct_computation(pair, bpe_model, sp_model):
+    members = pair()
     method = CoolFusion(members, CoolFusionParams(align=False), batch_size=3)  # frequent boundaries
     requests = [GenerationRequest(Prompt(text=CORPUS[i][:14 + 7 * i]), ("\n\n",), 60) for i in range(3)]
     read = 0
@@ -139,9 +139,7 @@ def test_agreeing_rounds_cost_only_the_proposals(same_model, span_words):
 
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("kind", ["cool", "cool-noalign", "sweet-1", "sweet-3"])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, kind):
-    def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_cached_batched_path_equals_naive_reference(pair, bpe_model, sp_model, kind):
     if kind.startswith("cool"):
         method = CoolFusion(pair(), CoolFusionParams(align=kind == "cool"), batch_size=3)
     else:

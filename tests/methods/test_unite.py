@@ -4,7 +4,6 @@ invariance and Ray: tests/methods/test_method_contract.py)."""
 import pytest
 import torch
 
-from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.unite import Unite, UniteParams
 from ensemble_bench.vocab import VocabView
 from ensemble_bench.vocab.topk import (
@@ -76,9 +75,7 @@ def test_stop_tokens_share_one_key_and_each_member_uses_its_most_probable_stop()
 
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("primary", [0, 1])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, primary):
-    def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+def test_cached_batched_path_equals_naive_reference(pair, bpe_model, sp_model, primary):
     method = Unite(pair(), UniteParams(retokenize="local", k=5, primary=primary), batch_size=3)
     fast = method.generate(REQUESTS)
     for request, generation in zip(REQUESTS, fast):

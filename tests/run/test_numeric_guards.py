@@ -78,9 +78,9 @@ def test_a_nan_member_stops_generation_at_its_first_step(method_name, nan_member
                               "(nq, document 11): context 'Question: What is 12 plus 30? '; ")
 
 
-def test_nan_method_weights_stop_the_ensembles_loglikelihood(bpe_model, bpe_tokenizer, sp_model, sp_tokenizer):
+def test_nan_method_weights_stop_the_ensembles_loglikelihood(pair):
     """GaC's weights forced to NaN after recipe validation: the members are finite, their mixture is not."""
-    gac = Gac([LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")], GacParams())
+    gac = Gac(pair(), GacParams())
     gac.weights = torch.tensor([float("nan"), 1.0])
     lm = LM_CLASSES["gac"](gac, "gac")
     with pytest.raises(NonFiniteScore, match=r"^the ensemble gave a non-finite score \(nan\) combining its "

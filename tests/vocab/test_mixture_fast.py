@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import ensemble_bench.vocab.mixture as mixture_module
-from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.vocab import VocabView, build_vocab_view
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -156,10 +155,10 @@ def test_draw_never_takes_an_entry_of_weight_zero():
     assert seen == [{1, 3}, {0}]
 
 
-def test_gated_sampling_is_seeded_and_batch_invariant(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+def test_gated_sampling_is_seeded_and_batch_invariant(pair):
     """The gate's own tokens are drawn on the device too (Eq. 5 with a temperature)."""
     def run(seed, batch_size):
-        members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+        members = pair()
         params = GacParams(temperature=0.9, seed=seed, gate=0, threshold=0.05)
         return outputs(Gac(members, params, batch_size=batch_size))
     first = run(3, 3)
