@@ -52,8 +52,9 @@ lint: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# Everything but the real-model and the slow end-to-end tests (markers in pyproject.toml; docs/ci.md).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 # The property-based fuzzer of tests/cli/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
 # FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).

@@ -26,6 +26,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)))
 
 
+@pytest.mark.slow
 def test_remote_member_interface_equals_local(ray_members):
     local, remote = ray_members
     loc, rem = local[1], remote[1]
@@ -57,12 +58,14 @@ def test_remote_member_interface_equals_local(ray_members):
     assert calls == [(1, 4)] * 2
 
 
+@pytest.mark.slow
 def test_remote_members_step_side_by_side(ray_members):
     """Every method's results under Ray equal local ones: tests/methods/test_method_contract.py."""
     local, remote = ray_members
     assert overlaps(remote) and not overlaps(local)  # remote: members step in threads; local: a plain loop
 
 
+@pytest.mark.slow
 def test_bytes_per_step(ray_members):
     """Per step, each member sends back the float32 log-probs of the rows that took tokens only."""
     _, remote = ray_members
@@ -75,6 +78,7 @@ def test_bytes_per_step(ray_members):
         assert calls >= 2 and rows == calls and sent == 4 * member.vocab.size * rows  # batch of one: one row a call
 
 
+@pytest.mark.slow
 def test_member_pool_builds_remote_members(ray_cluster, tiny_dirs):
     from ensemble_bench.build import MemberPool
     from ensemble_bench.members.remote import RemoteMember
@@ -90,6 +94,7 @@ def test_member_pool_builds_remote_members(ray_cluster, tiny_dirs):
         member.close()
 
 
+@pytest.mark.slow
 def test_actor_load_error_is_one_line(ray_cluster):
     from ensemble_bench.members.remote import RemoteMember
 
@@ -98,6 +103,7 @@ def test_actor_load_error_is_one_line(ray_cluster):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_cluster, tiny_dirs, offline_data,
                                                                           tmp_path, monkeypatch, capsys):
     """A member asking for 2 GPUs of a cluster with none: `ensbench run` stops after
@@ -135,6 +141,7 @@ def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_c
     assert "member 'huge' within 3 s: it asks for CPU 1, GPU 2; the cluster has CPU 2, GPU 0" in line, line
 
 
+@pytest.mark.slow
 def test_placeable_members_pass_the_placement_wait(ray_cluster, tiny_dirs):
     from ensemble_bench.members.remote import RemoteMember, launch, wait_placed
 

@@ -203,6 +203,7 @@ def test_loading_detects_an_encoder_decoder(seq2seq_dir, tiny_dirs):
         is_seq2seq(seq2seq_dir, None, "decoder")
 
 
+@pytest.mark.slow
 def test_causal_and_seq2seq_recipe_runs_flores_end_to_end(seq2seq_dir, tiny_dirs, tmp_path, monkeypatch):
     import json
     import sys

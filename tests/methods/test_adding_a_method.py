@@ -65,6 +65,7 @@ def test_a_member_with_itself_is_the_member_alone(shortest, bpe_model, bpe_token
     assert outputs(shortest(twins, shortest.Params.model_validate({"main": "b"}), batch_size=2)) == alone
 
 
+@pytest.mark.slow
 def test_it_runs_from_a_recipe(shortest, tiny_dirs, tmp_path, monkeypatch, capsys):
     recipe = {"name": "toy", "members": [{"model": tiny_dirs[0], "name": "bpe"}, {"model": tiny_dirs[1], "name": "sp"}],
               "method": {"name": "shortest", "main": "sp", "count": "words"},

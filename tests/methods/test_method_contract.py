@@ -236,6 +236,7 @@ def without_clocks(info: dict) -> dict:
     return {key: value for key, value in info.items() if "_ms" not in key and "seconds" not in key}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in CONTRACT_PARAMS if name in METHODS])
 def test_ray_placement_equals_local(ray_members, name):
     """Each method with its first parameter set: a remote member answers every call as a local one."""

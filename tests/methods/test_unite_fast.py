@@ -223,6 +223,7 @@ def cached_real_aligner(name: str) -> TopKAligner:
     return TopKAligner(view, stop_ids_of(tokenizer, None, view), text_appender(member, 4).encode_bytes)
 
 
+@pytest.mark.slow
 def test_tensor_alignment_equals_reference_on_llama3_and_qwen2():
     aligners = [cached_real_aligner("llama3"), cached_real_aligner("qwen2")]
     gen, rng = torch.Generator().manual_seed(0), random.Random(0)

@@ -115,6 +115,7 @@ KILLED_WRITER = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_while_first_writing_the_tokenizer_cache_leaves_nothing_trusted(tmp_path):
     folder = tmp_path / "tokenizers" / "abc"
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(folder)], cwd=REPO, text=True,

@@ -288,6 +288,7 @@ def test_a_damaged_recipe_of_a_run_is_named(tmp_path, monkeypatch, capsys):
     assert code == 1 and f"{run_dir / 'recipe.yaml'}: damaged or unreadable" in one_line(out)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the_cache(tiny_dirs, tmp_path,
                                                                                       monkeypatch, capfd):
@@ -315,6 +316,7 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     assert (run_dir / ".bpe.damaged").is_dir() and (run_dir / "summary.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 def test_a_damaged_response_cache_is_one_line_before_any_model_loads(tiny_dirs, tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "recipe.yaml"
@@ -502,6 +504,7 @@ def uninterrupted(tiny_dirs, tmp_path_factory):
     return {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 @pytest.mark.parametrize("sig,point", [(signal.SIGINT, "first answers cached"),
                                        (signal.SIGINT, "inside the ensemble row"),

@@ -110,6 +110,7 @@ def test_the_dry_run_shows_the_plan_and_where_results_go(tiny_dirs, folder, monk
     assert not (folder / "results" / "dry").exists()
 
 
+@pytest.mark.slow
 def test_own_task_through_include_path_runs_with_its_shots(first):
     run_dir, _, computed = first
     assert computed == ["small_bpe", "small_sp", "gac"]
@@ -135,6 +136,7 @@ def test_the_overrides_are_the_recipe_as_run(first):
     assert out.rstrip().endswith(f"results: {run_dir}")
 
 
+@pytest.mark.slow
 def test_a_second_recipe_adding_a_method_computes_no_member_row(first, second):
     first_dir, _, _ = first
     run_dir, computed = second
@@ -168,6 +170,7 @@ def test_a_multiple_choice_run_is_plotted_by_ms_per_request(second, tmp_path, mo
     assert "ms/request" in svg and (tmp_path / "fig.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_the_lm_eval_route_runs_the_pair_on_the_own_task(tiny_dirs, folder, tmp_path, monkeypatch, capsys):
     args = json.dumps({"members": [{"model": tiny_dirs[0], "name": "small_bpe"},
                                    {"model": tiny_dirs[1], "name": "small_sp"}]})

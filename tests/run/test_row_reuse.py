@@ -98,6 +98,7 @@ def output(first_run, tmp_path):
     return run_a
 
 
+@pytest.mark.slow
 def test_another_method_computes_no_member_alone_request(tiny_dirs, tmp_path, monkeypatch, capsys, output):
     run_a = output
     before = {p: p.read_bytes() for p in sorted(run_a.rglob("*")) if p.is_file()}
@@ -116,6 +117,7 @@ def test_another_method_computes_no_member_alone_request(tiny_dirs, tmp_path, mo
     assert {p: p.read_bytes() for p in sorted(run_a.rglob("*")) if p.is_file()} == before  # the source: untouched
 
 
+@pytest.mark.slow
 def test_a_raised_limit_computes_only_the_new_examples(tiny_dirs, tmp_path, monkeypatch, capsys, output):
     run_a = output
     built, run_c = cli_run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path / "results", limit=5))
@@ -132,6 +134,7 @@ def test_a_raised_limit_computes_only_the_new_examples(tiny_dirs, tmp_path, monk
         (run_c / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_changed_member_or_fresh_run_is_not_reused(tiny_dirs, tmp_path, monkeypatch, capsys, output):
     text = recipe_text(tiny_dirs, tmp_path / "results", x_dtype="bfloat16")
     built, run_d = cli_run(monkeypatch, capsys, tmp_path, text)

@@ -72,6 +72,7 @@ def questions(folder):
             for line in p.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_row_is_recomputed_when_its_task_data_changes(tiny_dirs, qa_task, qa_data, tmp_path, monkeypatch, capsys):
     code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"))
     assert code == 0, out.err
@@ -86,6 +87,7 @@ def test_a_row_is_recomputed_when_its_task_data_changes(tiny_dirs, qa_task, qa_d
     assert not any(q.startswith("Edited ") for q in questions(row_dir(tmp_path, "first")))
 
 
+@pytest.mark.slow
 def test_a_resumed_run_sets_aside_a_row_whose_data_changed(tiny_dirs, qa_task, qa_data, tmp_path, monkeypatch, capsys):
     text = recipe_text(tiny_dirs, tmp_path, qa_task, "resumed")
     assert run(monkeypatch, capsys, tmp_path, text)[0] == 0
@@ -98,6 +100,7 @@ def test_a_resumed_run_sets_aside_a_row_whose_data_changed(tiny_dirs, qa_task, q
     assert all(q.startswith("Edited ") for q in questions(run_dir / "bpe"))
 
 
+@pytest.mark.slow
 def test_a_tampered_stored_row_is_not_reused(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys):
     assert run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"))[0] == 0
     [results] = row_dir(tmp_path, "first").glob("results_*.json")
@@ -240,6 +243,7 @@ def test_a_hub_dataset_is_keyed_by_its_revision(tmp_path, monkeypatch):
     assert task_sources.data_fingerprint([{"dataset_path": "org/set"}])["hub"] == [("org/set", "None", "c0ffee")]
 
 
+@pytest.mark.slow
 def test_the_plan_marks_the_rows_a_run_would_reuse(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys):
     code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"), "--dry-run")
     assert code == 0 and "not computed" not in out.out  # nothing finished yet

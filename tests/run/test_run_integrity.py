@@ -91,6 +91,7 @@ def test_the_lock_of_a_killed_holder_is_taken_over_with_one_note(tmp_path, capfd
     assert f"taking over the stale run lock {lock} of pid {process.pid} on host" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 def test_two_runs_of_one_recipe_started_together_lose_nothing(tiny_dirs, tmp_path):
     """Two tries of two real `ensbench run` of a tiny recipe started together (one such run takes
@@ -137,6 +138,7 @@ def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
 
 
 # --- resume checks every file of a row --------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_dirs, tmp_path, monkeypatch):
     from ensemble_bench.recipe import load_recipe

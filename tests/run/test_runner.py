@@ -54,6 +54,7 @@ def samples_of(row_dir):
     return found
 
 
+@pytest.mark.slow
 def test_run_writes_lm_eval_files_and_summary_then_resumes(tiny_dirs, tmp_path, monkeypatch, capsys):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(recipe_text(tiny_dirs, tmp_path / "results"))
@@ -117,6 +118,7 @@ def test_stock_lm_eval_registry_builds_our_models(tiny_dirs):
     assert single.method.name == "single"
 
 
+@pytest.mark.slow
 def test_stock_lm_eval_cli_runs_our_models(tiny_dirs, tmp_path):
     """`ensbench-lm-eval run --model single ...` on the offline PIQA config: lm-eval's own CLI."""
     import subprocess
@@ -147,6 +149,7 @@ def cached_requests(db) -> int:
             return 0
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path):
     """SIGKILL a run in a subprocess once answers are cached, run it again: the final files equal
     an uninterrupted run's, and the resumed process computes exactly the requests not cached."""
@@ -192,6 +195,7 @@ def test_a_killed_run_resumes_and_computes_no_request_twice(tiny_dirs, tmp_path)
     assert scores[0] == scores[1]
 
 
+@pytest.mark.slow
 def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs, tmp_path, monkeypatch, caplog):
     """params.json holds every row's parameters with this code's defaults; when a default changes
     (here: the stored file says GaC's retokenize was canonical), the old run is left alone."""
