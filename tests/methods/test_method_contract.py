@@ -54,6 +54,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "safe": [{}, {"draft_tokens": 1, "sharpen": 0.0, "gate_threshold": 0.5},
              {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
     "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+    "lvr": [{}, {"weights": [1.0, 4.0], "lead": 1}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -63,7 +64,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values",
+    "safe": "values", "byte_level": "values", "lvr": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:
@@ -259,12 +260,14 @@ def takes_speculation(cls: type[Method]) -> bool:
 def test_a_speculative_method_declares_the_interface_and_is_never_patched(mixed, name):
     """A method that takes ``speculative`` is a ``Speculable`` (decoding/speculative.py), and decoding
     speculatively leaves its own members, feeders and their members as they were (stand-ins are
-    passed to a view of it, ``speaking_to``, never swapped into it)."""
-    from ensemble_bench.decoding.speculative import Speculable
+    passed to a view of it, ``speaking_to``, never swapped into it). Every hook takes the arguments
+    the engine passes."""
+    from ensemble_bench.decoding.speculative import Speculable, unmet
 
     index = next(i for i, p in enumerate(CONTRACT_PARAMS[name]) if p.get("speculative"))
     method = build(name, index, mixed, batch_size=2)
-    assert isinstance(method, Speculable)
+    assert isinstance(method, Speculable) and unmet(method) == []
+    assert method.speculation is not None
     members, feeders = list(method.members), list(method.feeders)
     fed_members = [feeder and feeder.member for feeder in feeders]
     outputs(method, REQUESTS[:2])
