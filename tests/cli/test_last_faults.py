@@ -201,6 +201,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("offline_data")
 def test_a_cache_turning_read_only_mid_run_is_one_line_without_a_thread_traceback(tiny_dirs, tmp_path):
     """The one line and exit 1 were right, but sqlitedict's worker thread died with 'Exception in thread
@@ -234,6 +235,7 @@ def tiny_finished_run(tiny_dirs, offline_data, tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["table", "{run}"], ["regress", "{run}", "--baseline", "{copy}"]])
 def test_a_deleted_results_file_is_named_by_table_and_regress(tiny_finished_run, tmp_path, monkeypatch, capsys,
                                                               command):

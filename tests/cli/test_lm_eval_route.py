@@ -101,6 +101,7 @@ def test_missing_task_data_with_the_hub_offline_is_one_line(tiny_dirs, tmp_path,
     assert code == 1 and "a task's data cannot be loaded with the hub offline" in one_line(out)
 
 
+@pytest.mark.slow
 def test_the_documented_route_runs_offline_and_ensbench_reads_its_run(tiny_dirs, offline_data, tmp_path,
                                                                      monkeypatch, capsys):
     """The issue's example: --batch_size auto --device cpu --log_samples on PIQA with the hub offline, then
