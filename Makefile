@@ -53,15 +53,16 @@ lint: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# Everything but the real-model and the slow end-to-end tests (markers in pyproject.toml; docs/ci.md).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
-# The property-based fuzzer of tests/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
+# The property-based fuzzer of tests/cli/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
 # FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).
 FUZZ_EXAMPLES ?= 400
 FUZZ_SEED ?= 30
 fuzz: install
-	ENSBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ENSBENCH_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q tests/test_fuzz.py -k "hostile or mutated"
+	ENSBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ENSBENCH_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q tests/cli/test_fuzz.py -k "hostile or mutated"
 
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1

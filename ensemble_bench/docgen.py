@@ -4,7 +4,7 @@ methods' Params (``describe_params``).
 Each family page holds its methods' tables between two markers; ``FAMILIES`` says which page
 documents which built-in method. ``python -m ensemble_bench.docgen`` rewrites the generated part of
 every page; ``--check`` only says whether they are up to date (exit 1 if not).
-tests/test_method_params_doc.py keeps the pages in sync and every built-in method on one page.
+tests/docs/test_method_params_doc.py keeps the pages in sync and every built-in method on one page.
 """
 
 from __future__ import annotations

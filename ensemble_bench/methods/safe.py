@@ -33,7 +33,7 @@ returns the distributions at every stable position), after a crop to the longest
 shares; after the decision it is cropped back to the committed text, and the next cycle's block
 reads the tokens it lacks. The drafter drafts token by token and then moves to the committed ids
 with one crop and one extend (``move_rows``). The decisions are those of one-token extends, within
-float tolerance (tests/test_safe.py compares them).
+float tolerance (tests/methods/test_safe.py compares them).
 
 Log-likelihood (multiple choice): the drafter's own score; SAFE ensembles only while generating.
 """
