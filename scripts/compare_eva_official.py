@@ -14,7 +14,8 @@ What runs of it, and how:
 - the similarity matrix: vecmap/eval_translation_scipy_matrix.py's ``main()`` (``--retrieval csls
   --neighborhood 1``, numpy path: arrays answer its CuPy ``.get()``; ``save_npz`` captured);
 - decoding: ensemble/eva_multi.py's own ``eval_local`` (``drop`` filter, n=5, top-k 320), on CPU,
-  with a plain prompt schema for both models.
+  with a plain prompt schema for both models (it imports ``save_dirs`` and ``get_dev_df`` from a
+  task_info.py that defines neither; both are unused for NQ and given as None).
 
 Ours: ``Eva`` with the same settings (overlap learned, canonical feeding). Each prompt is reported
 equal, a prefix (one side stopped), or divergent; at a divergence both sides' fused distributions
@@ -121,20 +122,40 @@ def official_matrix(folder: Path, aux_tok, main_tok, x: np.ndarray, z: np.ndarra
     return saved["m"].tocsr(), len(set(aux_vocab) & set(main_vocab))
 
 
+class SlowStyle:
+    """A fast tokenizer that takes one token string in ``convert_tokens_to_string``, as the slow
+    tokenizers the authors load (``use_fast=False``) do; the packaged models have fast ones only."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+    def convert_tokens_to_string(self, tokens):
+        return self._tokenizer.convert_tokens_to_string([tokens] if isinstance(tokens, str) else tokens)
+
+
 def official_generate(folder: Path, main, aux, matrix, questions: list[str], tokens: int) -> list[str]:
     """Their ``eval_local`` on CPU (it returns the text of its last input: ``tokens`` tokens)."""
     sys.path[:0] = [str(folder / "ensemble"), str(folder)]
     model_info = importlib.import_module("model_info")
     schema = {"instruction_prefix": "", "instruction_suffix": "", "input_prefix": "", "input_suffix": "\n"}
     model_info.prompt_schemas.update({MAIN: schema, AUX: schema})
+    task_info = importlib.import_module("task_info")
+    for missing in ("save_dirs", "get_dev_df"):  # eva_multi imports names its task_info.py lacks (unused for nq)
+        setattr(task_info, missing, getattr(task_info, missing, None))
     eva = importlib.import_module("eva_multi")
     eva.device0 = eva.device1 = "cpu"
     sparse = torch.sparse_coo_tensor(np.array(matrix.nonzero()), matrix.data, matrix.shape).t().to(torch.float32)
     args = SimpleNamespace(task="nq", model=MAIN, aux_models=[AUX], aux_method="drop", drop=5, topk=320,
                            MAX_NEW_TOKEN=tokens)
     main.model.generation_config.eos_token_id = main.tokenizer.eos_token_id
-    predictions = eva.eval_local(args, main.model, [aux.model], [], main.tokenizer, [aux.tokenizer], [sparse],
-                                 [{"qText": q} for q in questions])
+    predictions = eva.eval_local(args, main.model, [aux.model], [], SlowStyle(main.tokenizer), [aux.tokenizer],
+                                 [sparse], [{"qText": q} for q in questions])
     return [p["pred_all"] for p in predictions]
 
 
