@@ -139,8 +139,9 @@ class SlowStyle:
         return self._tokenizer.convert_tokens_to_string([tokens] if isinstance(tokens, str) else tokens)
 
 
-def official_generate(folder: Path, main, aux, matrix, questions: list[str], tokens: int) -> list[str]:
-    """Their ``eval_local`` on CPU (it returns the text of its last input: ``tokens`` tokens)."""
+def official_decoder(folder: Path, main, aux, matrix, tokens: int):
+    """Their ``eval_local`` on CPU, one question at a time (it returns the text of its last input:
+    ``tokens`` tokens)."""
     sys.path[:0] = [str(folder / "ensemble"), str(folder)]
     model_info = importlib.import_module("model_info")
     schema = {"instruction_prefix": "", "instruction_suffix": "", "input_prefix": "", "input_suffix": "\n"}
@@ -154,22 +155,25 @@ def official_generate(folder: Path, main, aux, matrix, questions: list[str], tok
     args = SimpleNamespace(task="nq", model=MAIN, aux_models=[AUX], aux_method="drop", drop=5, topk=320,
                            MAX_NEW_TOKEN=tokens)
     main.model.generation_config.eos_token_id = main.tokenizer.eos_token_id
-    predictions = eva.eval_local(args, main.model, [aux.model], [], SlowStyle(main.tokenizer), [aux.tokenizer],
-                                 [sparse], [{"qText": q} for q in questions])
-    return [p["pred_all"] for p in predictions]
+    return lambda question: eva.eval_local(args, main.model, [aux.model], [], SlowStyle(main.tokenizer),
+                                           [aux.tokenizer], [sparse], [{"qText": question}])[0]["pred_all"]
 
 
 def prompt_text(question: str) -> str:
     return INSTRUCTION + "Question: " + question + "\n" + "Answer:"
 
 
-def ours_generate(members, questions: list[str], tokens: int):
+def ours_decoder(members, tokens: int):
+    """``Eva`` with the same settings (its map built, or read from the cache, here), one question at a time."""
     from ensemble_bench.members import Prompt
     from ensemble_bench.methods import GenerationRequest
     from ensemble_bench.methods.eva import Eva, EvaParams
     method = Eva(members, EvaParams(lead=0))
-    requests = [GenerationRequest(Prompt(text=prompt_text(q)), (), tokens) for q in questions]
-    return [g.text for g in method.generate(requests)], method
+
+    def decode(question: str) -> str:
+        return method.generate([GenerationRequest(Prompt(text=prompt_text(question)), (), tokens)])[0].text
+
+    return decode, method
 
 
 def map_agreement(ours, matrix) -> dict:
@@ -258,17 +262,14 @@ def main() -> None:
         print(f"official map: {matrix.nnz} pairs from {seeds} shared strings, {time.perf_counter() - started:.0f} s",
               flush=True)
         started = time.perf_counter()
-        ours, method = ours_generate(members, questions, args.tokens)
-        print(f"ours: {time.perf_counter() - started:.0f} s (map built or read from the cache, then decoding)",
-              flush=True)
-        started = time.perf_counter()
-        theirs = official_generate(folder, members[0], members[1], matrix, questions, args.tokens)
-        print(f"official decoding: {time.perf_counter() - started:.0f} s", flush=True)
+        ours, method = ours_decoder(members, args.tokens)
         agreement = map_agreement(method.projections[1], matrix)
-        print("map agreement:", json.dumps(agreement), "| ours:", len(method.projections[1].src), "pairs from",
-              method.projections[1].seeds, "shared tokens", flush=True)
+        print(f"our map: {len(method.projections[1].src)} pairs from {method.projections[1].seeds} shared tokens, "
+              f"{time.perf_counter() - started:.0f} s; map agreement: {json.dumps(agreement)}", flush=True)
+        theirs = official_decoder(folder, members[0], members[1], matrix, args.tokens)
         records, counts = [], {"equal": 0, "prefix": 0, "diverge": 0}
-        for index, (question, mine, other) in enumerate(zip(questions, ours, theirs)):
+        for index, question in enumerate(questions):
+            mine, other = ours(question), theirs(question)
             a, b = mine.strip(), other.strip()
             kind = "equal" if a == b else "prefix" if (a and b.startswith(a)) or (b and a.startswith(b)) else "diverge"
             counts[kind] += 1
@@ -277,11 +278,11 @@ def main() -> None:
                 record["why"] = explain(members, method.projections[1], matrix, prompt_text(question), mine, other)
             records.append(record)
             print(json.dumps(record, ensure_ascii=False), flush=True)
+            if args.out:  # written after every prompt: a long run can be read while it goes on
+                args.out.write_text(json.dumps({"counts": counts, "map": agreement, "records": records}, indent=1,
+                                               ensure_ascii=False))
     print(f"agreement: {counts['equal']}/{len(questions)} equal, {counts['prefix']} prefix, "
           f"{counts['diverge']} diverge")
-    if args.out:
-        args.out.write_text(json.dumps({"counts": counts, "map": agreement, "records": records}, indent=1,
-                                       ensure_ascii=False))
 
 
 if __name__ == "__main__":
