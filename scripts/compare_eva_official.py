@@ -213,19 +213,26 @@ def fused_at(members, text: str, projector, n: int = 5, k: int = 320) -> torch.T
 
 
 def explain(members, ours_map, matrix, prompt: str, ours: str, theirs: str) -> dict:
-    """At the first differing character: the shared text, and each map's choice and top-2 margin there."""
+    """Where the official loop decided differently: the first differing character may lie inside a
+    token one side chose (Qwen2.5's '"\\n' against '"' then ' by'), so the decision point is the
+    latest text, at most 16 characters back, at which the official rule's choice spans the
+    difference. There: each map's choice, runner-up and top-2 margin on the same (re-tokenised) text."""
     cut = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    shared = prompt + theirs[:cut]
     tokenizer = members[0].tokenizer
     theirs_t = torch.sparse_coo_tensor(np.array(matrix.nonzero()), matrix.data, matrix.shape).t().float()
-    found = {"at_char": cut, "shared_tail": theirs[max(0, cut - 20):cut]}
-    for name, projector in (("our_map", ours_map.project), ("their_map", lambda p: torch.spmm(theirs_t, p.t()).t())):
-        fused = fused_at(members, shared, projector)
-        top = fused.topk(2)
-        found[name] = {"choice": tokenizer.decode([int(top.indices[0])]),
-                       "second": tokenizer.decode([int(top.indices[1])]),
-                       "margin": float(top.values[0] - top.values[1])}
-    return found
+    maps = {"our_map": ours_map.project, "their_map": lambda p: torch.spmm(theirs_t, p.t()).t()}
+
+    def choice_at(point: int, name: str) -> dict:
+        top = fused_at(members, prompt + theirs[:point], maps[name]).topk(2)
+        return {"choice": tokenizer.decode([int(top.indices[0])]), "second": tokenizer.decode([int(top.indices[1])]),
+                "margin": float(top.values[0] - top.values[1])}
+
+    for point in range(cut, max(-1, cut - 17), -1):
+        official = choice_at(point, "their_map")
+        if theirs[point:].startswith(official["choice"]) and point + len(official["choice"]) > cut:
+            return {"at_char": point, "shared_tail": theirs[max(0, point - 20):point], "their_map": official,
+                    "our_map": choice_at(point, "our_map")}
+    return {"at_char": cut, "shared_tail": theirs[max(0, cut - 20):cut], "decision_point": "not found"}
 
 
 def main() -> None:
