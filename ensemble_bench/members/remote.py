@@ -107,6 +107,9 @@ class MemberServer:
     def input_embeddings(self) -> torch.Tensor:
         return self.member.input_embeddings().detach().cpu().clone()
 
+    def output_embeddings(self) -> torch.Tensor:
+        return self.member.output_embeddings().detach().cpu().clone()
+
 
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Join the Ray cluster at ``address`` ("auto", "ray://host:port", "host:port"), or start a
@@ -361,6 +364,9 @@ class RemoteMember(TokenizerSide, Member):
         if self._embeddings is None:
             self._embeddings = self._wait(self.actor.input_embeddings.remote())
         return self._embeddings
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self._wait(self.actor.output_embeddings.remote())
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:

@@ -18,6 +18,7 @@ from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion
 from ensemble_bench.methods.deepen import Deepen
+from ensemble_bench.methods.eva import Eva
 from ensemble_bench.methods.gac import Gac
 from ensemble_bench.methods.lvr import Lvr
 from ensemble_bench.methods.mbr import Mbr
@@ -63,7 +64,7 @@ def when_registered(hook: Callable[[type[Method]], None]) -> None:
 
 
 BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr)
+            Lvr, Eva)
 for _method in BUILT_IN:
     register_method(_method)
 

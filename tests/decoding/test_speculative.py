@@ -10,6 +10,7 @@ import pytest
 from ensemble_bench.decoding.speculative import Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
+from ensemble_bench.methods.eva import Eva, EvaParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.single import Single
@@ -30,6 +31,8 @@ CASES = {
     "deepen": (Deepen, DeepenParams, {}),
     "packllm-union": (PackLLM, PackLLMParams, {"alignment": "union"}),
     "packllm-mined": (PackLLM, PackLLMParams, {}),
+    "eva": (Eva, EvaParams, {"top_k": 20}),
+    "eva-local-direct": (Eva, EvaParams, {"retokenize": "local", "overlap": "direct", "n": 2}),
 }
 
 

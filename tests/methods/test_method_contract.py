@@ -59,6 +59,9 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
              {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
     "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
     "lvr": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+    "eva": [{"retokenize": "local", "overlap": "direct"}, {"retokenize": "local", "overlap": "direct", "n": None},
+            {"retokenize": "local", "overlap": "direct", "top_k": 3, "n": 1, "lead": 1},
+            {"retokenize": "local", "overlap": "direct", "speculative": 3, "proposer": 1}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -68,7 +71,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values", "lvr": "values",
+    "safe": "values", "byte_level": "values", "lvr": "values", "eva": "flags",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:

@@ -19,13 +19,14 @@ WEIGHTED = [name for name, cls in METHODS.items() if cls.takes_weights()]
 
 def test_the_lead_is_one_parameter_named_lead():
     assert set(LEADING) == {"gac", "unite", "deepen", "voting", "mbr", "rerank", "coolfusion", "sweetspan", "safe",
-                            "byte_level", "lvr"}
+                            "byte_level", "lvr", "eva"}
     for name in LEADING:
         assert METHODS[name].lead_param == "lead" and "lead" in METHODS[name].Params.model_fields, name
 
 
 @pytest.mark.parametrize("name, alias", [("unite", "primary"), ("deepen", "main"), ("voting", "main"),
-                                         ("sweetspan", "main"), ("safe", "drafter"), ("byte_level", "main")])
+                                         ("sweetspan", "main"), ("safe", "drafter"), ("byte_level", "main"),
+                                         ("eva", "main")])
 def test_the_papers_names_are_aliases_of_lead(name, alias):
     params = get_method(name).Params.model_validate({alias: "big"})
     assert params.lead == "big" and params.lead_spelling == alias
@@ -52,7 +53,7 @@ def test_window_is_declared_once():
                  if "window" in cls.__dict__.get("__annotations__", {})}
     assert declaring == {WindowParams}
     assert {name for name, cls in METHODS.items() if "window" in cls.Params.model_fields} == {
-        "gac", "unite", "deepen", "packllm", "chared", "safe"}
+        "gac", "unite", "deepen", "packllm", "chared", "safe", "eva"}
 
 
 def test_samples_is_declared_by_the_methods_that_can_draw():
