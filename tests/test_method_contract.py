@@ -54,6 +54,10 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "safe": [{}, {"draft_tokens": 1, "sharpen": 0.0, "gate_threshold": 0.5},
              {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
     "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+    # exploration (beam_size > 1 in an uncertain state) may pick a non-greedy word even for one model:
+    # identity holds without it (tests/methods/test_adafuse.py covers exploration)
+    "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
+                {"beam_size": 1, "commit_rule": "code", "theta_delta": 0.05}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -63,7 +67,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values",
+    "safe": "values", "byte_level": "values", "adafuse": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:
