@@ -215,8 +215,8 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
     fast = method.generate(requests)
     slow_members = pair()
     for request, generation in zip(requests, fast):
-        slow = naive_span(slow_members, [bpe_model, sp_model], request, lambda u, text: method._segment_end(u, text, [], []),
-                          lambda table: method._choose(table)[0])
+        slow = naive_span(slow_members, [bpe_model, sp_model], request,
+                          lambda u, text: method._segment_end(u, text, [], []), lambda table: method._choose(table)[0])
         assert generation.text == slow
     assert method.info()["rounds"] >= 2
     assert any(trace["rounds"] for trace in method.traces)  # some rounds had a real choice, logged

@@ -113,7 +113,8 @@ class AdaFuse(SpanMethod):
             return ()
         return self._alternatives(tokens, picked_from, starts[words - 2][1], words)
 
-    def _alternatives(self, tokens: list[int], picked_from: list[torch.Tensor], at: int, words: int) -> tuple[Branch, ...]:
+    def _alternatives(self, tokens: list[int], picked_from: list[torch.Tensor], at: int,
+                      words: int) -> tuple[Branch, ...]:
         """Branches that share ``tokens[:at]`` and then take the 2nd..B-th most likely token at ``at``."""
         best = picked_from[at].float().topk(self.params.beam_size).indices.tolist()
         return tuple(Branch(tuple(tokens[:at]) + (token,), words) for token in best[1:])
