@@ -1,0 +1,194 @@
+"""AdaFuse against the authors' code (CCM0111/AdaFuse), on CPU, greedy, beside ensbench.
+
+The official script (AdaFuse_two_models.py) is read at run time from a local git copy (``--repo``,
+default the mirror; never committed here) and imported from a temporary folder. It imports a
+``utils`` package its repository does not contain (answer parsing only): empty stand-ins are put in
+``sys.modules``. Its own functions are driven here: ``generate_candidate_spans`` (each model's
+candidates), ``compute_span_perplexity`` (each model's mean NLL of a candidate) and the round loop of
+``ensemble_decoding_worker`` (the lowest average wins; the prefix grows by ``" " + span``; it stops
+at "question:", "note:", "<", a boxed answer or an EOS string), re-typed because the worker
+hard-codes CUDA, its data loader and its log files. Its ``torch.amp.autocast("cuda")`` is a no-op
+on CPU (float32 throughout).
+
+Both run on the packaged SmolLM2-135M (first, the lead) + Qwen2.5-0.5B, plain-text prompts
+("Question: ...\\nAnswer:"), theta_delta 0.7, B = 3 (the official ``--beam_size``; its default 1
+takes a branch without exploration), ensbench with ``commit_rule: paper`` and ``code``, 20 new
+tokens. Texts are compared with whitespace collapsed (the official spans are words joined by single
+spaces), over the words both have (ensbench's last word may be cut by the token budget). For each
+prompt whose words differ, the first differing round is classified (docs/fidelity.md).
+
+    python scripts/compare_adafuse_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import string
+import subprocess
+import sys
+import tempfile
+import types
+from collections import Counter
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MIRROR = "/work/.mirror/CCM0111+AdaFuse/repo"
+TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
+          "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
+          "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
+QUESTIONS = ([f"What is one fact about {t}?" for t in TOPICS]
+             + [f"What is {a} plus {b}?" for a, b in zip(range(3, 23), range(17, 57, 2))])
+
+
+def load_official(repo: str, into: Path):
+    """The official two-model script at the copy's HEAD, imported from ``into`` (read, never copied here)."""
+    source = subprocess.run(["git", "-C", repo, "show", "HEAD:AdaFuse_two_models.py"], check=True,
+                            capture_output=True).stdout
+    path = into / "adafuse_official.py"
+    path.write_bytes(source)
+    for name in ("utils", "utils.ans_process", "utils.collate_fun", "utils.extract_response"):
+        stand_in = types.ModuleType(name)
+        stand_in.__all__ = []
+        sys.modules.setdefault(name, stand_in)
+    spec = importlib.util.spec_from_file_location("adafuse_official", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+class Official:
+    """The official round loop over two (model, tokenizer) pairs; records each round."""
+
+    def __init__(self, module, pairs, theta: float, beam: int):
+        from transformers import GenerationConfig
+
+        self.m, self.pairs, self.theta, self.beam = module, pairs, theta, beam
+        self.configs = [GenerationConfig(num_beams=beam, num_return_sequences=beam, do_sample=False,
+                                         pad_token_id=tok.eos_token_id, max_new_tokens=10, use_cache=True)
+                        for _, tok in pairs]
+
+    def generate(self, prompt: str, tokens: int) -> tuple[str, list[dict]]:
+        prefix, rounds = prompt, []
+        lead_tok = self.pairs[0][1]
+        while len(lead_tok(prefix[len(prompt):], add_special_tokens=False)["input_ids"]) < tokens:
+            found = [self.m.generate_candidate_spans(model, tok, prefix, 4, config, self.beam, self.theta, 3)
+                     for (model, tok), config in zip(self.pairs, self.configs)]
+            candidates: dict[str, list] = {}
+            for v, spans in enumerate(found):
+                for span, ids in spans:
+                    candidates.setdefault(span, [None, None])[v] = ids
+            scored = []
+            for span, own in candidates.items():
+                nll = [self.m.compute_span_perplexity(model, tok, prefix, own[v] if own[v] is not None
+                                                      else tok(span, add_special_tokens=False)["input_ids"])
+                       for v, (model, tok) in enumerate(self.pairs)]
+                valid = [x for x in nll if x == x]  # the official skips a NaN score (an empty span)
+                if valid:
+                    scored.append((span, sum(valid) / len(valid), nll))
+            if not scored:
+                break
+            span = min(scored, key=lambda s: s[1])[0]
+            rounds.append({"candidates": [(s, round(a, 4)) for s, a, _ in scored], "selected": span,
+                           "per_model": [[s for s, _ in spans] for spans in found]})
+            if self._stops(span):
+                kept = self._kept(span)
+                prefix += " " + kept if kept else ""
+                break
+            prefix += " " + span
+            if any(tok.eos_token and tok.eos_token in span for _, tok in self.pairs):
+                break
+        return prefix[len(prompt):], rounds
+
+    def _stops(self, span: str) -> bool:
+        import re
+        return bool(re.search(r"\\?boxed\s*\{", span, flags=re.IGNORECASE)) or "<" in span or any(
+            marker in span.lower() for marker in ("question:", "note:"))
+
+    def _kept(self, span: str) -> str:
+        import re
+        if re.search(r"\\?boxed\s*\{", span, flags=re.IGNORECASE):
+            return self.m.extract_boxed_answer(span)
+        return self.m.clean_text_before_question(span)
+
+
+def classify(ours_rounds: list[dict], theirs: dict, ours_words: list[str], their_words: list[str]) -> str:
+    """The cause of a divergence, read off the first official round whose span ensbench did not take."""
+    common = sum(1 for _ in zip(ours_words, their_words))
+    punctuation = lambda ws: [w for w in ws if not all(c in string.punctuation for c in w)]  # noqa: E731
+    if punctuation(ours_words)[:common] == punctuation(their_words)[:common] or punctuation(ours_words) == \
+            punctuation(their_words)[:len(punctuation(ours_words))]:
+        return "punctuation words dropped by the official span builder"
+    done = 0
+    for round_ in theirs:
+        span_words = words(round_["selected"])
+        if their_words[done:done + len(span_words)] != ours_words[done:done + len(span_words)]:
+            longest = max(len(words(s)) for s, _ in round_["candidates"])
+            if longest > 3:
+                return f"official span unit: its 'first word' is up to 4 words (span_length), candidates of {longest} words"
+            return "candidate set or scores differ (official: whitespace words, canonical re-encoding of the joined text)"
+        done += len(span_words)
+    return "official stopped early (stop marker in a span)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", default=MIRROR)
+    parser.add_argument("--prompts", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--theta", type=float, default=0.7)
+    parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--out", default="adafuse_official.json")
+    args = parser.parse_args()
+
+    import torch
+
+    from ensemble_bench.members import Prompt, load_member
+    from ensemble_bench.methods import GenerationRequest
+    from ensemble_bench.methods.adafuse import AdaFuse, AdaFuseParams
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as folder:
+        official = load_official(args.repo, Path(folder))
+    members = [load_member("smollm2-135m", name="smollm2", chat_template=False),
+               load_member("qwen2.5-0.5b", name="qwen2.5", chat_template=False)]
+    prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS[:args.prompts]]
+    requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
+    ours = {}
+    for rule in ("paper", "code"):
+        method = AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule))
+        ours[rule] = [(g.text, t["rounds"]) for g, t in zip(method.generate(requests), method.traces)]
+    reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam)
+    rows, tally = [], {rule: Counter() for rule in ours}
+    for i, prompt in enumerate(prompts):
+        text, rounds = reference.generate(prompt, args.tokens)
+        row = {"prompt": prompt, "official": text, "official_rounds": rounds}
+        for rule, outputs in ours.items():
+            mine, trace = outputs[i]
+            mine_words, their_words = words(mine), words(text)
+            whole = mine_words[:-1] if len(mine_words) > 1 else mine_words  # the budget may cut the last word
+            n = min(len(whole), len(their_words))
+            same = whole[:n] == their_words[:n] and n > 0
+            cause = None if same else classify(trace, rounds, whole, their_words)
+            tally[rule]["agree" if same else cause] += 1
+            row[rule] = {"text": mine, "agree": same, "cause": cause}
+        rows.append(row)
+        print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
+              f"official {text!r}", flush=True)
+    Path(args.out).write_text(json.dumps({"rows": rows, "tally": {k: dict(v) for k, v in tally.items()}}, indent=1))
+    for rule, counts in tally.items():
+        print(f"commit_rule {rule}: {counts['agree']}/{len(prompts)} agree; " +
+              "; ".join(f"{n} {cause}" for cause, n in counts.items() if cause != "agree"))
+
+
+if __name__ == "__main__":
+    main()
