@@ -180,7 +180,7 @@ def main() -> None:
             same = whole[:n] == their_words[:n] and n > 0
             cause = None if same else classify(trace, rounds, whole, their_words)
             tally[rule]["agree" if same else cause] += 1
-            row[rule] = {"text": mine, "agree": same, "cause": cause}
+            row[rule] = {"text": mine, "agree": same, "cause": cause, "rounds": trace}
         rows.append(row)
         print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
               f"official {text!r}", flush=True)
