@@ -12,8 +12,9 @@ on CPU (float32 throughout).
 
 Both run on the packaged SmolLM2-135M (first, the lead) + Qwen2.5-0.5B, plain-text prompts
 ("Question: ...\\nAnswer:"), theta_delta 0.7, B = 3 (the official ``--beam_size``; its default 1
-takes a branch without exploration), ensbench with ``commit_rule: paper`` and ``code``, 20 new
-tokens. Texts are compared with whitespace collapsed (the official spans are words joined by single
+takes a branch without exploration), the official ``--span_length`` 1 (``--span-length``; its
+default 4 makes the "first word" of a span up to four words), ensbench with ``commit_rule: paper``
+and ``code``, 20 new tokens. Texts are compared with whitespace collapsed (the official spans are words joined by single
 spaces), over the words both have (ensbench's last word may be cut by the token budget). For each
 prompt whose words differ, the first differing round is classified (docs/fidelity.md).
 
@@ -68,10 +69,10 @@ def words(text: str) -> list[str]:
 class Official:
     """The official round loop over two (model, tokenizer) pairs; records each round."""
 
-    def __init__(self, module, pairs, theta: float, beam: int):
+    def __init__(self, module, pairs, theta: float, beam: int, span_length: int):
         from transformers import GenerationConfig
 
-        self.m, self.pairs, self.theta, self.beam = module, pairs, theta, beam
+        self.m, self.pairs, self.theta, self.beam, self.span_length = module, pairs, theta, beam, span_length
         self.configs = [GenerationConfig(num_beams=beam, num_return_sequences=beam, do_sample=False,
                                          pad_token_id=tok.eos_token_id, max_new_tokens=10, use_cache=True)
                         for _, tok in pairs]
@@ -80,7 +81,8 @@ class Official:
         prefix, rounds = prompt, []
         lead_tok = self.pairs[0][1]
         while len(lead_tok(prefix[len(prompt):], add_special_tokens=False)["input_ids"]) < tokens:
-            found = [self.m.generate_candidate_spans(model, tok, prefix, 4, config, self.beam, self.theta, 3)
+            found = [self.m.generate_candidate_spans(model, tok, prefix, self.span_length, config, self.beam,
+                                                         self.theta, 3)
                      for (model, tok), config in zip(self.pairs, self.configs)]
             candidates: dict[str, list] = {}
             for v, spans in enumerate(found):
@@ -133,8 +135,8 @@ def classify(ours_rounds: list[dict], theirs: dict, ours_words: list[str], their
         if their_words[done:done + len(span_words)] != ours_words[done:done + len(span_words)]:
             longest = max(len(words(s)) for s, _ in round_["candidates"])
             if longest > 3:
-                return f"official span unit: its 'first word' is up to 4 words (span_length), candidates of {longest} words"
-            return "candidate set or scores differ (official: whitespace words, canonical re-encoding of the joined text)"
+                return f"official span unit: candidates of up to {longest} whitespace words"
+            return "candidate set or scores differ"
         done += len(span_words)
     return "official stopped early (stop marker in a span)"
 
@@ -147,6 +149,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--theta", type=float, default=0.7)
     parser.add_argument("--beam", type=int, default=3)
+    parser.add_argument("--span-length", type=int, default=1,
+                        help="the official --span_length (its default 4 makes its first 'word' up to 4 words)")
     parser.add_argument("--out", default="adafuse_official.json")
     args = parser.parse_args()
 
@@ -163,27 +167,30 @@ def main() -> None:
                load_member("qwen2.5-0.5b", name="qwen2.5", chat_template=False)]
     prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS[:args.prompts]]
     requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
-    ours = {}
-    for rule in ("paper", "code"):
-        method = AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule))
-        ours[rule] = [(g.text, t["rounds"]) for g, t in zip(method.generate(requests), method.traces)]
-    reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam)
-    rows, tally = [], {rule: Counter() for rule in ours}
-    for i, prompt in enumerate(prompts):
-        text, rounds = reference.generate(prompt, args.tokens)
-        row = {"prompt": prompt, "official": text, "official_rounds": rounds}
-        for rule, outputs in ours.items():
-            mine, trace = outputs[i]
-            mine_words, their_words = words(mine), words(text)
-            whole = mine_words[:-1] if len(mine_words) > 1 else mine_words  # the budget may cut the last word
-            n = min(len(whole), len(their_words))
-            same = whole[:n] == their_words[:n] and n > 0
-            cause = None if same else classify(trace, rounds, whole, their_words)
-            tally[rule]["agree" if same else cause] += 1
-            row[rule] = {"text": mine, "agree": same, "cause": cause, "rounds": trace}
-        rows.append(row)
-        print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
-              f"official {text!r}", flush=True)
+    methods = {rule: AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule))
+               for rule in ("paper", "code")}
+    reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam,
+                         args.span_length)
+    rows, tally = [], {rule: Counter() for rule in methods}
+    with open(args.out + "l", "w") as log:  # one line per prompt as it finishes
+        for i, (prompt, request) in enumerate(zip(prompts, requests)):
+            text, rounds = reference.generate(prompt, args.tokens)
+            row = {"prompt": prompt, "official": text, "official_rounds": rounds}
+            for rule, method in methods.items():
+                mine = method.generate([request])[0].text
+                trace = method.traces[-1]["rounds"]
+                mine_words, their_words = words(mine), words(text)
+                whole = mine_words[:-1] if len(mine_words) > 1 else mine_words  # the budget may cut the last word
+                n = min(len(whole), len(their_words))
+                same = whole[:n] == their_words[:n] and n > 0
+                cause = None if same else classify(trace, rounds, whole, their_words)
+                tally[rule]["agree" if same else cause] += 1
+                row[rule] = {"text": mine, "agree": same, "cause": cause, "rounds": trace}
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
+                  f"official {text!r}", flush=True)
     Path(args.out).write_text(json.dumps({"rows": rows, "tally": {k: dict(v) for k, v in tally.items()}}, indent=1))
     for rule, counts in tally.items():
         print(f"commit_rule {rule}: {counts['agree']}/{len(prompts)} agree; " +

@@ -1,23 +1,22 @@
 """AdaFuse — "AdaFuse: Adaptive Ensemble Decoding with Test-Time Scaling for LLMs" (arXiv 2601.06022).
 
 A span-level ensemble whose spans are whole words and whose length adapts (methods/span_level.py
-runs the rounds). Each round, from the committed prefix, each member:
-- tests its uncertainty by the top-1 margin Delta = p(1) - p(2) of its next-token distribution at
-  the first token of a word (Sec. 3, the uncertainty test);
-- confident (Delta >= ``theta_delta``): decodes greedily and commits word after word while the
-  margin at the next word's first token stays confident, up to ``max_words`` words (adaptive word
-  commitment: a confident state commits a longer span directly);
-- uncertain (Delta < ``theta_delta``): explores ``beam_size`` candidates for the next word, its
-  ``beam_size`` most likely first tokens each completed greedily to one word (diversity-aware
-  scaling).
-Every member scores every candidate by its mean negative log-likelihood per token (own tokenisation);
-the candidate with the lowest mean over members wins and every member appends it. A round where
-all members propose the same single span commits it without scoring.
+runs the rounds). Each round, from the committed prefix, each member reads the top-1 margin
+Delta = p(1) - p(2) of its next-token distribution at the first token of each word (the
+uncertainty test) and, as the paper's Figure 1 draws it:
+- while confident (Delta >= ``theta_delta``) it commits the greedy word and goes on to the next,
+  up to ``max_words`` words (Sec. 3.2, adaptive expansion): a confident state commits a longer span;
+- at the first uncertain word it explores: its ``beam_size`` most likely first tokens for that word,
+  each completed greedily, give ``beam_size`` candidate spans sharing the confident words before it,
+  and the span ends with that word (Sec. 3.3, diversity-aware scaling).
+The candidates of all members (their union) are scored by every member by mean negative
+log-likelihood per token (own tokenisation); the lowest mean over members wins and every member
+appends it (Sec. 3.4). A round where all members propose the same single span commits it unscored.
 
-``commit_rule: code`` follows the authors' script (AdaFuse_two_models.py) instead: a span whose
-second word starts uncertain takes that word too (two words), and one confident at the first two
-words explores ``beam_size`` candidates for word ``max_words``. Words are the boundaries common to
-all members' tokenizers (vocab/words.py), as for SweetSpan.
+``commit_rule: code`` follows the authors' script (AdaFuse_two_models.py) instead: an uncertain
+first word is explored as above, an uncertain second word is taken greedily without exploring, and
+a span confident at its first two words explores its last word (word ``max_words``) whatever its
+margin. Words are the boundaries common to all members' tokenizers (vocab/words.py), as SweetSpan's.
 """
 
 from __future__ import annotations
@@ -43,8 +42,9 @@ class AdaFuseParams(SpanParams):
         "B: candidate words an uncertain member explores (its B most likely first tokens, each completed "
         "greedily); 1: no exploration"))
     commit_rule: Literal["paper", "code"] = Field(default="paper", description=(
-        "paper: a span ends before a word whose first token is uncertain; code: the authors' script, which "
-        "takes that word too and explores the last word of a span confident throughout"))
+        "paper: the first uncertain word ends the span and is explored (Figure 1); code: the authors' script, "
+        "which explores an uncertain first word, takes an uncertain second word greedily, and explores word M "
+        "of a span confident at its first two words"))
 
 
 def top1_margin(logprobs: torch.Tensor) -> float:
@@ -87,31 +87,36 @@ class AdaFuse(SpanMethod):
         return starts
 
     def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
+        """After the first uncertain word (Sec. 3.3), or after ``max_words`` confident ones (Sec. 3.2)."""
         if not self._confident(picked_from[0]):
-            return self._word_end(text, 1)  # uncertain: one word per candidate
-        words = self.params.max_words
+            return self._word_end(text, 1)
         for j, (end, t) in enumerate(self._word_starts_at(proposer, text, tokens), start=1):
-            if j == words:
+            if j == self.params.max_words:
                 return end
-            if not self._confident(picked_from[t]):
-                # paper: stop before the uncertain word; code: take it greedily too
-                return end if self.params.commit_rule == "paper" else self._word_end(text, j + 1)
+            if not self._confident(picked_from[t]):  # word j + 1 starts uncertain: it ends the span
+                return self._word_end(text, j + 1)
         return None
 
     def _branches(self, proposer: int, tokens: list[int], picked_from: list[torch.Tensor],
                   proposal: Proposal) -> tuple[Branch, ...]:
-        """Diversity-aware scaling: the B-1 next most likely first tokens where the member explores."""
+        """Diversity-aware scaling: the B-1 next most likely first tokens of the word explored."""
         if self.params.beam_size == 1 or not picked_from:
             return ()
         if not self._confident(picked_from[0]):
             return self._alternatives(tokens, picked_from, 0, 1)
+        if proposal.final is not None:
+            return ()
         words = self.params.max_words
-        if self.params.commit_rule == "paper" or proposal.final is not None or words < 2:
-            return ()
-        starts = self._word_starts_at(proposer, text_of(self.members[proposer], tokens), tokens)
-        if len(starts) < words - 1 or not all(self._confident(picked_from[t]) for _, t in starts[:words - 2]):
-            return ()
-        return self._alternatives(tokens, picked_from, starts[words - 2][1], words)
+        starts = self._word_starts_at(proposer, text_of(self.members[proposer], tokens), tokens)[:words - 1]
+        if self.params.commit_rule == "code":
+            if words < 2 or len(starts) < words - 1 or not all(self._confident(picked_from[t])
+                                                                 for _, t in starts[:words - 2]):
+                return ()
+            return self._alternatives(tokens, picked_from, starts[words - 2][1], words)
+        for j, (_, t) in enumerate(starts, start=2):
+            if not self._confident(picked_from[t]):
+                return self._alternatives(tokens, picked_from, t, j)
+        return ()
 
     def _alternatives(self, tokens: list[int], picked_from: list[torch.Tensor], at: int,
                       words: int) -> tuple[Branch, ...]:

@@ -76,7 +76,7 @@ class Naive:
             if j == self.p.max_words:
                 return end
             if not self.confident(picked[t]):
-                return end if self.p.commit_rule == "paper" else self.end_of(u, text, tokens, picked, j + 1)
+                return self.end_of(u, text, tokens, picked, j + 1)
         return None
 
     def decode(self, u, seq, request, committed, budget, forced=(), words=None):
@@ -106,12 +106,17 @@ class Naive:
         if p.beam_size == 1:
             return found
         at, words = None, None
+        starts = self.starts(u, text_of(self.members[u], tokens), tokens)[:p.max_words - 1]
         if not self.confident(picked[0]):
             at, words = 0, 1
-        elif p.commit_rule == "code" and first[2] is None and p.max_words >= 2:
-            starts = self.starts(u, text_of(self.members[u], tokens), tokens)
-            if len(starts) >= p.max_words - 1 and all(self.confident(picked[t]) for _, t in starts[:p.max_words - 2]):
-                at, words = starts[p.max_words - 2][1], p.max_words
+        elif first[2] is not None:
+            pass
+        elif p.commit_rule == "paper":
+            uncertain = [(t, j) for j, (_, t) in enumerate(starts, start=2) if not self.confident(picked[t])]
+            at, words = uncertain[0] if uncertain else (None, None)
+        elif p.max_words >= 2 and len(starts) >= p.max_words - 1 and all(
+                self.confident(picked[t]) for _, t in starts[:p.max_words - 2]):
+            at, words = starts[p.max_words - 2][1], p.max_words
         if at is not None:
             for token in picked[at].topk(p.beam_size).indices.tolist()[1:]:
                 found.append(self.decode(u, seq, request, committed, budget, tuple(tokens[:at]) + (token,), words)[0])
@@ -124,8 +129,9 @@ class Naive:
         return mean_nll(logprobs)
 
     def generate(self, request, lead=0):
+        """The text, and the candidates of each round that had a choice."""
         seqs = [m.render(request.prompt) for m in self.members]
-        lead_ids, committed, finish = [], "", None
+        lead_ids, committed, finish, choices = [], "", None, []
         while finish is None:
             own: dict = {}
             for u in range(len(self.members)):
@@ -137,6 +143,7 @@ class Naive:
                           for v, m in enumerate(self.members)]
             winner = 0
             if len(keys) > 1:
+                choices.append([key[0] for key in keys])
                 means = [sum(self.nll(v, seqs[v], list(tokens_for[v][j]), key[1]) for v in range(len(self.members)))
                          / len(self.members) for j, key in enumerate(keys)]
                 winner = means.index(min(means))
@@ -146,7 +153,7 @@ class Naive:
             lead_ids += list(tokens_for[lead][winner])
             if finish is None and len(lead_ids) >= request.max_new_tokens:
                 finish = "length"
-        return cut_at_until(self.members[lead].decode(lead_ids), request.until)
+        return cut_at_until(self.members[lead].decode(lead_ids), request.until), choices
 
 
 def margins_of(member, prompts):
@@ -159,16 +166,26 @@ REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 14 + 7 * i]), ("\n\n",), 1
 
 @pytest.mark.parametrize("rule", ["paper", "code"])
 @pytest.mark.parametrize("threshold", ["always", "median", "never"])
-def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, rule, threshold):
+@pytest.mark.parametrize("pairing", ["mixed", "twins"])
+def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, rule, threshold,
+                                                    pairing):
+    """Mixed tokenizers share few word boundaries; twins share every one (spans of several words)."""
     def pair():
-        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+        second = (sp_model, sp_tokenizer) if pairing == "mixed" else (bpe_model, bpe_tokenizer)
+        return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(*second, "b")]
     margins = margins_of(pair()[0], [CORPUS[i][:30] for i in range(len(CORPUS))])
     theta = {"always": 1.0, "median": margins[len(margins) // 2], "never": 0.0}[threshold]
     params = AdaFuseParams(theta_delta=theta, commit_rule=rule, max_words=3, beam_size=3)
     method = AdaFuse(pair(), params, batch_size=3)
+    forced = []
+    branches = method._branches
+    method._branches = lambda *args: forced.extend(len(b.forced) for b in branches(*args)) or branches(*args)
     fast = method.generate(REQUESTS)
-    naive = Naive(pair(), [bpe_model, sp_model], params)
-    assert [g.text for g in fast] == [naive.generate(r) for r in REQUESTS]
+    naive = Naive(pair(), [bpe_model, sp_model if pairing == "mixed" else bpe_model], params)
+    rounds = {t["prompt_tail"]: [r["candidates"] for r in t["rounds"]] for t in method.traces}  # finishing order
+    assert [(g.text, rounds[r.prompt.text]) for g, r in zip(fast, REQUESTS)] == [naive.generate(r) for r in REQUESTS]
+    if threshold == "median" and pairing == "twins":  # a word after the first is explored
+        assert max(forced) > 1
     info = method.info()
     assert info["member_states"] > 0 and 0 <= info["ensembled_fraction"] <= 1
     if threshold == "always":  # every state uncertain: every member explores, every round is scored
@@ -176,6 +193,8 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
         assert any(len(r["candidates"]) > 2 for t in method.traces for r in t["rounds"])
     if threshold == "never" and rule == "paper":
         assert info["uncertain_states"] == 0
+    if threshold == "median":  # confident and uncertain states both occur
+        assert 0 < info["uncertain_states"] < info["member_states"]
 
 
 @pytest.mark.parametrize("rule", ["paper", "code"])
@@ -193,4 +212,4 @@ def test_a_model_with_itself_explores_as_one_model(same_model, bpe_model):
     params = AdaFuseParams(theta_delta=1.0)
     twins = AdaFuse([same_model("a"), same_model("b")], params, batch_size=2)
     naive = Naive([same_model("solo")], [bpe_model], params)
-    assert [g.text for g in twins.generate(REQUESTS)] == [naive.generate(r) for r in REQUESTS]
+    assert [g.text for g in twins.generate(REQUESTS)] == [naive.generate(r)[0] for r in REQUESTS]
