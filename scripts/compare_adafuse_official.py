@@ -16,7 +16,9 @@ takes a branch without exploration), the official ``--span_length`` 1 (``--span-
 default 4 makes the "first word" of a span up to four words), ensbench with ``commit_rule: paper``
 and ``code``, 20 new tokens. Texts are compared with whitespace collapsed (the official spans are words joined by single
 spaces), over the words both have (ensbench's last word may be cut by the token budget). For each
-prompt whose words differ, the first differing round is classified (docs/fidelity.md).
+prompt whose words differ, the official round holding the first differing word says why: ensbench's
+words were among its candidates (the scores differ) or not (the candidates differ); docs/fidelity.md.
+``--analyse FILE.jsonl`` classifies the lines of a run again (partial runs too) without the models.
 
     python scripts/compare_adafuse_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
 """
@@ -27,7 +29,6 @@ import argparse
 import importlib.util
 import json
 import os
-import string
 import subprocess
 import sys
 import tempfile
@@ -122,23 +123,44 @@ class Official:
         return self.m.clean_text_before_question(span)
 
 
-def classify(ours_rounds: list[dict], theirs: dict, ours_words: list[str], their_words: list[str]) -> str:
-    """The cause of a divergence, read off the first official round whose span ensbench did not take."""
-    common = sum(1 for _ in zip(ours_words, their_words))
-    punctuation = lambda ws: [w for w in ws if not all(c in string.punctuation for c in w)]  # noqa: E731
-    if punctuation(ours_words)[:common] == punctuation(their_words)[:common] or punctuation(ours_words) == \
-            punctuation(their_words)[:len(punctuation(ours_words))]:
-        return "punctuation words dropped by the official span builder"
+SCORING = "scoring rule (both had the word; the official scores its own candidate by all its generated ids)"
+CANDIDATES = "candidate set (the official never proposed ensbench's word: whitespace words, 7-12 token chunks)"
+STOPPED = "the official stopped (a stop marker or its EOS text in a span)"
+
+
+def classify(their_rounds: list[dict], ours_words: list[str], their_words: list[str]) -> str:
+    """The cause of a divergence, read off the official round that holds the first differing word:
+    whether ensbench's words there were among that round's official candidates."""
+    first = next((i for i, (a, b) in enumerate(zip(ours_words, their_words)) if a != b), None)
+    if first is None:
+        return STOPPED
     done = 0
-    for round_ in theirs:
-        span_words = words(round_["selected"])
-        if their_words[done:done + len(span_words)] != ours_words[done:done + len(span_words)]:
-            longest = max(len(words(s)) for s, _ in round_["candidates"])
-            if longest > 3:
-                return f"official span unit: candidates of up to {longest} whitespace words"
-            return "candidate set or scores differ"
-        done += len(span_words)
-    return "official stopped early (stop marker in a span)"
+    for round_ in their_rounds:
+        span = words(round_["selected"])
+        if done + len(span) > first:
+            ours_here = ours_words[done:first + 1]
+            proposed = [words(c) for c, _ in round_["candidates"]]
+            if any(c[:len(ours_here)] == ours_here for c in proposed):
+                return SCORING
+            return CANDIDATES
+        done += len(span)
+    return STOPPED
+
+
+def analyse(rows: list[dict]) -> dict:
+    """Agreement per commit rule, and the cause of each divergence."""
+    tally: dict = {}
+    for row in rows:
+        their_words = words(row["official"])
+        for rule in ("paper", "code"):
+            mine = words(row[rule]["text"])
+            whole = mine[:-1] if len(mine) > 1 else mine  # the token budget may cut the last word
+            n = min(len(whole), len(their_words))
+            same = n > 0 and whole[:n] == their_words[:n]
+            row[rule]["agree"] = same
+            row[rule]["cause"] = None if same else classify(row["official_rounds"], whole, their_words)
+            tally.setdefault(rule, Counter())["agree" if same else row[rule]["cause"]] += 1
+    return {rule: dict(counts) for rule, counts in tally.items()}
 
 
 def main() -> None:
@@ -152,7 +174,12 @@ def main() -> None:
     parser.add_argument("--span-length", type=int, default=1,
                         help="the official --span_length (its default 4 makes its first 'word' up to 4 words)")
     parser.add_argument("--out", default="adafuse_official.json")
+    parser.add_argument("--analyse", metavar="JSONL",
+                        help="classify a finished (or partial) run's lines again; no model runs")
     args = parser.parse_args()
+    if args.analyse:
+        report([json.loads(line) for line in Path(args.analyse).read_text().splitlines() if line.strip()], args.out)
+        return
 
     import torch
 
@@ -171,29 +198,28 @@ def main() -> None:
                for rule in ("paper", "code")}
     reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam,
                          args.span_length)
-    rows, tally = [], {rule: Counter() for rule in methods}
+    rows = []
     with open(args.out + "l", "w") as log:  # one line per prompt as it finishes
         for i, (prompt, request) in enumerate(zip(prompts, requests)):
             text, rounds = reference.generate(prompt, args.tokens)
             row = {"prompt": prompt, "official": text, "official_rounds": rounds}
             for rule, method in methods.items():
                 mine = method.generate([request])[0].text
-                trace = method.traces[-1]["rounds"]
-                mine_words, their_words = words(mine), words(text)
-                whole = mine_words[:-1] if len(mine_words) > 1 else mine_words  # the budget may cut the last word
-                n = min(len(whole), len(their_words))
-                same = whole[:n] == their_words[:n] and n > 0
-                cause = None if same else classify(trace, rounds, whole, their_words)
-                tally[rule]["agree" if same else cause] += 1
-                row[rule] = {"text": mine, "agree": same, "cause": cause, "rounds": trace}
+                row[rule] = {"text": mine, "rounds": method.traces[-1]["rounds"]}
+            analyse([row])
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
             print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
                   f"official {text!r}", flush=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "tally": {k: dict(v) for k, v in tally.items()}}, indent=1))
+    report(rows, args.out)
+
+
+def report(rows: list[dict], out: str) -> None:
+    tally = analyse(rows)
+    Path(out).write_text(json.dumps({"rows": rows, "tally": tally}, indent=1))
     for rule, counts in tally.items():
-        print(f"commit_rule {rule}: {counts['agree']}/{len(prompts)} agree; " +
+        print(f"commit_rule {rule}: {counts.get('agree', 0)}/{len(rows)} agree; " +
               "; ".join(f"{n} {cause}" for cause, n in counts.items() if cause != "agree"))
 
 
