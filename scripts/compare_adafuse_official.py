@@ -67,6 +67,13 @@ def words(text: str) -> list[str]:
     return text.split()
 
 
+def differs(official: list[str], ours: list[str]) -> bool:
+    """Whether two word lists differ where both have words (ours without its last, maybe cut, word)."""
+    whole = ours[:-1] if len(ours) > 1 else ours
+    n = min(len(whole), len(official))
+    return official[:n - 1] != whole[:n - 1] if n > 1 else False
+
+
 class Official:
     """The official round loop over two (model, tokenizer) pairs; records each round."""
 
@@ -78,7 +85,9 @@ class Official:
                                          pad_token_id=tok.eos_token_id, max_new_tokens=10, use_cache=True)
                         for _, tok in pairs]
 
-    def generate(self, prompt: str, tokens: int) -> tuple[str, list[dict]]:
+    def generate(self, prompt: str, tokens: int, against: list[list[str]] = ()) -> tuple[str, list[dict]]:
+        """The official text and rounds; stops early once its words differ from every word list in
+        ``against`` (the verdict cannot change after that)."""
         prefix, rounds = prompt, []
         lead_tok = self.pairs[0][1]
         while len(lead_tok(prefix[len(prompt):], add_special_tokens=False)["input_ids"]) < tokens:
@@ -108,6 +117,8 @@ class Official:
                 break
             prefix += " " + span
             if any(tok.eos_token and tok.eos_token in span for _, tok in self.pairs):
+                break
+            if against and all(differs(words(prefix[len(prompt):]), theirs) for theirs in against):
                 break
         return prefix[len(prompt):], rounds
 
@@ -168,6 +179,7 @@ def main() -> None:
     parser.add_argument("--repo", default=MIRROR)
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--start", type=int, default=0, help="skip the first prompts (a run continued)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--theta", type=float, default=0.7)
     parser.add_argument("--beam", type=int, default=3)
@@ -201,11 +213,14 @@ def main() -> None:
     rows = []
     with open(args.out + "l", "w") as log:  # one line per prompt as it finishes
         for i, (prompt, request) in enumerate(zip(prompts, requests)):
-            text, rounds = reference.generate(prompt, args.tokens)
-            row = {"prompt": prompt, "official": text, "official_rounds": rounds}
+            if i < args.start:
+                continue
+            row = {"prompt": prompt}
             for rule, method in methods.items():
                 mine = method.generate([request])[0].text
                 row[rule] = {"text": mine, "rounds": method.traces[-1]["rounds"]}
+            text, rounds = reference.generate(prompt, args.tokens, [words(row[r]["text"]) for r in methods])
+            row.update({"official": text, "official_rounds": rounds})
             analyse([row])
             rows.append(row)
             log.write(json.dumps(row) + "\n")
