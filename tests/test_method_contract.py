@@ -262,12 +262,14 @@ def takes_speculation(cls: type[Method]) -> bool:
 def test_a_speculative_method_declares_the_interface_and_is_never_patched(mixed, name):
     """A method that takes ``speculative`` is a ``Speculable`` (decoding/speculative.py), and decoding
     speculatively leaves its own members, feeders and their members as they were (stand-ins are
-    passed to a view of it, ``speaking_to``, never swapped into it)."""
-    from ensemble_bench.decoding.speculative import Speculable
+    passed to a view of it, ``speaking_to``, never swapped into it). Every hook takes the arguments
+    the engine passes."""
+    from ensemble_bench.decoding.speculative import Speculable, unmet
 
     index = next(i for i, p in enumerate(CONTRACT_PARAMS[name]) if p.get("speculative"))
     method = build(name, index, mixed, batch_size=2)
-    assert isinstance(method, Speculable)
+    assert isinstance(method, Speculable) and unmet(method) == []
+    assert method.speculation is not None
     members, feeders = list(method.members), list(method.feeders)
     fed_members = [feeder and feeder.member for feeder in feeders]
     outputs(method, REQUESTS[:2])
