@@ -137,6 +137,7 @@ class Official:
 SCORING = "scoring rule (both had the word; the official scores its own candidate by all its generated ids)"
 CANDIDATES = "candidate set (the official never proposed ensbench's word: whitespace words, 7-12 token chunks)"
 STOPPED = "the official stopped (a stop marker or its EOS text in a span)"
+PLACEMENT = "exploration placement (Figure 1 vs the script: commit_rule code agrees)"
 
 
 def classify(their_rounds: list[dict], ours_words: list[str], their_words: list[str]) -> str:
@@ -170,7 +171,10 @@ def analyse(rows: list[dict]) -> dict:
             same = n > 0 and whole[:n] == their_words[:n]
             row[rule]["agree"] = same
             row[rule]["cause"] = None if same else classify(row["official_rounds"], whole, their_words)
-            tally.setdefault(rule, Counter())["agree" if same else row[rule]["cause"]] += 1
+        if not row["paper"]["agree"] and row["code"]["agree"]:
+            row["paper"]["cause"] = PLACEMENT
+        for rule in ("paper", "code"):
+            tally.setdefault(rule, Counter())["agree" if row[rule]["agree"] else row[rule]["cause"]] += 1
     return {rule: dict(counts) for rule, counts in tally.items()}
 
 
