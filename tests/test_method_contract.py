@@ -37,9 +37,12 @@ from tests.tiny import CORPUS, REQUESTS, outputs
 CONTRACT_PARAMS: dict[str, list[dict]] = {
     "single": [{}],
     "gac": [{}, {"weights": [0.3, 2.0]}, {"threshold": 0.5, "lead": 1}, {"speculative": 3, "proposer": 1},
-            {"threshold": 0.5, "speculative": 4, "proposer": "auto"}],
+            {"threshold": 0.5, "speculative": 4, "proposer": "auto"}, {"core": True},
+            {"core": True, "core_rules": "official", "weights": [0.3, 2.0], "core_filter": "power"}],
     "unite": [{"retokenize": "local"}, {"retokenize": "local", "k": 1, "weights": [0.2, 0.8]},
-              {"retokenize": "local", "k": 50, "lead": 1}, {"retokenize": "local", "speculative": 3}],
+              {"retokenize": "local", "k": 50, "lead": 1}, {"retokenize": "local", "speculative": 3},
+              {"retokenize": "local", "core": True},
+              {"retokenize": "local", "core": True, "core_token": False, "lead": 1}],
     "deepen": [{"retokenize": "local"}, {"retokenize": "local", "support": None, "eta": 0.3, "steps": 8},
                {"retokenize": "local", "support": 4, "lead": 1},
                {"retokenize": "local", "speculative": 2, "proposer": 1}],
@@ -49,11 +52,13 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "coolfusion": [{}, {"align": False}, {"rerank": True, "lead": 1}],
     "sweetspan": [{"span_words": 1}, {"span_words": 4}, {"span_words": 32}],
     "packllm": [{}, {"variant": "opt", "ppl_unit": "byte"}, {"alignment": "union", "variant": "opt"},
-                {"speculative": 3, "proposer": 1}],
+                {"speculative": 3, "proposer": 1}, {"core": True},
+                {"core": True, "alignment": "union", "core_model": False, "core_rules": "official"}],
     "chared": [{}, {"weights": [1.0, 3.0]}],
     "safe": [{}, {"draft_tokens": 1, "sharpen": 0.0, "gate_threshold": 0.5},
              {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
     "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+    "lvr": [{}, {"weights": [1.0, 4.0], "lead": 1}],
     # exploration (beam_size > 1 in an uncertain state) may pick a non-greedy word even for one model:
     # identity holds without it (tests/methods/test_adafuse.py covers exploration)
     "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
@@ -67,7 +72,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values", "adafuse": "values",
+    "safe": "values", "byte_level": "values", "lvr": "values", "adafuse": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:
