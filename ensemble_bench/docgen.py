@@ -20,7 +20,7 @@ END = "<!-- end of the generated parameter tables -->"
 PAGES = Path(__file__).resolve().parents[1] / "docs" / "methods"
 FAMILIES: dict[str, tuple[str, ...]] = {  # page -> the methods it documents, in table order
     "token_level.md": ("gac", "unite", "deepen", "packllm", "chared", "safe", "eva"),
-    "span_level.md": ("coolfusion", "sweetspan"),
+    "span_level.md": ("coolfusion", "sweetspan", "adafuse"),
     "exact.md": ("byte_level", "lvr"),
     "sample_level.md": ("single", "voting", "mbr", "rerank"),
 }

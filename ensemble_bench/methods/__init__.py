@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods.adafuse import AdaFuse
 from ensemble_bench.methods.base import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
 from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.chared import CharED
@@ -64,7 +65,7 @@ def when_registered(hook: Callable[[type[Method]], None]) -> None:
 
 
 BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr, Eva)
+            Lvr, Eva, AdaFuse)
 for _method in BUILT_IN:
     register_method(_method)
 

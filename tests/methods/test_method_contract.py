@@ -62,6 +62,10 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "eva": [{"retokenize": "local", "overlap": "direct"}, {"retokenize": "local", "overlap": "direct", "n": None},
             {"retokenize": "local", "overlap": "direct", "top_k": 3, "n": 1, "lead": 1},
             {"retokenize": "local", "overlap": "direct", "speculative": 3, "proposer": 1}],
+    # exploration (beam_size > 1 in an uncertain state) may pick a non-greedy word even for one model:
+    # identity holds without it (tests/methods/test_adafuse.py covers exploration)
+    "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
+                {"beam_size": 1, "commit_rule": "code", "theta_delta": 0.05}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -71,7 +75,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values", "lvr": "values", "eva": "flags",
+    "safe": "values", "byte_level": "values", "lvr": "values", "eva": "flags", "adafuse": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:

@@ -79,7 +79,7 @@ def test_segment_perplexity_equals_a_direct_computation(pair, bpe_model, sp_mode
                "tokens": [[tuple(member_continuation(m)(t)) if t else () for t in row] for m in members]}
               for row in segments]
     rounds[1]["keys"][1] = ("", "stop_id")  # an empty final segment: only the stop is scored
-    unread = [Proposal("", (), "length")] * 2  # nothing read while proposing: every candidate gets a forward
+    unread = [[Proposal("", (), "length")]] * 2  # nothing read while proposing: every candidate gets a forward
     for v, (member, model) in enumerate(zip(members, [bpe_model, sp_model])):
         scores, held = method._score(v, rounds, dists[v], unread, [len(c) for c in contexts[v]])
         for k in range(2):
@@ -148,8 +148,8 @@ def test_cached_batched_path_equals_naive_reference(pair, bpe_model, sp_model, k
     fast = method.generate(requests)
     slow_members = pair()
     for request, generation in zip(requests, fast):
-        slow = naive_span(slow_members, [bpe_model, sp_model], request, method._segment_end,
-                          lambda table: method._choose(table)[0])
+        slow = naive_span(slow_members, [bpe_model, sp_model], request,
+                          lambda u, text: method._segment_end(u, text, [], []), lambda table: method._choose(table)[0])
         assert generation.text == slow
     assert method.info()[method.name]["rounds"] >= 2
     assert any(trace["rounds"] for trace in method.traces)  # some rounds had a real choice, logged
