@@ -13,10 +13,10 @@ from ensemble_bench.decoding.feeding import text_appender, text_lookup
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm
-from ensemble_bench.methods.packllm import (
-    PackLLM,
-    PackLLMParams,
+from ensemble_bench.methods import METHODS, LoglikelihoodRequest
+from ensemble_bench.methods import packllm_weights
+from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
+from ensemble_bench.methods.packllm_weights import (
     PromptScore,
     common_segments,
     opt_weights,
@@ -125,13 +125,15 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
 
 # ------------------------------------------------------------------ generation against a naive reference
 def naive_weights(members, models, request, params):
-    """The prompt's lambda from full forwards, one member at a time (ends and segments by dicts)."""
-    cumulative, totals = [], []
+    """The prompt's lambda and top-1 expert from full forwards, one member at a time (ends and segments by
+    dicts; opt with mined alignment: the logit fusion's cross-entropy on the expert's tokens)."""
+    cumulative, totals, readings = [], [], []
     for member, model in zip(members, models):
         ids = member.render(request.prompt)
         ids = ids[1:] if ids and ids[0] == member.prefix_token_id else ids
+        context, ids = (ids[:1], ids[1:]) if params.score_from == "second_token" else ([member.prefix_token_id], ids)
         with torch.no_grad():
-            logprobs = model(torch.tensor([[member.prefix_token_id] + ids])).logits[0].float().log_softmax(-1)
+            logprobs = model(torch.tensor([context + ids])).logits[0].float().log_softmax(-1)
         running, offset, total = {}, -1 if member.vocab.strips_leading_space else 0, 0.0
         for position, token in enumerate(ids):
             total += float(logprobs[position, token])
@@ -139,25 +141,56 @@ def naive_weights(members, models, request, params):
             running[max(offset, 0)] = total
         cumulative.append(running)
         totals.append((total, len(ids)))
+        readings.append((context, ids))
     log_ppl = [-total / count for total, count in totals]
+    first, second = sorted(range(2), key=lambda k: (log_ppl[k], k))
     if params.variant == "sim":
         exp = [math.exp(-x / params.tau) for x in log_ppl]
-        return [e / sum(exp) for e in exp]
-    cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
-    bounds = list(zip([None] + cuts[:-1], cuts))
-    segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
-    first, second = sorted(range(2), key=lambda k: log_ppl[k])
-    best = min(range(params.grid, -1, -1), key=lambda s: -sum(
-        math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
-        for x, y in zip(segs[first], segs[second])))
+        return [e / sum(exp) for e in exp], first
+    if params.alignment == "mined":
+        losses = naive_fused_losses(members, models, readings[first], first, params)
+    else:
+        cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
+        bounds = list(zip([None] + cuts[:-1], cuts))
+        segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
+        losses = {s: -sum(math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
+                          for x, y in zip(segs[first], segs[second])) for s in range(params.grid + 1)}
+    best = min(range(params.grid, -1, -1), key=lambda s: losses[s])
     weights = [0.0, 0.0]
     weights[first], weights[second] = best / params.grid, 1 - best / params.grid
-    return weights
+    return weights, first
+
+
+def naive_fused_losses(members, models, expert_reading, expert, params):
+    """Cross-entropy of softmax(a s_expert + (1-a) s_other) on the expert's prompt tokens, for each grid step
+    a = s / grid: the other member reads the MinED images of the expert's tokens (its prefix token first
+    unless it scores from the second token), its log-probs taken at the MinED images (-inf where none)."""
+    context, labels = expert_reading
+    carried = []
+    for k, (member, model) in enumerate(zip(members, models)):
+        mapping = {x: x for x in range(members[expert].vocab.size)} if k == expert else \
+            naive_map(members[expert], member)
+        inputs = [mapping.get(t, 0) for t in context + labels[:-1]]
+        if params.score_from == "prefix" and k != expert:
+            inputs = [member.prefix_token_id] + inputs[1:]
+        with torch.no_grad():
+            logprobs = model(torch.tensor([inputs])).logits[0].float().log_softmax(-1)
+        columns = [[float(row[mapping[x]]) if x in mapping else -math.inf for x in range(members[expert].vocab.size)]
+                   for row in logprobs[len(inputs) - len(labels):]]
+        carried.append(torch.tensor(columns))
+    other = 1 - expert
+    losses = {}
+    for s in range(params.grid + 1):
+        a = s / params.grid
+        fused = (a * carried[expert] if a > 0 else 0) + ((1 - a) * carried[other] if a < 1 else 0)
+        losses[s] = -float(torch.log_softmax(fused, -1)[torch.arange(len(labels)), torch.tensor(labels)].sum())
+    return losses
 
 
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"),
-                                    PackLLMParams(variant="opt", alignment="union")],
-                         ids=["sim", "opt"])
+                                    PackLLMParams(variant="opt", alignment="union"),
+                                    PackLLMParams(tau=0.5, alignment="union", score_from="second_token")],
+                         ids=["sim", "opt", "sim-second-token"])
 def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params):
     def pair():
         return [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
@@ -166,7 +199,7 @@ def test_cached_batched_union_path_equals_naive_reference(bpe_tokenizer, bpe_mod
     recorded = {tuple(round(x, 5) for x in w) for w in fast.info()["packllm_prompt_weights"]}
     members, models = pair(), [bpe_model, sp_model]
     for request, generation in zip(REQUESTS, generations):
-        weights = naive_weights(members, models, request, params)
+        weights, _ = naive_weights(members, models, request, params)
         assert tuple(round(x, 5) for x in weights) in recorded
         assert generation.text == cut_at_until(naive_gac(members, models, request, weights), request.until)
 
@@ -195,9 +228,8 @@ def naive_map(reference, member) -> dict[int, int]:
     return found
 
 
-def naive_mined(members, models, request, weights, window=4):
+def naive_mined(members, models, request, weights, reference, window=4):
     """Eq. 3 on the top-1 expert's vocabulary, one request at a time, full forwards, maps as dicts."""
-    reference = max(range(len(members)), key=lambda k: (weights[k], -k))
     ref = members[reference]
     maps = [None if k == reference else naive_map(ref, m) for k, m in enumerate(members)]
     appenders = [text_appender(m, window) for m in members]
@@ -238,8 +270,9 @@ def naive_mined(members, models, request, weights, window=4):
     return members[0].decode(writer) if writer is not None else text.decode("utf-8", errors="replace")
 
 
-@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02)],
-                         ids=["sim", "opt", "sharp"])
+@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02),
+                                    PackLLMParams(variant="opt", score_from="second_token")],
+                         ids=["sim", "opt", "sharp", "opt-second-token"])
 @pytest.mark.parametrize("order", ["bpe-sp", "sp-bpe"])
 def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params,
                                                           order, tmp_path, monkeypatch):
@@ -252,9 +285,10 @@ def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_mod
     members, models = pair(), [model for model, _ in pairs]
     references = set()
     for request, generation in zip(REQUESTS, generations):
-        weights = naive_weights(members, models, request, params)
-        references.add(max(range(2), key=lambda k: (weights[k], -k)))
-        assert generation.text == cut_at_until(naive_mined(members, models, request, weights), request.until)
+        weights, reference = naive_weights(members, models, request, params)
+        references.add(reference)
+        generated = naive_mined(members, models, request, weights, reference)
+        assert generation.text == cut_at_until(generated, request.until)
     assert fast.info()["alignment"] == "mined"
     if params.tau == 0.02:
         assert references == {0, 1}  # rows with different references in one batch
@@ -284,9 +318,10 @@ def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(bpe_token
     members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
     prompts = [[m.render(r.prompt) for r in REQUESTS] for m in members]
     method = PackLLM(members, PackLLMParams(variant="opt"))
-    whole = [x for w in method.weights_for(prompts) for x in w]
-    monkeypatch.setattr(packllm, "PROMPT_TOKENS", 8)  # every prompt alone
-    assert [x for w in method.weights_for(prompts) for x in w] == pytest.approx(whole, abs=1e-6)
+    whole = [x for w in method.weights_for(prompts) for x in w.weights]
+    monkeypatch.setattr(packllm_weights, "PROMPT_TOKENS", 8)  # every prompt alone
+    monkeypatch.setattr(packllm_weights, "FUSED_BLOCK", 3)  # the fused objective read in blocks of 3 positions
+    assert [x for w in method.weights_for(prompts) for x in w.weights] == pytest.approx(whole, abs=1e-6)
 
 
 def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bpe_tokenizer, bpe_model, sp_tokenizer,
@@ -295,7 +330,7 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bp
     method = PackLLM([a, b], PackLLMParams(tau=0.3))
     prompt = Prompt(text="Question: 12 plus 30?\nAnswer:")
     requests = [LoglikelihoodRequest(prompt, " 42"), LoglikelihoodRequest(prompt, " 7")]
-    weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0]
+    weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0].weights
     assert weights[0] != pytest.approx(0.5, abs=1e-3)
     scores = method.loglikelihood(requests)
     assert method.info()["packllm_prompt_weights"] == [[round(x, 6) for x in weights]]  # one distinct context
@@ -303,3 +338,13 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(bp
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob
         assert score.logprob == pytest.approx(math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), abs=1e-5)
+
+
+def test_prompt_weights_are_reported_in_the_requests_order(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    method = PackLLM(members, PackLLMParams(tau=0.3), batch_size=3)  # batches run longest prompts first
+    method.generate(REQUESTS)
+    alone = [method.weights_for([[m.render(r.prompt)] for m in members])[0].weights for r in REQUESTS]
+    reported = method.info()["packllm_prompt_weights"]
+    assert len({tuple(w) for w in reported}) > 1
+    assert reported == [[round(x, 6) for x in w] for w in alone]
