@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/*.md resolves: the file or folder exists and, for a
+"""Every relative link in README.md and the docs (docs/**/*.md) resolves: the file or folder exists and, for a
 ``#fragment`` into a Markdown file, that file has a heading with that anchor (GitHub's rule: lower
 case, punctuation dropped, spaces to hyphens, ``-1``, ``-2`` ... for repeats). Links inside code
 blocks and code spans are not links and are skipped; http(s) and mailto links are not checked."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
@@ -55,8 +55,9 @@ def test_relative_links_resolve(page):
 
 
 def test_the_checker_sees_links_and_anchors():
-    assert "docs/methods.md#gac-method-gac" in links(ROOT / "README.md")
-    assert "gac-method-gac" in anchors(ROOT / "docs" / "methods.md")
+    assert "docs/methods/token_level.md#gac-method-gac" in links(ROOT / "README.md")
+    assert "gac-method-gac" in anchors(ROOT / "docs" / "methods" / "token_level.md")
+    assert "methods/token_level.md" in links(ROOT / "docs" / "methods.md")
     assert prose("a `[x](nowhere)` b\n```\n[y](nowhere)\n```\n") == "a  b\n\n"
 
 

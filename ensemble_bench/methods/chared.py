@@ -1,5 +1,5 @@
 """CharED — "Character-wise Ensemble Decoding for Large Language Models" (Gu, Tuecke, Katz, Horesh,
-Alvarez-Melis and Yurochkin, arXiv 2407.11009; docs/methods_packllm_chared.md).
+Alvarez-Melis and Yurochkin, arXiv 2407.11009; docs/methods/token_level.md).
 
 Each step every member gives its next-token distribution p_k once; the next piece of text s is then
 grown one character c at a time from each member's marginal distribution of the next character,

@@ -1,5 +1,5 @@
 """PackLLM — "Pack of LLMs: Model Fusion at Test-Time via Perplexity Optimization"
-(Mavromatis, Karypis and Karypis, arXiv 2404.11531; docs/methods_packllm_chared.md).
+(Mavromatis, Karypis and Karypis, arXiv 2404.11531; docs/methods/token_level.md).
 
 Each prompt P gets its own member weights lambda_k (sum 1) from how well each member knows it
 (PackLLM-sim and PackLLM-opt, Sec. 3: methods/packllm_weights.py). Its top-1 expert is the member of
