@@ -13,8 +13,7 @@ from ensemble_bench.decoding.feeding import text_appender, text_lookup
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import METHODS, LoglikelihoodRequest
-from ensemble_bench.methods import packllm_weights
+from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm_weights
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.packllm_weights import (
     PromptScore,
@@ -77,6 +76,8 @@ def test_parameters_are_validated():
     ({"alignment": "bytes"}, "method.alignment: Input should be 'union' or 'mined' (got 'bytes')"),
     ({"variant": "opt", "tau": 2.0}, "method: 'tau' does not apply to variant 'opt'"),
     ({"grid": 0, "variant": "opt"}, "method.grid: Input should be greater than or equal to 1"),
+    ({"alignment": "union", "ppl_reading": "expert_tokens"},
+     "method: ppl_reading 'expert_tokens' needs alignment 'mined' and ppl_unit 'token'"),
 ])
 def test_bad_parameters_are_one_line_errors(fields, expected):
     recipe = {"name": "r", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0.5b"}],
@@ -143,12 +144,19 @@ def naive_weights(members, models, request, params):
         totals.append((total, len(ids)))
         readings.append((context, ids))
     log_ppl = [-total / count for total, count in totals]
+    expert = min(range(2), key=lambda k: (log_ppl[k], k))
+    if params.alignment == "mined":
+        carried = naive_carried(members, models, readings[expert], expert, params)
+        labels = readings[expert][1]
+        if params.ppl_reading == "expert_tokens":
+            log_ppl = [-float(c.log_softmax(-1)[torch.arange(len(labels)), torch.tensor(labels)].mean())
+                       for c in carried]
     first, second = sorted(range(2), key=lambda k: (log_ppl[k], k))
     if params.variant == "sim":
         exp = [math.exp(-x / params.tau) for x in log_ppl]
-        return [e / sum(exp) for e in exp], first
+        return [e / sum(exp) for e in exp], expert
     if params.alignment == "mined":
-        losses = naive_fused_losses(members, models, readings[first], first, params)
+        losses = naive_fused_losses(carried, labels, first, params.grid)
     else:
         cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
         bounds = list(zip([None] + cuts[:-1], cuts))
@@ -158,13 +166,13 @@ def naive_weights(members, models, request, params):
     best = min(range(params.grid, -1, -1), key=lambda s: losses[s])
     weights = [0.0, 0.0]
     weights[first], weights[second] = best / params.grid, 1 - best / params.grid
-    return weights, first
+    return weights, expert
 
 
-def naive_fused_losses(members, models, expert_reading, expert, params):
-    """Cross-entropy of softmax(a s_expert + (1-a) s_other) on the expert's prompt tokens, for each grid step
-    a = s / grid: the other member reads the MinED images of the expert's tokens (its prefix token first
-    unless it scores from the second token), its log-probs taken at the MinED images (-inf where none)."""
+def naive_carried(members, models, expert_reading, expert, params):
+    """Each member's log-probs along the expert's prompt tokens, on the expert's vocabulary ([member][pos, x]):
+    the other member reads the MinED images of the expert's tokens (its prefix token first unless it scores
+    from the second token), its log-probs taken at the MinED images (-inf where none)."""
     context, labels = expert_reading
     carried = []
     for k, (member, model) in enumerate(zip(members, models)):
@@ -178,10 +186,15 @@ def naive_fused_losses(members, models, expert_reading, expert, params):
         columns = [[float(row[mapping[x]]) if x in mapping else -math.inf for x in range(members[expert].vocab.size)]
                    for row in logprobs[len(inputs) - len(labels):]]
         carried.append(torch.tensor(columns))
+    return carried
+
+
+def naive_fused_losses(carried, labels, expert, grid):
+    """Cross-entropy of softmax(a s_expert + (1-a) s_other) on the expert's prompt tokens, a = s / grid."""
     other = 1 - expert
     losses = {}
-    for s in range(params.grid + 1):
-        a = s / params.grid
+    for s in range(grid + 1):
+        a = s / grid
         fused = (a * carried[expert] if a > 0 else 0) + ((1 - a) * carried[other] if a < 1 else 0)
         losses[s] = -float(torch.log_softmax(fused, -1)[torch.arange(len(labels)), torch.tensor(labels)].sum())
     return losses
@@ -271,8 +284,10 @@ def naive_mined(members, models, request, weights, reference, window=4):
 
 
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02),
-                                    PackLLMParams(variant="opt", score_from="second_token")],
-                         ids=["sim", "opt", "sharp", "opt-second-token"])
+                                    PackLLMParams(variant="opt", score_from="second_token"),
+                                    PackLLMParams(ppl_reading="expert_tokens", score_from="second_token"),
+                                    PackLLMParams(variant="opt", ppl_reading="expert_tokens")],
+                         ids=["sim", "opt", "sharp", "opt-second-token", "sim-expert-tokens", "opt-expert-tokens"])
 @pytest.mark.parametrize("order", ["bpe-sp", "sp-bpe"])
 def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model, params,
                                                           order, tmp_path, monkeypatch):

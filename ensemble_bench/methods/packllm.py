@@ -48,6 +48,7 @@ from ensemble_bench.methods.packllm_weights import (
     Carried,
     ExpertReading,
     common_segments,
+    expert_token_ppl,
     fused_opt_weights,
     increasing_ppl,
     log_perplexity,
@@ -76,6 +77,15 @@ class PackLLMParams(WindowParams, SpeculativeParams):
     score_from: Literal["prefix", "second_token"] = Field(default="prefix", description=(
         "the prompt's perplexity: prefix, every prompt token scored, the first after the member's prefix "
         "token (BOS); second_token, the paper's code: no prefix token, scoring starts at the second token"))
+    ppl_reading: Literal["own", "expert_tokens"] = Field(default="own", description=(
+        "whose tokens each member's prompt perplexity is read on: own, its own tokenisation; expert_tokens, "
+        "the paper's code: the top-1 expert's tokens, MinED-mapped (mined alignment only)"))
+
+    @model_validator(mode="after")
+    def _expert_reading_needs_mined(self):
+        if self.ppl_reading == "expert_tokens" and (self.alignment != "mined" or self.ppl_unit != "token"):
+            raise ValueError("ppl_reading 'expert_tokens' needs alignment 'mined' and ppl_unit 'token'")
+        return self
 
     @model_validator(mode="after")
     def _variant_fields(self):
@@ -267,15 +277,19 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
     def _prompt_weights(self, scores: list, prompt: list[list[int]]) -> PromptWeights:
         params = self.params
         log_ppl = [log_perplexity(s, params.ppl_unit) for s in scores]
-        order = increasing_ppl(log_ppl)
+        expert = increasing_ppl(log_ppl)[0]
+        reading = None
+        if params.alignment == "mined":
+            reading = ExpertReading(self.members, self.fusion.carried[expert], expert, prompt, params.score_from)
+            if params.ppl_reading == "expert_tokens":
+                log_ppl = expert_token_ppl(reading)
         if params.variant == "sim":
             weights = sim_weights(log_ppl, params.tau)
-        elif params.alignment == "union":
+        elif reading is None:
             weights = opt_weights(common_segments(scores), log_ppl, params.grid)
         else:
-            reading = ExpertReading(self.members, self.fusion.carried[order[0]], order[0], prompt, params.score_from)
-            weights = fused_opt_weights(reading, order, params.grid)
-        return PromptWeights(tuple(weights), order[0])
+            weights = fused_opt_weights(reading, increasing_ppl(log_ppl), params.grid)
+        return PromptWeights(tuple(weights), expert)
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:

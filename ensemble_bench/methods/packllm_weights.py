@@ -221,6 +221,16 @@ class ExpertReading:
         return torch.cat(parts)
 
 
+def expert_token_ppl(reading: ExpertReading) -> list[float]:
+    """Each member's log PPL on the expert's tokens of the prompt, its log-probs renormalised over the
+    expert's vocabulary (the paper's code: the cross-entropy of its logits carried there)."""
+    totals = [0.0] * len(reading.members)
+    for labels, carried in reading.blocks():
+        for k, logprobs in enumerate(carried):
+            totals[k] -= float(logprobs.log_softmax(-1).gather(1, labels[:, None]).double().sum())
+    return [total / len(reading.labels) if reading.labels else 0.0 for total in totals]
+
+
 def fused_opt_weights(reading: ExpertReading, order: Sequence[int], grid: int) -> list[float]:
     """PackLLM-opt for the logit fusion (the paper's objective): the loss is the cross-entropy of
     softmax(sum_k lambda_k s_k) on the expert's tokens of the prompt. The members read the prompt again for
