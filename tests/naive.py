@@ -118,13 +118,15 @@ def naive_gac(members, models, request, weights, gate=None, threshold=None, wind
 
 # ------------------------------------------------------------------ PackLLM's weights and MinED map
 def naive_weights(members, models, request, params):
-    """The prompt's lambda from full forwards, one member at a time (ends and segments by dicts)."""
-    cumulative, totals = [], []
+    """The prompt's lambda and top-1 expert from full forwards, one member at a time (ends and segments by
+    dicts; opt with mined alignment: the logit fusion's cross-entropy on the expert's tokens)."""
+    cumulative, totals, readings = [], [], []
     for member, model in zip(members, models):
         ids = member.render(request.prompt)
         ids = ids[1:] if ids and ids[0] == member.prefix_token_id else ids
+        context, ids = (ids[:1], ids[1:]) if params.score_from == "second_token" else ([member.prefix_token_id], ids)
         with torch.no_grad():
-            logprobs = model(torch.tensor([[member.prefix_token_id] + ids])).logits[0].float().log_softmax(-1)
+            logprobs = model(torch.tensor([context + ids])).logits[0].float().log_softmax(-1)
         running, offset, total = {}, -1 if member.vocab.strips_leading_space else 0, 0.0
         for position, token in enumerate(ids):
             total += float(logprobs[position, token])
@@ -132,20 +134,62 @@ def naive_weights(members, models, request, params):
             running[max(offset, 0)] = total
         cumulative.append(running)
         totals.append((total, len(ids)))
+        readings.append((context, ids))
     log_ppl = [-total / count for total, count in totals]
+    expert = min(range(2), key=lambda k: (log_ppl[k], k))
+    if params.alignment == "mined":
+        carried = naive_carried(members, models, readings[expert], expert, params)
+        labels = readings[expert][1]
+        if params.ppl_reading == "expert_tokens":
+            log_ppl = [-float(c.log_softmax(-1)[torch.arange(len(labels)), torch.tensor(labels)].mean())
+                       for c in carried]
+    first, second = sorted(range(2), key=lambda k: (log_ppl[k], k))
     if params.variant == "sim":
         exp = [math.exp(-x / params.tau) for x in log_ppl]
-        return [e / sum(exp) for e in exp]
-    cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
-    bounds = list(zip([None] + cuts[:-1], cuts))
-    segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
-    first, second = sorted(range(2), key=lambda k: log_ppl[k])
-    best = min(range(params.grid, -1, -1), key=lambda s: -sum(
-        math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
-        for x, y in zip(segs[first], segs[second])))
+        return [e / sum(exp) for e in exp], expert
+    if params.alignment == "mined":
+        losses = naive_fused_losses(carried, labels, first, params.grid)
+    else:
+        cuts = sorted(set(cumulative[0]).intersection(*cumulative[1:]))
+        bounds = list(zip([None] + cuts[:-1], cuts))
+        segs = [[run[c] - (run[p] if p is not None else 0.0) for p, c in bounds] for run in cumulative]
+        losses = {s: -sum(math.log(s / params.grid * math.exp(x) + (1 - s / params.grid) * math.exp(y))
+                          for x, y in zip(segs[first], segs[second])) for s in range(params.grid + 1)}
+    best = min(range(params.grid, -1, -1), key=lambda s: losses[s])
     weights = [0.0, 0.0]
     weights[first], weights[second] = best / params.grid, 1 - best / params.grid
-    return weights
+    return weights, expert
+
+
+def naive_carried(members, models, expert_reading, expert, params):
+    """Each member's log-probs along the expert's prompt tokens, on the expert's vocabulary ([member][pos, x]):
+    the other member reads the MinED images of the expert's tokens (its prefix token first unless it scores
+    from the second token), its log-probs taken at the MinED images (-inf where none)."""
+    context, labels = expert_reading
+    carried = []
+    for k, (member, model) in enumerate(zip(members, models)):
+        mapping = {x: x for x in range(members[expert].vocab.size)} if k == expert else \
+            naive_map(members[expert], member)
+        inputs = [mapping.get(t, 0) for t in context + labels[:-1]]
+        if params.score_from == "prefix" and k != expert:
+            inputs = [member.prefix_token_id] + inputs[1:]
+        with torch.no_grad():
+            logprobs = model(torch.tensor([inputs])).logits[0].float().log_softmax(-1)
+        columns = [[float(row[mapping[x]]) if x in mapping else -math.inf for x in range(members[expert].vocab.size)]
+                   for row in logprobs[len(inputs) - len(labels):]]
+        carried.append(torch.tensor(columns))
+    return carried
+
+
+def naive_fused_losses(carried, labels, expert, grid):
+    """Cross-entropy of softmax(a s_expert + (1-a) s_other) on the expert's prompt tokens, a = s / grid."""
+    other = 1 - expert
+    losses = {}
+    for s in range(grid + 1):
+        a = s / grid
+        fused = (a * carried[expert] if a > 0 else 0) + ((1 - a) * carried[other] if a < 1 else 0)
+        losses[s] = -float(torch.log_softmax(fused, -1)[torch.arange(len(labels)), torch.tensor(labels)].sum())
+    return losses
 
 
 def levenshtein(a: bytes, b: bytes) -> int:
@@ -172,9 +216,8 @@ def naive_map(reference, member) -> dict[int, int]:
     return found
 
 
-def naive_mined(members, models, request, weights, window=4):
+def naive_mined(members, models, request, weights, reference, window=4):
     """Eq. 3 on the top-1 expert's vocabulary, one request at a time, full forwards, maps as dicts."""
-    reference = max(range(len(members)), key=lambda k: (weights[k], -k))
     ref = members[reference]
     maps = [None if k == reference else naive_map(ref, m) for k, m in enumerate(members)]
     appenders = [text_appender(m, window) for m in members]

@@ -22,6 +22,7 @@ margin. Words are the boundaries common to all members' tokenizers (vocab/words.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from threading import Lock
 from typing import Literal
@@ -30,7 +31,7 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.span_level import Branch, Proposal, SpanMethod, SpanParams, SpanState, text_of
+from ensemble_bench.methods.span_level import Branch, Proposal, SpanMethod, SpanParams, SpanReport, SpanState, text_of
 
 
 class AdaFuseParams(SpanParams):
@@ -56,6 +57,13 @@ def top1_margin(logprobs: torch.Tensor) -> float:
 def mean_nll(logprobs: Sequence[float]) -> float:
     """A member's score of a candidate: -(1/n) sum log p over its tokens (lower wins)."""
     return -sum(logprobs) / len(logprobs) if logprobs else float("inf")
+
+
+@dataclass(frozen=True)
+class AdaFuseReport(SpanReport):
+    member_states: int = 0       # (member, row, round) states tested by the margin
+    uncertain_states: int = 0    # of those, the ones that explored further candidates
+    ensembled_fraction: float | None = None  # rounds the ensemble scored / all rounds
 
 
 class AdaFuse(SpanMethod):
@@ -150,9 +158,10 @@ class AdaFuse(SpanMethod):
     def _span_score(self, logprobs: Sequence[float]) -> float:
         return mean_nll(logprobs)
 
-    def counters(self) -> dict:
-        return {**super().counters(), "member_states": self.member_states, "uncertain_states": self.uncertain_states,
-                "ensembled_fraction": self.scored_rounds / self.row_rounds if self.row_rounds else None}
+    def statistics(self) -> AdaFuseReport:
+        return AdaFuseReport(**vars(super().statistics()), member_states=self.member_states,
+                             uncertain_states=self.uncertain_states,
+                             ensembled_fraction=self.scored_rounds / self.row_rounds if self.row_rounds else None)
 
 
 def _without_cache(proposal: Proposal) -> Proposal:

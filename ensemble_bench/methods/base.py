@@ -309,12 +309,8 @@ class Method(ABC):
 
     def statistics(self) -> MethodStats | dict[str, Any]:
         """The method's own statistics, a ``MethodStats`` dataclass it declares (serialised under its name;
-        ``ensembled_fraction`` and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``). A
-        method that declares none reports the dict of ``counters`` (empty by default)."""
-        return self.counters()
-
-    def counters(self) -> dict[str, Any]:
-        """The JSON values of a method that declares no ``MethodStats`` (packllm and byte_level, for now)."""
+        ``ensembled_fraction`` and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``); a
+        method with none of its own reports an empty dict."""
         return {}
 
     def run_stats(self) -> RunStats:

@@ -19,18 +19,19 @@ hard-coded special ids 0-2 (Llama-2's) are replaced by the members' own stop ids
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.eva_cache import cached_projection
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import lead_field
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
@@ -69,6 +70,13 @@ class EvaStats:
         return {"eva_steps": self.steps, "eva_filtered_fraction": (
             self.filtered / (self.steps * members) if self.steps else None),
                 "eva_no_faithful_member_steps": self.all_kept_fallback}
+
+
+@dataclass(frozen=True)
+class EvaReport(EmitterReport):
+    eva_map_pairs: dict = field(default_factory=dict)    # member -> pairs of its map into the lead's vocabulary
+    eva_seed_tokens: dict = field(default_factory=dict)  # member -> shared tokens the map was learned from
+    filtering: dict = spread()                           # EvaStats.summary(): steps and members filtered out
 
 
 class Eva(EmitterMethod):
@@ -127,11 +135,11 @@ class Eva(EmitterMethod):
         chosen = fused[rows, torch.tensor(targets, device=fused.device)] / total
         return Step(choices, [log_or_floor(p) for p in chosen.tolist()])
 
-    def counters(self) -> dict:
-        return {**super().counters(), "eva_map_pairs": {self.members[i].name: len(p.src) for i, p in
-                                                        self.projections.items()},
-                "eva_seed_tokens": {self.members[i].name: p.seeds for i, p in self.projections.items()},
-                **self.stats.summary(len(self.members))}
+    def statistics(self) -> EvaReport:
+        return EvaReport(**vars(super().statistics()),
+                         eva_map_pairs={self.members[i].name: len(p.src) for i, p in self.projections.items()},
+                         eva_seed_tokens={self.members[i].name: p.seeds for i, p in self.projections.items()},
+                         filtering=self.stats.summary(len(self.members)))
 
 
 def top_k_probs(logprobs: torch.Tensor, k: int) -> torch.Tensor:

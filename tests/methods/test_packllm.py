@@ -11,10 +11,9 @@ from pydantic import ValidationError
 from ensemble_bench.decoding.stopping import cut_at_until
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
-from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm
-from ensemble_bench.methods.packllm import (
-    PackLLM,
-    PackLLMParams,
+from ensemble_bench.methods import METHODS, LoglikelihoodRequest, packllm_weights
+from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
+from ensemble_bench.methods.packllm_weights import (
     PromptScore,
     common_segments,
     opt_weights,
@@ -75,6 +74,8 @@ def test_parameters_are_validated():
     ({"alignment": "bytes"}, "method.alignment: Input should be 'union' or 'mined' (got 'bytes')"),
     ({"variant": "opt", "tau": 2.0}, "method: 'tau' does not apply to variant 'opt'"),
     ({"grid": 0, "variant": "opt"}, "method.grid: Input should be greater than or equal to 1"),
+    ({"alignment": "union", "ppl_reading": "expert_tokens"},
+     "method: ppl_reading 'expert_tokens' needs alignment 'mined' and ppl_unit 'token'"),
 ])
 def test_bad_parameters_are_one_line_errors(fields, expected):
     recipe = {"name": "r", "members": [{"model": "smollm2-135m"}, {"model": "qwen2.5-0.5b"}],
@@ -123,21 +124,25 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
 
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)
 @pytest.mark.parametrize("params", [PackLLMParams(tau=0.5, alignment="union"),
-                                    PackLLMParams(variant="opt", alignment="union")],
-                         ids=["sim", "opt"])
+                                    PackLLMParams(variant="opt", alignment="union"),
+                                    PackLLMParams(tau=0.5, alignment="union", score_from="second_token")],
+                         ids=["sim", "opt", "sim-second-token"])
 def test_cached_batched_union_path_equals_naive_reference(pair, bpe_model, sp_model, params):
     fast = PackLLM(pair(), params, batch_size=3)
     generations = fast.generate(REQUESTS)
     recorded = {tuple(round(x, 5) for x in w) for w in fast.info()[fast.name]["packllm_prompt_weights"]}
     members, models = pair(), [bpe_model, sp_model]
     for request, generation in zip(REQUESTS, generations):
-        weights = naive_weights(members, models, request, params)
+        weights, _ = naive_weights(members, models, request, params)
         assert tuple(round(x, 5) for x in weights) in recorded
         assert generation.text == cut_at_until(naive_gac(members, models, request, weights), request.until)
 
 
-@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02)],
-                         ids=["sim", "opt", "sharp"])
+@pytest.mark.parametrize("params", [PackLLMParams(tau=0.5), PackLLMParams(variant="opt"), PackLLMParams(tau=0.02),
+                                    PackLLMParams(variant="opt", score_from="second_token"),
+                                    PackLLMParams(ppl_reading="expert_tokens", score_from="second_token"),
+                                    PackLLMParams(variant="opt", ppl_reading="expert_tokens")],
+                         ids=["sim", "opt", "sharp", "opt-second-token", "sim-expert-tokens", "opt-expert-tokens"])
 @pytest.mark.parametrize("order", ["bpe-sp", "sp-bpe"])
 def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model,
                                                           params, order, tmp_path, monkeypatch):
@@ -150,9 +155,10 @@ def test_cached_batched_mined_path_equals_naive_reference(bpe_tokenizer, bpe_mod
     members, models = pair(), [model for model, _ in pairs]
     references = set()
     for request, generation in zip(REQUESTS, generations):
-        weights = naive_weights(members, models, request, params)
-        references.add(max(range(2), key=lambda k: (weights[k], -k)))
-        assert generation.text == cut_at_until(naive_mined(members, models, request, weights), request.until)
+        weights, reference = naive_weights(members, models, request, params)
+        references.add(reference)
+        generated = naive_mined(members, models, request, weights, reference)
+        assert generation.text == cut_at_until(generated, request.until)
     assert fast.info()[fast.name]["alignment"] == "mined"
     if params.tau == 0.02:
         assert references == {0, 1}  # rows with different references in one batch
@@ -181,9 +187,10 @@ def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(pair, mon
     members = pair()
     prompts = [[m.render(r.prompt) for r in REQUESTS] for m in members]
     method = PackLLM(members, PackLLMParams(variant="opt"))
-    whole = [x for w in method.weights_for(prompts) for x in w]
-    monkeypatch.setattr(packllm, "PROMPT_TOKENS", 8)  # every prompt alone
-    assert [x for w in method.weights_for(prompts) for x in w] == pytest.approx(whole, abs=1e-6)
+    whole = [x for w in method.weights_for(prompts) for x in w.weights]
+    monkeypatch.setattr(packllm_weights, "PROMPT_TOKENS", 8)  # every prompt alone
+    monkeypatch.setattr(packllm_weights, "FUSED_BLOCK", 3)  # the fused objective read in blocks of 3 positions
+    assert [x for w in method.weights_for(prompts) for x in w.weights] == pytest.approx(whole, abs=1e-6)
 
 
 def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pair):
@@ -191,7 +198,7 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pa
     method = PackLLM([a, b], PackLLMParams(tau=0.3))
     prompt = Prompt(text="Question: 12 plus 30?\nAnswer:")
     requests = [LoglikelihoodRequest(prompt, " 42"), LoglikelihoodRequest(prompt, " 7")]
-    weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0]
+    weights = method.weights_for([[a.render(prompt)], [b.render(prompt)]])[0].weights
     assert weights[0] != pytest.approx(0.5, abs=1e-3)
     scores = method.loglikelihood(requests)
     own = method.info()[method.name]
@@ -200,3 +207,13 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pa
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob
         assert score.logprob == pytest.approx(math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), abs=1e-5)
+
+
+def test_prompt_weights_are_reported_in_the_requests_order(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
+    method = PackLLM(members, PackLLMParams(tau=0.3), batch_size=3)  # batches run longest prompts first
+    method.generate(REQUESTS)
+    alone = [method.weights_for([[m.render(r.prompt)] for m in members])[0].weights for r in REQUESTS]
+    reported = method.info()[method.name]["packllm_prompt_weights"]
+    assert len({tuple(w) for w in reported}) > 1
+    assert reported == [[round(x, 6) for x in w] for w in alone]
