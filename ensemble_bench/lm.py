@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from lm_eval.api.model import LM
 
 from ensemble_bench.build import build_from_model_args
+from ensemble_bench.decoding.method import NonFiniteScore, check_finite
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
-from ensemble_bench.methods.base import NonFiniteScore, check_finite
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256

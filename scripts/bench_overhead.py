@@ -198,7 +198,7 @@ def make_methods(members, names: list[str]):
 def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, float], float, dict]:
     """(ms per decode step, exclusive ms per step per phase, share of GaC rows the bound decided,
     the retokenize cost counters per member-row step)."""
-    from ensemble_bench.methods.base import Timing
+    from ensemble_bench.decoding.method import Timing
 
     for member in method.members:
         sync(member.device)

@@ -11,10 +11,10 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.method import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
 from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.adafuse import AdaFuse
-from ensemble_bench.methods.base import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
 from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion

@@ -55,16 +55,16 @@ from pydantic import Field
 from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import decode_batch, prefill
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.decoding.stopping import StopRule
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     LoglikelihoodRequest,
     MethodParams,
     Timing,
     lead_field,
     rolling_with_members,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.decoding.stopping import StopRule
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.covering_decoder import (
     CoveringDecoder,
     ScoringState,

@@ -32,9 +32,7 @@ from pydantic import Field, field_validator
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import give_text, text_appender, text_lookup
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -44,6 +42,8 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.packllm import mix
 from ensemble_bench.vocab.covering import END, SortedVocab
 

@@ -31,10 +31,10 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.method import lead_field, normalised_weights
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import lead_field, normalised_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.relative import (
     MemberSlice,

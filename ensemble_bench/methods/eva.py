@@ -26,11 +26,11 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.method import lead_field
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.eva_cache import cached_projection
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import lead_field
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 

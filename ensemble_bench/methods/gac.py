@@ -29,11 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -44,6 +40,10 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax

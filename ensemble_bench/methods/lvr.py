@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ensemble_bench.decoding.decode import decode_batch
+from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import Timing
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams, CoveringReport
 from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
 from ensemble_bench.vocab.common import CommonSpeller, common_vocabulary

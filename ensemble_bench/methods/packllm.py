@@ -34,10 +34,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -45,6 +42,9 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.packllm_weights import (
     Carried,

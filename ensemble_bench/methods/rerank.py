@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.method import Generation, GenerationRequest
 from ensemble_bench.decoding.scorers import (
     DEFAULT_PAIR_TEMPLATE,
     BlenderRanker,
@@ -34,7 +35,6 @@ from ensemble_bench.decoding.scorers import (
     RewardScorer,
 )
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import Generation, GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, SampleReport
 
 

@@ -50,9 +50,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import canonical_tail, text_appender
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     GenerationRequest,
     LoglikelihoodRequest,
     WindowParams,
@@ -62,6 +60,8 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix

@@ -18,9 +18,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from ensemble_bench.decoding.stats import MethodStats
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -30,6 +28,8 @@ from ensemble_bench.methods.base import (
     lead_field,
     resolve_member,
 )
+from ensemble_bench.decoding.stats import MethodStats
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.single import Single
 
 NO_SHARE = -1e30

@@ -41,10 +41,7 @@ from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, cached_tail, member_continuation
 from ensemble_bench.decoding.feeding import Held as TextHeld
-from ensemble_bench.decoding.scorers import mean_perplexity
-from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -54,6 +51,9 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.scorers import mean_perplexity
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends

@@ -24,11 +24,11 @@ from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
+from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 
 
 class EmitterParams(WindowParams, SpeculativeParams):

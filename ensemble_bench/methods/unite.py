@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.method import lead_field, normalised_weights
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import lead_field, normalised_weights
 from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk

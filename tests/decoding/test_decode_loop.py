@@ -7,9 +7,9 @@ import sys
 import torch
 
 from ensemble_bench.decoding.decode import STOP, Advance, RequestState, Round, Steps, decode_batch, text_of
+from ensemble_bench.decoding.method import Timing
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest
-from ensemble_bench.methods.base import Timing
 from ensemble_bench.vocab import VocabView
 
 

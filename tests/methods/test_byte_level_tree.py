@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ensemble_bench.decoding.feeding import canonical_tail
+from ensemble_bench.decoding.method import NonFiniteScore
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest, byte_level
-from ensemble_bench.methods.base import NonFiniteScore
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.byte_tree import ContinuationTree
 from tests.methods.test_byte_level import SCORED, nihon_member  # noqa: F401 (a fixture)

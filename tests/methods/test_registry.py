@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from ensemble_bench.decoding.method import MethodParams, WindowParams
 from ensemble_bench.methods import METHODS, RunStats, current_params, get_method, read_stats
-from ensemble_bench.methods.base import MethodParams, WindowParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.sweetspan import SweetSpanParams
 from ensemble_bench.methods.unite import UniteParams

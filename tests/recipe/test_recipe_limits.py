@@ -334,7 +334,7 @@ def test_weights_too_small_for_float32_are_refused_by_the_dry_run(tmp_path, monk
 
 def test_small_weights_with_a_normal_sum_and_zeros_still_pass():
     """A weight that underflows beside others is a zero weight (tests/cli/test_fuzz.py scores with [1e-300, 1])."""
-    from ensemble_bench.methods.base import weights_problem
+    from ensemble_bench.decoding.method import weights_problem
 
     assert weights_problem([1.0e-30, 1.0e-30, 0.0]) is None
     assert weights_problem([1.0e-300, 1.0]) is None

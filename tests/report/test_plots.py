@@ -163,7 +163,7 @@ def test_multiple_choice_requests_are_timed_per_request_and_per_token(bpe_model,
 def test_a_first_round_of_a_span_counts_its_tokens():
     """A span-level first round chooses several tokens per row: a row that ends there gets that
     round's time per token (decode_ms_per_token stays None: no decode step happened)."""
-    from ensemble_bench.methods.base import Timing
+    from ensemble_bench.decoding.method import Timing
 
     timing = Timing()
     timing.start_batch()

@@ -10,6 +10,7 @@ from lm_eval.api.instance import Instance
 
 from ensemble_bench import cli
 from ensemble_bench.decoding.decode import RequestState, check_distributions, decode_batch, text_of
+from ensemble_bench.decoding.method import NonFiniteScore, Timing
 from ensemble_bench.errors import UserError
 from ensemble_bench.lm import LM_CLASSES
 from ensemble_bench.members import LocalMember, Prompt
@@ -17,7 +18,6 @@ from ensemble_bench.members.base import Score, fit_window
 from ensemble_bench.members.local import max_length_of
 from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
-from ensemble_bench.methods.base import NonFiniteScore, Timing
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
 from tests.run.test_faults import one_line, raising, run_cli
