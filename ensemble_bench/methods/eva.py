@@ -31,11 +31,12 @@ from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.eva_cache import cached_projection
 from ensemble_bench.members.base import Member
+from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
-class EvaParams(EmitterParams):
+class EvaParams(EmitterParams, CoreParams):
     lead: int | str = lead_field(0, "the main model: its vocabulary is the common space and it emits", "main")
     top_k: int = Field(default=320, ge=1, le=1_000_000, description=(
         "each member's distribution keeps its top-k tokens before the softmax (the authors' code: 320)"))
@@ -77,6 +78,7 @@ class EvaReport(EmitterReport):
     eva_map_pairs: dict = field(default_factory=dict)    # member -> pairs of its map into the lead's vocabulary
     eva_seed_tokens: dict = field(default_factory=dict)  # member -> shared tokens the map was learned from
     filtering: dict = spread()                           # EvaStats.summary(): steps and members filtered out
+    core: dict = spread()                                # CoRE's counters (methods/core.py) when core: true
 
 
 class Eva(EmitterMethod):
@@ -88,6 +90,7 @@ class Eva(EmitterMethod):
         self.projections: dict[int, VocabProjection] = {
             index: self._projection(index) for index in range(len(members)) if index != self.lead}
         self.stats = EvaStats()
+        self.core = CoreFusion.of(params, len(members))
 
     def _projection(self, index: int) -> VocabProjection:
         aux, lead = self.members[index], self.members[self.lead]
@@ -125,8 +128,16 @@ class Eva(EmitterMethod):
             fused += torch.where(kept[index, :, None], share[:, None] * projected[index], 0.0)
         return fused
 
+    def core_fuse(self, projected: list[torch.Tensor]) -> torch.Tensor:
+        """CoRE (methods/core.py) on the projected members: the faithfulness filter's members as its base
+        weights (a filtered member weighs 0), the lead unfiltered."""
+        kept = faithful(projected, self.params.n)
+        kept[:, ~kept.any(dim=0)] = True
+        return self.core.fuse(torch.stack(projected), kept.T.float(), self.lead).float()
+
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        fused = self.fuse(self.project(logprobs))
+        projected = self.project(logprobs)
+        fused = self.fuse(projected) if self.core is None else self.core_fuse(projected)
         choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
         if targets is None:
             return Step(choices, None)
@@ -139,7 +150,11 @@ class Eva(EmitterMethod):
         return EvaReport(**vars(super().statistics()),
                          eva_map_pairs={self.members[i].name: len(p.src) for i, p in self.projections.items()},
                          eva_seed_tokens={self.members[i].name: p.seeds for i, p in self.projections.items()},
-                         filtering=self.stats.summary(len(self.members)))
+                         filtering=self.stats.summary(len(self.members)),
+                         core=self.core.counters() if self.core else {})
+
+    def carried(self) -> dict[str, object]:
+        return {**super().carried(), **(self.core.carried() if self.core else {})}
 
 
 def top_k_probs(logprobs: torch.Tensor, k: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.core import CoreFusion, CoreParams
+from ensemble_bench.methods.eva import Eva, EvaParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.unite import Unite, UniteParams
@@ -121,7 +122,7 @@ def test_rows_are_independent():
     ({"core": True, "core_rules": "code"}, "paper"),
 ])
 def test_bad_core_parameters_are_refused(fields, message):
-    for params in (GacParams, UniteParams, PackLLMParams):
+    for params in (GacParams, UniteParams, PackLLMParams, EvaParams):
         with pytest.raises(ValidationError, match=message):
             params(**fields)
 
@@ -139,6 +140,7 @@ CASES = {
     "unite-model-only": (Unite, UniteParams, {"core": True, "core_token": False, "retokenize": "local"}),
     "packllm-mined": (PackLLM, PackLLMParams, {"core": True}),
     "packllm-union": (PackLLM, PackLLMParams, {"core": True, "alignment": "union", "core_model": False}),
+    "eva": (Eva, EvaParams, {"core": True, "overlap": "direct", "retokenize": "local"}),
 }
 
 
@@ -162,13 +164,14 @@ def test_speculative_core_equals_every_token(pair, case):
     assert len(own(every)["core_weights_mean"]) == 2
 
 
-@pytest.mark.parametrize("method_class,params_class", [(Gac, GacParams), (Unite, UniteParams),
-                                                       (PackLLM, PackLLMParams)])
-def test_core_changes_the_fusion(pair, method_class, params_class):
+@pytest.mark.parametrize("method_class,params_class,base", [(Gac, GacParams, {}), (Unite, UniteParams, {}),
+                                                            (PackLLM, PackLLMParams, {}),
+                                                            (Eva, EvaParams, {"overlap": "direct"})])
+def test_core_changes_the_fusion(pair, method_class, params_class, base):
     """On members that disagree often, CoRE's weights move some greedy choice (the filter can
     fail only if the plug-in were not called)."""
-    plain, _ = run(method_class, params_class, pair(), {})
-    with_core, method = run(method_class, params_class, pair(), {"core": True, "core_filter": "power",
+    plain, _ = run(method_class, params_class, pair(), base)
+    with_core, method = run(method_class, params_class, pair(), {**base, "core": True, "core_filter": "power",
                                                                    "core_alpha": 50.0})
     assert plain != with_core
     assert "core_rows" not in run(method_class, params_class, pair(), {})[1].info()

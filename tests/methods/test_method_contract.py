@@ -61,7 +61,9 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "lvr": [{}, {"weights": [1.0, 4.0], "lead": 1}],
     "eva": [{"retokenize": "local", "overlap": "direct"}, {"retokenize": "local", "overlap": "direct", "n": None},
             {"retokenize": "local", "overlap": "direct", "top_k": 3, "n": 1, "lead": 1},
-            {"retokenize": "local", "overlap": "direct", "speculative": 3, "proposer": 1}],
+            {"retokenize": "local", "overlap": "direct", "speculative": 3, "proposer": 1},
+            {"retokenize": "local", "overlap": "direct", "core": True},
+            {"retokenize": "local", "overlap": "direct", "core": True, "core_token": False}],
     # exploration (beam_size > 1 in an uncertain state) may pick a non-greedy word even for one model:
     # identity holds without it (tests/methods/test_adafuse.py covers exploration)
     "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
