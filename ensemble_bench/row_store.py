@@ -112,6 +112,8 @@ def _model_files(model: str) -> Any:
 
 def _member(member: MemberSpec) -> dict[str, Any]:
     fields = member.model_dump(mode="json", exclude=NOT_OUTPUTS)
+    if fields["backend"] == "transformers":  # the default: keys of rows stored before backends existed stay
+        del fields["backend"], fields["vllm"]
     return {**fields, "label": member.label, "files": _model_files(member.model)}
 
 
