@@ -51,13 +51,13 @@ $(VLLM_STAMP): pyproject.toml
 
 install-vllm: $(VLLM_STAMP)
 
-# The vLLM member tests (tests/members/test_vllm.py) in that environment, one thread, a 1 GiB KV cache.
+# The vLLM member tests (tests/members/test_vllm.py) in that environment, one thread.
 test-vllm: install-vllm
-	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/members/test_vllm.py
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/members/test_vllm.py
 
 # GaC, UniTE and each member alone on transformers and on vLLM members, batch 1 and 8 (ms/token).
 bench-backends: install-vllm
-	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python scripts/bench_backends.py --threads 1
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python scripts/bench_backends.py --threads 1
 
 # Ends with what the ensemble changed: each score's 95% interval, answers that differ from each
 # member, wins / losses with McNemar's p, the members' oracle ceiling (docs/statistics.md).

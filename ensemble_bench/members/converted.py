@@ -98,6 +98,11 @@ def converted_source(model: PackagedModel, source: ModelSource, tokenizer, conve
     folder = converted_folder(model)
     if usable(folder, model, any_transformers):
         return ModelSource(str(folder))
+    other = (_marker(folder) or {}).get("transformers")
+    if other not in (None, _transformers_version()):  # another environment's conversion (.venv-vllm): it keeps it
+        folder = folder.with_name(f"{folder.name}-transformers-{_transformers_version()}")
+        if usable(folder, model):
+            return ModelSource(str(folder))
     if folder.exists():
         log.warning("%s: not the packaged model's converted weights (damaged, or another transformers); "
                     "converting it again", folder)

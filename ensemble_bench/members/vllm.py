@@ -72,20 +72,22 @@ class VllmMember(TokenizerSide, Member):
         return SamplingParams(temperature=0.0, max_tokens=max(1, self.max_length - prompt_len), ignore_eos=True,
                               detokenize=False, extra_args={EXTRA_KEY: (self.steering.id, key)})
 
-    def _submit(self, ids: Sequence[int], queue: Sequence[int] = (), delay: int = 0,
+    def _submit(self, ids: Sequence[int], queue: Sequence[int] = (), at: int | None = None,
                 scoring: bool = False) -> SteeredRow:
-        """A new steered request for ``ids`` (the lock is held); ``queue`` forced after its prompt."""
+        """A new steered request for ``ids`` (the lock is held), added before engine step ``at`` (default:
+        the next); ``queue`` is forced after its prompt, one token a step."""
         key = f"{self.name}-{next(self._keys)}"
         row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False)
         self.steering.rows[key] = row
-        self.steering.commands.append(Command("add", key, list(ids), delay, self._params(key, len(ids))))
+        at = self.steering.steps if at is None else at
+        self.steering.commands.append(Command("add", key, list(ids), at, self._params(key, len(ids))))
         return row
 
     def _drop(self, row: SteeredRow) -> None:
         """Finish a live request (the lock is held): its pending step forces a throwaway token."""
         row.dropped, row.waiting = True, False
         self.steering.rows.pop(row.key, None)
-        self.steering.commands.append(Command("abort", row.key))
+        self.steering.commands.append(Command("abort", row.key, at=self.steering.steps))
 
     def _collect(self, rows: list[SteeredRow]) -> list[torch.Tensor]:
         """Wait (the lock is held) until every row published; their distributions."""
@@ -117,51 +119,61 @@ class VllmMember(TokenizerSide, Member):
 
     def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool) -> tuple[torch.Tensor, list[list[float]]]:
         self.batch.check(tokens)
-        steps = self._steps(tokens, scoring, [h is not None and not s for h, s in zip(self.handles, self.stale)])
+        steps = self._steps(tokens, scoring)
+        forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
         held = self.batch.row_ids()
-        moved: list[int] = []
+        moved = [r for r, row in enumerate(tokens) if row]
         with self.steering.cond, self.clock.timed("decode", calls=steps):
+            publish = self._publish_step(tokens, steps if any(forced) else None, scoring)
             for r, row in enumerate(tokens):
                 handle = self.handles[r]
-                if not row:
-                    if handle is not None:  # a row that takes nothing cannot stay in a stepping batch
-                        self._drop(handle)
-                        self.handles[r] = None
-                    continue
-                moved.append(r)
-                if handle is not None and not self.stale[r] and len(row) == steps:
+                if forced[r]:
                     handle.queue.extend(row)
                     handle.scoring, handle.first, handle.scored, handle.waiting = scoring, True, [], False
                     continue
-                if handle is not None:
+                if handle is not None:  # cropped, or a count the batch does not step: finished here
                     self._drop(handle)
-                self.handles[r] = self._resubmit(held[r], row, steps, scoring)
-                self.stale[r] = False
+                    self.handles[r] = None
+                if row:
+                    self.handles[r] = self._resubmit(held[r], row, publish, scoring)
+                    self.stale[r] = False
             dists = self._collect([self.handles[r] for r in moved])
-        scored = [list(self.handles[r].scored) if self.handles[r] is not None and scoring else [] for r in
-                  range(len(tokens))]
+        scored = [list(self.handles[r].scored) if scoring and r in moved else [] for r in range(len(tokens))]
         self.batch.take(tokens)
         if moved:
             self.batch.set_last(moved, torch.stack(dists))
         return self.batch.last, scored
 
+    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, scoring: bool) -> int:
+        """The engine step at which every row that moves publishes (the lock is held). Live rows wait
+        inside step ``steering.steps``, which forces their first tokens: rows forced in place publish
+        ``forced_steps`` later. Without them, a request added now is first computed in the next step
+        (the step itself on an idle engine), and the row forcing the most tokens after its prompt sets
+        the pace."""
+        now = self.steering.steps
+        if forced_steps is not None:
+            return now + forced_steps
+        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if scoring else 0
+        return now + any(h is not None for h in self.handles) + after_prompt
+
     @staticmethod
-    def _steps(tokens: Sequence[Sequence[int]], scoring: bool, in_place: Sequence[bool]) -> int:
-        """Engine steps this call takes: the longest row when every token is scored, else the most
-        common count among the rows that can take tokens in place (re-submitting the fewest rows)."""
+    def _steps(tokens: Sequence[Sequence[int]], scoring: bool) -> int:
+        """How many tokens a row takes in place (one engine step each): the longest row's count when
+        every token is scored (a re-submitted row forces all but its first, so none may force more);
+        else the most common count (re-submitting the fewest rows)."""
         if scoring:
             return max((len(row) for row in tokens), default=0)
-        counts = Counter(len(row) for row, ok in zip(tokens, in_place) if row and ok)
-        return min(counts.items(), key=lambda pair: (-pair[1], pair[0]))[0] if counts else 1
+        counts = Counter(len(row) for row in tokens if row)
+        return min(counts.items(), key=lambda pair: (-pair[1], pair[0]))[0] if counts else 0
 
-    def _resubmit(self, held: list[int], row: Sequence[int], steps: int, scoring: bool) -> SteeredRow:
+    def _resubmit(self, held: list[int], row: Sequence[int], publish: int, scoring: bool) -> SteeredRow:
         """A row again as a new request: its prompt the held ids and new tokens (all of them, or only
-        the first when each later one is scored as it is forced), timed to publish after ``steps`` steps."""
+        the first when each later one is scored as it is forced), added so that it publishes at engine
+        step ``publish`` with the rest of the batch."""
         self.resubmitted += 1
         in_prompt = 1 if scoring else len(row)
         forced = list(row[in_prompt:])
-        return self._submit(held + list(row[:in_prompt]), forced, delay=max(0, steps - len(forced) - 1),
-                            scoring=scoring)
+        return self._submit(held + list(row[:in_prompt]), forced, at=publish - len(forced), scoring=scoring)
 
     def read_block(self, tokens, at):
         raise NotImplementedError(f"vLLM member '{self.name}' does not read blocks (speculative decoding, SAFE)")

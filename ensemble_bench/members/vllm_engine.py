@@ -46,7 +46,7 @@ class Command:
     kind: str            # "add", "abort", "score", "close"
     key: str = ""
     prompt: list = field(default_factory=list)
-    delay: int = 0       # engine steps to wait before running it
+    at: int = 0          # run it once this many engine steps have completed (before the next one starts)
     params: object = None
 
 
@@ -61,6 +61,7 @@ class Steering:
         self.results: dict[str, object] = {}  # scoring requests by key: None until finished
         self.error: BaseException | None = None
         self.closed = False
+        self.steps = 0  # engine steps completed (the index of the step in progress, or of the next one)
         STEERINGS[self.id] = self
 
     def wait(self, ready) -> None:
@@ -162,7 +163,7 @@ class EngineThread(threading.Thread):
                         steering.cond.wait_for(lambda: steering.commands or steering.closed)
                     if steering.closed:
                         return
-                    due = [c for c in steering.commands if c.delay <= 0 or not busy]
+                    due = self._due(busy)
                     steering.commands = [c for c in steering.commands if c not in due]
                 for command in due:
                     self._run(command)
@@ -175,12 +176,21 @@ class EngineThread(threading.Thread):
                 steering.error = err
                 steering.cond.notify_all()
 
+    def _due(self, busy: bool) -> list[Command]:
+        """The commands to run before the next step (the lock is held): those whose step has come; on an
+        idle engine the earliest ones, since no step will come before something runs."""
+        commands = self.steering.commands
+        due = [c for c in commands if c.at <= self.steering.steps]
+        if not due and not busy and commands:
+            first = min(c.at for c in commands)
+            self.steering.steps = first  # an idle engine: the timeline moves to the first command
+            due = [c for c in commands if c.at <= first]
+        return due
+
     def _step(self) -> None:
         outputs = self.engine.step()
-        self.steps += 1
         with self.steering.cond:
-            for command in self.steering.commands:
-                command.delay -= 1
+            self.steering.steps += 1
             for output in outputs:
                 if output.finished and output.request_id in self.steering.results:  # a scoring request
                     self.steering.results[output.request_id] = output

@@ -1,14 +1,11 @@
 """vLLM members (``backend: vllm``) on the packaged models: the equalities docs/backends.md states.
 
 Run by ``make test-vllm`` in the ``.venv-vllm`` environment; skipped where ``import vllm`` fails (the
-main environment has no vllm). Engines are small: 512-token windows, a 1 GiB KV cache, one thread.
+main environment has no vllm). Engines are small: 512-token windows, a 256 MiB KV cache, one thread.
 """
-
-import os
 
 import pytest
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 try:
     import vllm  # noqa: F401
 except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) raises RuntimeError, not ImportError
@@ -25,7 +22,7 @@ from ensemble_bench.methods.unite import Unite, UniteParams  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
-ENGINE = {"max_model_len": 512, "max_num_seqs": 8}
+ENGINE = {"max_model_len": 512, "max_num_seqs": 8, "kv_cache_gib": 0.25}
 QUESTIONS = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京.",
              "def fibonacci(n):"]
 TEXTS = ["The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Multi-tasking means"]
@@ -135,6 +132,13 @@ def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pa
     feed = [[11, 12, 13], [14], [15, 16]]
     (_, ours), (_, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
     assert [len(s) for s in ours] == [2, 0, 1]
+    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    lengths = [len(r) for r in local.row_ids()]
+    smollm_vllm.crop([n - 1 for n in lengths])  # every row re-submitted: the longest forces two tokens
+    local.crop([n - 1 for n in lengths])
+    feed = [[17, 18], [19], [20, 21, 22]]
+    (ours_dist, ours), (theirs_dist, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
+    assert [len(s) for s in ours] == [1, 0, 2] and float((ours_dist - theirs_dist).abs().max()) < 1e-3
     assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
     pairs = [(rows[0], smollm_vllm.encode(" Paris", add_special_tokens=False)), (rows[1], [220, 20])]
     for mine, other in zip(smollm_vllm.score(pairs), local.score(pairs)):
