@@ -16,7 +16,8 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 	install-vllm test-vllm bench-backends \
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
-	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe
+	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
+	reproduce-core
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine. DRY_RUN=1 checks each
 # recipe and prints its plan (runs nothing); LIMIT=n caps every task at n examples; OUTPUT=dir writes
@@ -129,7 +130,8 @@ baseline: install
 	$(BIN)/python scripts/store_baseline.py results/ci_regress results/baseline/ci_regress
 
 reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
-reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe: install
+reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
+	reproduce-core: install
 	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
 

@@ -21,7 +21,7 @@ PAGES = Path(__file__).resolve().parents[1] / "docs" / "methods"
 FAMILIES: dict[str, tuple[str, ...]] = {  # page -> the methods it documents, in table order
     "token_level.md": ("gac", "unite", "deepen", "packllm", "chared", "safe"),
     "span_level.md": ("coolfusion", "sweetspan"),
-    "exact.md": ("byte_level",),
+    "exact.md": ("byte_level", "lvr"),
     "sample_level.md": ("single", "voting", "mbr", "rerank"),
 }
 

@@ -4,7 +4,10 @@ Generation: ms per generated token of ``byte_level`` (tokens = the main member's
 of its text) over the summed ms per token of each member alone (method ``single``), no stop string,
 a fixed token budget. Multiple choice: wall time of ``byte_level.loglikelihood`` over the summed
 time of each member's ``single`` scoring, on PIQA-like questions (a goal and two solutions that
-share their first words). Each figure is the median of ``--repeats`` runs.
+share their first words). Each figure is the median of ``--repeats`` runs. ``--lvr`` also times
+``lvr`` (lossless vocabulary reduction, the same covering trees over the members' common tokens) on
+the same generation requests in the same run: its ms per token (the same unit: the main member's
+canonical tokens) and byte_level's over it. ``--questions 0`` skips scoring.
 
 Members (``--members``):
 - ``tiny``: the tests' tiny BPE and SentencePiece tokenizers (400 pieces) and 2-layer random models;
@@ -12,7 +15,7 @@ Members (``--members``):
 - ``packaged``: SmolLM2-135M + Qwen2.5-0.5B from ~/.cache/ensbench/models (never downloaded).
 
     python scripts/bench_byte_level.py [--members tiny] [--batch-sizes 1 8] [--tokens 12] [--questions 4]
-           [--threads 1] [--repeats 3] [--json out.json]
+           [--threads 1] [--repeats 3] [--prompts 8] [--lvr] [--json out.json]
 """
 
 from __future__ import annotations
@@ -112,24 +115,34 @@ def seconds_scoring(method, requests) -> float:
     return time.perf_counter() - start
 
 
-def measure(members, batch_size: int, tokens: int, questions: int, repeats: int) -> dict:
+def measure(members, batch_size: int, tokens: int, questions: int, repeats: int, lvr: bool = False,
+            prompts: int = 0) -> dict:
     from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
+    from ensemble_bench.methods.lvr import Lvr, LvrParams
     from ensemble_bench.methods.single import Single
 
     singles = [Single([m], Single.Params(), batch_size=batch_size) for m in members]
     byte_level = ByteLevel(members, ByteLevelParams(), batch_size=batch_size)
-    gen = generation_requests(batch_size, tokens)
+    reduced = Lvr(members, LvrParams(), batch_size=batch_size) if lvr else None
+    gen = generation_requests(max(batch_size, prompts), tokens)
     scored = scoring_requests(questions)
     rows = {"single_ms_per_token": [], "byte_ms_per_token": [], "single_scoring_s": [], "byte_scoring_s": []}
     for _ in range(repeats):
         rows["single_ms_per_token"].append(sum(ms_per_token(s, gen)[0] for s in singles))
         rows["byte_ms_per_token"].append(ms_per_token(byte_level, gen)[0])
-        rows["single_scoring_s"].append(sum(seconds_scoring(s, scored) for s in singles))
-        rows["byte_scoring_s"].append(seconds_scoring(byte_level, scored))
-    result = {name: statistics.median(values) for name, values in rows.items()}
+        if reduced is not None:
+            rows.setdefault("lvr_ms_per_token", []).append(ms_per_token(reduced, gen)[0])
+        if scored:
+            rows["single_scoring_s"].append(sum(seconds_scoring(s, scored) for s in singles))
+            rows["byte_scoring_s"].append(seconds_scoring(byte_level, scored))
+    result = {name: statistics.median(values) if values else None for name, values in rows.items()}
     result["generation_ratio"] = result["byte_ms_per_token"] / result["single_ms_per_token"]
-    result["scoring_ratio"] = result["byte_scoring_s"] / result["single_scoring_s"]
+    result["scoring_ratio"] = result["byte_scoring_s"] / result["single_scoring_s"] if scored else None
     result["covering"] = {k: v for k, v in byte_level.info().items() if k.startswith(("covering", "byte_steps"))}
+    if reduced is not None:
+        result["byte_over_lvr"] = result["byte_ms_per_token"] / result["lvr_ms_per_token"]
+        result["lvr_covering"] = {k: v for k, v in reduced.info().items()
+                                  if k.startswith(("covering", "common_token_steps", "common_vocabulary"))}
     return result
 
 
@@ -141,6 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--questions", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=0, help="generation prompts (default: the batch size)")
+    parser.add_argument("--lvr", action="store_true", help="also time lvr on the same generation requests")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -152,12 +167,17 @@ def main(argv=None) -> int:
           f"{args.tokens} tokens; {args.questions} questions x 2 choices")
     results = {}
     for batch_size in args.batch_sizes:
-        result = measure(members, batch_size, args.tokens, args.questions, args.repeats)
+        result = measure(members, batch_size, args.tokens, args.questions, args.repeats, args.lvr, args.prompts)
         results[batch_size] = result
         print(f"batch {batch_size:>2}: generation {result['byte_ms_per_token']:8.1f} ms/token vs members "
-              f"{result['single_ms_per_token']:7.1f} = {result['generation_ratio']:5.2f}x | scoring "
-              f"{result['byte_scoring_s']:7.2f} s vs {result['single_scoring_s']:6.2f} s = "
-              f"{result['scoring_ratio']:6.2f}x | {result['covering']}", flush=True)
+              f"{result['single_ms_per_token']:7.1f} = {result['generation_ratio']:5.2f}x | {result['covering']}",
+              flush=True)
+        if args.questions:
+            print(f"          scoring {result['byte_scoring_s']:7.2f} s vs {result['single_scoring_s']:6.2f} s = "
+                  f"{result['scoring_ratio']:6.2f}x", flush=True)
+        if args.lvr:
+            print(f"          lvr {result['lvr_ms_per_token']:8.1f} ms/token: byte_level / lvr = "
+                  f"{result['byte_over_lvr']:5.2f}x | {result['lvr_covering']}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"members": args.members, "results": results}, indent=1))
     return 0

@@ -53,6 +53,10 @@ TARGETS = {
                        ("safe_table4", None, ["safe_table4_internlm3_qwen25_sharpen"]),
                        ("safe_table5", None, ["safe_table5_internlm3_qwen25_floor"]),
                        ("safe_table6", None, ["safe_table6_internlm3_qwen25_draft_len"])]},
+    "core": {"paper": [("core_benchmark", block, [f"core_benchmark_{task}" for task in
+                                                   ("gsm8k", "piqa", "triviaqa", "nq", "mmlu")])
+                       for block in ("Top-2", "Top-3", "Base models")],
+             "offline": [("core_benchmark", block, ["core_benchmark"]) for block in ("Top-2", "Top-3")]},
     "coolfusion": {"paper": [("coolfusion_table3", None, ["coolfusion_table3_cool2", "coolfusion_table3_cool3",
                                                           "coolfusion_table3_cool_align_off",
                                                           "coolfusion_table3_cool_rerank",

@@ -76,27 +76,62 @@ def pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
 
 
 # ------------------------------------------------------------------ naive reference implementation
+WHITE = b" \t\n\r\x0b\x0c"
+
+
+def naive_probe(first: int) -> bytes:
+    """The probe character of a first byte's class (vocab/lookahead.py): letters, digits, the rest."""
+    if first >= 0x80 or bytes([first]).isalpha():
+        return b"a"
+    return b"0" if bytes([first]).isdigit() else b"!"
+
+
+def naive_trunk(member, tail, text: bytes, first: int | None):
+    """The trunk of the branch at the end of ``text`` for tokens starting with byte ``first`` (None:
+    the end of the text), from scratch: c(text) unless text ends with whitespace and ``first`` is no
+    whitespace; then the ids of encode(text + probe) that spell exactly ``text`` (None: none do)."""
+    ids, _ = tail.canonical(text)
+    if not text or text[-1] not in WHITE or first is None or first in WHITE:
+        return tuple(ids)
+    probed, _ = tail.canonical(text + naive_probe(first))
+    spelled = 0
+    for count, token in enumerate(probed + [None]):
+        if spelled == len(text):
+            return tuple(probed[:count])
+        if token is None or spelled > len(text):
+            return None
+        spelled += len(member.vocab.pieces[token])
+    return None
+
+
 def naive_next_byte(member, model, prompt, tail, x):
-    """M(. | x) of one member: every j, c_j re-encoded from scratch, one full forward per branch, a
-    Python loop over the vocabulary."""
+    """M(. | x) of one member: every j and every trunk the tokens after x[:j] can have (one per
+    first byte, naive_trunk), re-encoded from scratch, one full forward per trunk, a Python loop
+    over the vocabulary."""
     terms = []
     for j in range(len(x) + 1):
         suffix = x[j:]
-        ids, pending = tail.canonical(x[:j])
-        if pending or not any(p and p.startswith(suffix) for p in member.vocab.pieces):
+        if tail.canonical(x[:j])[1] or not any(p and p.startswith(suffix) for p in member.vocab.pieces):
             continue
-        with torch.no_grad():
-            logprobs = model(torch.tensor([prompt + ids])).logits[0].double().log_softmax(-1)
-        trunk = sum(float(logprobs[len(prompt) - 1 + q, token]) for q, token in enumerate(ids))
-        probs = logprobs[-1].exp().tolist()
-        mass = [0.0] * 257
-        for token, piece in enumerate(member.vocab.pieces):
-            if piece and token not in member.vocab.special_ids and token not in member.stop_ids \
-                    and len(piece) > len(suffix) and piece.startswith(suffix):
-                mass[piece[len(suffix)]] += probs[token]
-        if j == len(x):
-            mass[256] = sum(probs[s] for s in member.stop_ids)
-        terms.append((trunk, mass))
+        trunks: dict = {}
+        for first in ([x[j]] if j < len(x) else list(range(256)) + [None]):
+            trunks.setdefault(naive_trunk(member, tail, x[:j], first), []).append(first)
+        for ids, firsts in trunks.items():
+            if ids is None:
+                continue
+            with torch.no_grad():
+                logprobs = model(torch.tensor([prompt + list(ids)])).logits[0].double().log_softmax(-1)
+            trunk = sum(float(logprobs[len(prompt) - 1 + q, token]) for q, token in enumerate(ids))
+            probs = logprobs[-1].exp().tolist()
+            mass = [0.0] * 257
+            for token, piece in enumerate(member.vocab.pieces):
+                if piece and token not in member.vocab.special_ids and token not in member.stop_ids \
+                        and len(piece) > len(suffix) and piece.startswith(suffix) \
+                        and (j < len(x) or piece[0] in firsts):
+                    mass[piece[len(suffix)]] += probs[token]
+            if j == len(x) and None in firsts:
+                mass[256] = sum(probs[s] for s in member.stop_ids)
+            terms.append((trunk, mass))
     top = max(t for t, _ in terms)
     total = [sum(math.exp(t - top) * m[b] for t, m in terms) for b in range(257)]
     return [v / sum(total) for v in total]

@@ -37,9 +37,12 @@ from tests.tiny import CORPUS, REQUESTS, outputs
 CONTRACT_PARAMS: dict[str, list[dict]] = {
     "single": [{}],
     "gac": [{}, {"weights": [0.3, 2.0]}, {"threshold": 0.5, "lead": 1}, {"speculative": 3, "proposer": 1},
-            {"threshold": 0.5, "speculative": 4, "proposer": "auto"}],
+            {"threshold": 0.5, "speculative": 4, "proposer": "auto"}, {"core": True},
+            {"core": True, "core_rules": "official", "weights": [0.3, 2.0], "core_filter": "power"}],
     "unite": [{"retokenize": "local"}, {"retokenize": "local", "k": 1, "weights": [0.2, 0.8]},
-              {"retokenize": "local", "k": 50, "lead": 1}, {"retokenize": "local", "speculative": 3}],
+              {"retokenize": "local", "k": 50, "lead": 1}, {"retokenize": "local", "speculative": 3},
+              {"retokenize": "local", "core": True},
+              {"retokenize": "local", "core": True, "core_token": False, "lead": 1}],
     "deepen": [{"retokenize": "local"}, {"retokenize": "local", "support": None, "eta": 0.3, "steps": 8},
                {"retokenize": "local", "support": 4, "lead": 1},
                {"retokenize": "local", "speculative": 2, "proposer": 1}],
@@ -49,11 +52,13 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "coolfusion": [{}, {"align": False}, {"rerank": True, "lead": 1}],
     "sweetspan": [{"span_words": 1}, {"span_words": 4}, {"span_words": 32}],
     "packllm": [{}, {"variant": "opt", "ppl_unit": "byte"}, {"alignment": "union", "variant": "opt"},
-                {"speculative": 3, "proposer": 1}],
+                {"speculative": 3, "proposer": 1}, {"core": True},
+                {"core": True, "alignment": "union", "core_model": False, "core_rules": "official"}],
     "chared": [{}, {"weights": [1.0, 3.0]}],
     "safe": [{}, {"draft_tokens": 1, "sharpen": 0.0, "gate_threshold": 0.5},
              {"lead": 1, "draft_tokens": 7, "weights": [1.0, 3.0], "candidate_floor": 0.0}],
     "byte_level": [{}, {"weights": [1.0, 4.0], "lead": 1}],
+    "lvr": [{}, {"weights": [1.0, 4.0], "lead": 1}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -63,7 +68,7 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
 SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
-    "safe": "values", "byte_level": "values",
+    "safe": "values", "byte_level": "values", "lvr": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:
@@ -258,12 +263,14 @@ def takes_speculation(cls: type[Method]) -> bool:
 def test_a_speculative_method_declares_the_interface_and_is_never_patched(mixed, name):
     """A method that takes ``speculative`` is a ``Speculable`` (decoding/speculative.py), and decoding
     speculatively leaves its own members, feeders and their members as they were (stand-ins are
-    passed to a view of it, ``speaking_to``, never swapped into it)."""
-    from ensemble_bench.decoding.speculative import Speculable
+    passed to a view of it, ``speaking_to``, never swapped into it). Every hook takes the arguments
+    the engine passes."""
+    from ensemble_bench.decoding.speculative import Speculable, unmet
 
     index = next(i for i, p in enumerate(CONTRACT_PARAMS[name]) if p.get("speculative"))
     method = build(name, index, mixed, batch_size=2)
-    assert isinstance(method, Speculable)
+    assert isinstance(method, Speculable) and unmet(method) == []
+    assert method.speculation is not None
     members, feeders = list(method.members), list(method.feeders)
     fed_members = [feeder and feeder.member for feeder in feeders]
     outputs(method, REQUESTS[:2])

@@ -2,6 +2,7 @@
 outputs of the same method and settings, on tiny models whose members disagree often (many
 rejected drafts) and on a member ensembled with itself (every draft taken)."""
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -62,10 +63,23 @@ def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
     assert method.info()["speculative_proposer"] == "auto"
 
 
+class IdleMachineCosts(Costs):
+    """Costs fixed as an idle machine measures them (a proposer step a tenth of a one-token block, a
+    block 10% dearer per token): the draft lengths they give do not depend on the machine's load."""
+
+    def __init__(self):
+        super().__init__(step=0.01, blocks={1: 0.1})
+
+    @contextmanager
+    def timing(self, *members, name):
+        yield
+
+
 def test_member_with_itself_takes_every_draft(same_model):
     alone = outputs(Single([same_model("a")], Single.Params()), LONG)
-    got, method = run(Gac, GacParams, [same_model("a"), same_model("b")], {"speculative": 4})
-    assert got == alone
+    method = Gac([same_model("a"), same_model("b")], GacParams(speculative=4), batch_size=2)
+    method.speculation.costs = IdleMachineCosts()
+    assert outputs(method, LONG) == alone
     info = method.info()
     assert info["speculative_acceptance_rate"] == 1.0
     assert info["speculative_tokens_per_round"] > 2
@@ -120,3 +134,13 @@ def test_draft_length_follows_acceptance_and_costs():
     assert speculation._next_length(4, 4, True, rate=0.95) >= 4
     speculation.costs.step = 1.0  # a proposer as costly as the verifier's block: drafting barely pays
     assert speculation._next_length(4, 4, True, rate=0.5) == 0
+
+
+def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
+    class Unrehearsed(Gac):
+        def rehearse(self, states): ...
+
+    refused = r"^Unrehearsed cannot decode speculatively: it lacks rehearse\(states, advances\) "
+    with pytest.raises(TypeError, match=refused):
+        Unrehearsed(pair(), GacParams(speculative=2))
+    assert Unrehearsed(pair(), GacParams()).speculation is None  # every-token decoding asks nothing of it

@@ -1,22 +1,30 @@
-"""The one decoding loop. Every generating method (single, GaC, UniTE, DeePEn, Cool-Fusion,
-SweetSpan) and teacher-forced scoring run through ``decode_batch``; a method supplies only the
-steps that make it that method (``Steps``):
+"""The one decoding loop. Every generating method and teacher-forced scoring run through
+``decode_batch``; a method supplies only the steps that make it that method (``Steps``), and a
+strategy (``Rounds``) decides how a round uses them: every token (``EveryToken``, the default) or
+draft and verify (``decoding.speculative.Speculation``, a method's ``speculative: N``). The loop
+itself is the same for both:
 
-    prefill every member (prompts cut to fit each request's budget)
+    prefill every member (prompts cut to fit each request's budget); the strategy begins the batch
     while a request is live:
-        check    every member's next-token distributions hold no NaN or +inf and some finite
-                 log-prob (one reduction per member on its device; else NonFiniteScore)
-        choose   the method's step: one token per row (GaC: mix and choose; UniTE / DeePEn: the
-                 emitter's step; single: argmax) or one segment per row (span methods: propose,
-                 score, choose and commit) -> a ``Round``: one ``Advance`` per live row
-        advance  each request takes its advance; it stops on the method's word (a stop id, a
-                 span's final segment), an ``until`` string or its token budget (stopping.py)
-        time     first token, then decode steps (a span round counts its tokens per row)
-        keep     finished rows leave every member and the round's per-row values
-        feed     the method gives the chosen text to the members -> next log-probs
+        round    the strategy's round for the live rows (every token:
+                   feed     the method gives the text the rows took last round to the members
+                   check    every member's next-token distributions hold no NaN or +inf and some
+                            finite log-prob (one reduction per member on its device; else
+                            NonFiniteScore)
+                   choose   the method's step: one token per row (GaC: mix and choose; UniTE /
+                            DeePEn: the lead's step; single: argmax) or one segment per row (span
+                            methods: propose, score, choose and commit) -> a ``Round``: one
+                            ``Advance`` per live row
+                   advance  each request takes its advance (``advance_request``); it stops on the
+                            method's word (a stop id, a span's final segment), an ``until`` string
+                            or its token budget (stopping.py)
+                 speculatively: the same feed, check, choose and advance, replayed over a verified
+                 draft, one or more tokens per row) -> a ``Tally``: tokens generated, decode steps
+        time     first token, then decode steps (a span or speculative round counts its tokens per row)
+        keep     finished rows leave every member and the strategy's per-row values
 
-The loop never asks whether a round added a token or a span. ``RequestState`` is the state of
-one request (one batch row while it is live); methods extend it with their own fields.
+The loop never asks whether a round added a token, a span or a draft. ``RequestState`` is the
+state of one request (one batch row while it is live); methods extend it with their own fields.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -175,31 +184,90 @@ def check_distributions(members: Sequence[Member], dists: list[torch.Tensor], li
                              f"context {excerpt(shown, end=True)}", row=row)
 
 
-def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing) -> None:
-    """Decode one batch to the end; ``states`` are updated in place (see the module docstring)."""
-    lead = steps.members[steps.lead]
+class Tally(NamedTuple):
+    """What a round counts for timing: tokens generated, and the decode steps it stands for."""
+
+    generated: int
+    steps: float
+
+
+class Rounds(ABC):
+    """How the loop's rounds are decided, for one batch at a time: every token (``EveryToken``) or
+    draft and verify (``decoding.speculative.Speculation``). The loop owns prefill, the live rows,
+    stopping, keeping and timing; a strategy owns what happens to the live rows inside a round."""
+
+    @abstractmethod
+    def begin(self, dists: list[torch.Tensor], prompts: list[list[list[int]]], states: list[RequestState]) -> None:
+        """A new batch: each member's log-probs after prefill, the prompts, every row's state."""
+
+    @abstractmethod
+    def round(self, live: list[int]) -> Tally:
+        """One round for rows ``live`` (indices into the batch): the members take what the rows took
+        last round, then each row advances (``advance_request``) by one token or more."""
+
+    @abstractmethod
+    def keep(self, still: list[int]) -> None:
+        """Finished rows leave: positions ``still`` of the last round's live rows stay, in order."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """The batch is done."""
+
+
+class EveryToken(Rounds):
+    """One decision per round, the method's ``choose``; the members are fed what it chose at the start
+    of the next round."""
+
+    def __init__(self, steps: Steps):
+        self.steps = steps
+
+    def begin(self, dists, prompts, states) -> None:
+        self.dists, self.prompts, self.states = dists, prompts, states
+        self.advances: list[Advance] | None = None  # what the live rows took, not yet given to the members
+
+    def round(self, live: list[int]) -> Tally:
+        steps, states = self.steps, [self.states[i] for i in live]
+        if self.advances is not None:
+            self.dists = steps.feed(self.dists, states, self.advances)
+        check_distributions(steps.members, self.dists, live, self.prompts, self.states)
+        done = steps.choose(self.dists, states)
+        lead = steps.members[steps.lead]
+        for state, advance in zip(states, done.advances):
+            advance_request(lead, state, advance)
+        self.dists, self.advances = done.dists, done.advances
+        return Tally(done.generated, done.steps)
+
+    def keep(self, still: list[int]) -> None:
+        self.dists = drop_rows(self.steps.members, still, self.dists)
+        self.advances = [self.advances[k] for k in still]
+
+    def end(self) -> None:
+        """Nothing to record: the loop's timing is all an every-token batch counts."""
+
+
+def decode_batch(steps: Steps, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing,
+                 rounds: Rounds | None = None) -> None:
+    """Decode one batch to the end, every token or by ``rounds``; ``states`` are updated in place (see
+    the module docstring)."""
+    rounds = EveryToken(steps) if rounds is None else rounds
     timing.start_batch()
-    dists = prefill(steps.members, prompts, [s.rule.max_new_tokens for s in states])
+    rounds.begin(prefill(steps.members, prompts, [s.rule.max_new_tokens for s in states]), prompts, states)
     live = list(range(len(states)))
     first = True
     while live:
-        check_distributions(steps.members, dists, live, prompts, states)
-        done = steps.choose(dists, [states[i] for i in live])
-        for i, advance in zip(live, done.advances):
-            advance_request(lead, states[i], advance)
-        timing.tokens_generated += done.generated
-        timing.first_token(done.steps) if first else timing.step(done.steps)
+        tally = rounds.round(live)
+        timing.tokens_generated += tally.generated
+        timing.first_token(tally.steps) if first else timing.step(tally.steps)
         first = False
-        dists, advances = done.dists, done.advances
         still = [k for k, i in enumerate(live) if states[i].finish is None]
         if len(still) < len(live):
-            dists = drop_rows(steps.members, still, dists)
-            advances, live = [advances[k] for k in still], [live[k] for k in still]
-        if live:
-            dists = steps.feed(dists, [states[i] for i in live], advances)
+            rounds.keep(still)
+            live = [live[k] for k in still]
+    rounds.end()
 
 
 def advance_request(lead: Member, state: RequestState, advance: Advance) -> None:
+    """The row takes the advance; it finishes on the method's word, an ``until`` string or its budget."""
     state.take(advance)
     state.finish = advance.finish or state.rule.finish(lambda: text_of(lead, state), state.count)
 
@@ -208,17 +276,14 @@ class DecodingMethod(Method, Steps):
     """A method that generates through the loop: it supplies ``choose``, ``feed`` and ``lead``,
     and may extend ``start`` (its own per-request state) and ``result``."""
 
-    speculation = None  # draft-and-verify decoding (decoding/speculative.py), for the methods that offer it
+    speculation: Rounds | None = None  # draft and verify (decoding/speculative.py), for the methods that offer it
 
     def start(self, request: GenerationRequest) -> RequestState:
         return RequestState.of(request)
 
     def decode(self, prompts: list[list[list[int]]], states: list[RequestState]) -> None:
         """Decode one batch: every token, or speculatively (the same outputs) when the method was asked to."""
-        if self.speculation is not None:
-            self.speculation.decode(prompts, states, self.timing)
-        else:
-            decode_batch(self, prompts, states, self.timing)
+        decode_batch(self, prompts, states, self.timing, self.speculation)
 
     def result(self, state: RequestState, request: GenerationRequest) -> Generation:
         text = text_of(self.members[self.lead], state)

@@ -5,7 +5,9 @@ A method opts in by declaring ``Speculable`` (its steps, ``draft_advance``, ``re
 ``speaking_to``, ``copy_states``; ``SpeculativeSteps`` gives the last three to a method with feeders).
 The engine never patches the method: stand-in members reach it through ``speaking_to``, a view that
 leaves the method as it is, and the rehearsal works on ``copy_states`` copies with its feeding
-uncounted. Each round, for the live rows of a batch:
+uncounted. ``Speculation`` is a strategy of the one decode loop (``decoding.decode.decode_batch``:
+prefill, live rows, stopping, keeping and timing are the loop's); each of its rounds, for the live
+rows of a batch:
 
     rehearse  the method's own ``feed`` runs on copies of the rows' states against ``Rehearsal``
               members (token ids only, no model): first the advance the previous round chose, then,
@@ -35,6 +37,7 @@ measured forward cost promise the most tokens per second.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -46,15 +49,16 @@ from ensemble_bench.decoding.decode import (
     Advance,
     RequestState,
     Round,
+    Rounds,
+    Tally,
     advance_request,
     check_distributions,
-    prefill,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
-from ensemble_bench.decoding.stand_ins import Focused, Rehearsal, StandIn, focus
+from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import MethodParams, Timing, resolve_member
+from ensemble_bench.methods.base import MethodParams, resolve_member
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 
@@ -108,6 +112,25 @@ class Speculable(Protocol):
     def copy_states(self, states: Sequence[RequestState]) -> list: ...
 
 
+def unmet(method: object) -> list[str]:
+    """What ``method`` lacks of ``Speculable``: each attribute it does not have, and each hook its
+    class does not define or defines so that it cannot take the protocol's arguments."""
+    defined = dict(inspect.getmembers(type(method), inspect.isfunction))  # the class's own hooks, inherited too
+    lacking = [name for name in Speculable.__annotations__ if not hasattr(method, name)]
+    for name, declared in vars(Speculable).items():
+        if not inspect.isfunction(declared) or name.startswith("_"):
+            continue
+        arguments = list(inspect.signature(declared).parameters)  # self, then the protocol's arguments
+        if name not in defined:
+            lacking.append(name)
+            continue
+        try:
+            inspect.signature(defined[name]).bind(*arguments)
+        except TypeError:
+            lacking.append(f"{name}({', '.join(arguments[1:])})")
+    return lacking
+
+
 class SpeculativeSteps:
     """``Speculable``'s defaults for a method whose members take chosen text through ``feeders``
     (decoding/feeding.py) counted in ``feed_stats``: a view of the method over other members, a
@@ -143,13 +166,13 @@ class RowRound(NamedTuple):
     pending: Advance | None
 
 
-class Speculation:
-    """Draft-and-verify decoding for one ``Speculable`` method (see the module docstring)."""
+class Speculation(Rounds):
+    """Draft-and-verify rounds for one ``Speculable`` method, inside the decode loop
+    (``decoding.decode.decode_batch``; see the module docstring)."""
 
     def __init__(self, method: Speculable, longest: int, proposer: int | None):
         self.method, self.longest, self.proposer = method, longest, proposer
         self._members = list(method.members)
-        self.all_states: list[RequestState] = []
         self.stats = SpeculationStats(agreed=[0] * len(method.members))
         self.costs = Costs()
 
@@ -158,49 +181,56 @@ class Speculation:
         """The method's speculation, or None when ``speculative`` is 0 (every-token decoding)."""
         if not params.speculative:
             return None
+        if lacking := unmet(method):
+            raise TypeError(f"{type(method).__name__} cannot decode speculatively: it lacks {', '.join(lacking)} "
+                            "(decoding/speculative.py: Speculable)")
         return cls(method, params.speculative, resolve_proposer(params, [m.name for m in method.members], method.lead))
 
-    # --- the loop -------------------------------------------------------------------------------
-    def decode(self, prompts: list[list[list[int]]], states: list[RequestState], timing: Timing) -> None:
-        method = self.method
-        self.all_states = states
-        timing.start_batch()
-        dists = prefill(method.members, prompts, [s.rule.max_new_tokens for s in states])
-        members = [StandIn(m, d) for m, d in zip(method.members, dists)]
-        records = [RowRecord(forwards=[0] * len(members)) for _ in states]
-        live = list(range(len(states)))
-        pending: list[Advance | None] = [None] * len(states)
-        lengths = [0] * len(states)  # the first round drafts nothing: it is the first token
-        rates = [Rate() for _ in states]
-        first = True
-        while live:
-            drafts = self._round(members, [states[i] for i in live], [pending[i] for i in live],
-                                 [lengths[i] for i in live], prompts, live)
-            for i, row in zip(live, drafts):
-                pending[i] = row.pending
-                record = records[i]
-                record.rounds += 1
-                record.tokens += row.tokens
-                record.drafted += row.drafted
-                record.accepted += row.accepted
-                rates[i].observe(row.accepted, row.drafted, row.agreed_after)
-                lengths[i] = self._next_length(row.drafted, row.accepted, row.agreed_after, rates[i].value)
-            timing.tokens_generated += sum(row.tokens for row in drafts)
-            steps = sum(row.tokens for row in drafts) / len(drafts)
-            timing.first_token(steps) if first else timing.step(steps)
-            first = False
-            still = [k for k, i in enumerate(live) if states[i].finish is None]
-            for k, i in enumerate(live):
-                records[i].forwards = [f + m.forwards[k] for f, m in zip(records[i].forwards, members)]
-            for member in members:
-                member.forwards = [0] * len(member.forwards)
-            if len(still) < len(live):
-                for member in members:
-                    member.keep(still)
-                live = [live[k] for k in still]
-            for member in members:
-                member.prune()
-        self.stats.rows.extend(records)
+    # --- the loop's rounds ----------------------------------------------------------------------
+    def begin(self, dists: list[torch.Tensor], prompts: list[list[list[int]]], states: list[RequestState]) -> None:
+        self.prompts, self.all_states = prompts, states
+        self.stand_ins = [StandIn(m, d) for m, d in zip(self.method.members, dists)]
+        self.records = [RowRecord(forwards=[0] * len(self.stand_ins)) for _ in states]
+        self.pending: list[Advance | None] = [None] * len(states)  # chosen last, not yet given to the members
+        self.lengths = [0] * len(states)  # the first round drafts nothing: it is the first token
+        self.rates = [Rate() for _ in states]
+
+    def round(self, live: list[int]) -> Tally:
+        """Rehearse, fetch, replay (module docstring) for rows ``live``; then each row's record and
+        next draft length."""
+        states, pending = [self.all_states[i] for i in live], [self.pending[i] for i in live]
+        proposer = self._pick_proposer()
+        room = [max(0, min(self.lengths[i], s.rule.max_new_tokens - s.count - 1)) for i, s in zip(live, states)]
+        forced = self._rehearse(self.stand_ins, states, pending, room, proposer)
+        rows = self._replay(self.stand_ins, states, pending, forced, proposer, self.prompts, live)
+        for k, (i, row) in enumerate(zip(live, rows)):
+            self.pending[i] = row.pending
+            self._observe(self.records[i], self.rates[i], row, [m.forwards[k] for m in self.stand_ins])
+            self.lengths[i] = self._next_length(row.drafted, row.accepted, row.agreed_after, self.rates[i].value)
+        for member in self.stand_ins:
+            member.forwards = [0] * len(member.forwards)
+            member.prune()
+        tokens = sum(row.tokens for row in rows)
+        return Tally(tokens, tokens / len(rows))
+
+    @staticmethod
+    def _observe(record: RowRecord, rate: Rate, row: RowRound, forwards: list[int]) -> None:
+        """A row's round into its record (with the forward passes it took part in) and its rate."""
+        record.rounds += 1
+        record.tokens += row.tokens
+        record.drafted += row.drafted
+        record.accepted += row.accepted
+        record.forwards = [f + n for f, n in zip(record.forwards, forwards)]
+        rate.observe(row.accepted, row.drafted, row.agreed_after)
+
+    def keep(self, still: list[int]) -> None:
+        for member in self.stand_ins:
+            member.keep(still)
+
+    def end(self) -> None:
+        """The batch's rows into the statistics; its stand-ins (and their distributions) let go."""
+        self.stats.rows.extend(self.records)
+        self.stand_ins, self.records = [], []
 
     def _next_length(self, drafted: int, accepted: int, agreed_after: bool, rate: float) -> int:
         """The draft length with the most tokens per second expected, from the row's acceptance rate
@@ -218,14 +248,6 @@ class Speculation:
         return max(range(self.longest + 1), key=promise)
 
     # --- one round ------------------------------------------------------------------------------
-    def _round(self, members: list[StandIn], states: list[RequestState], pending: list[Advance | None],
-               lengths: list[int], prompts, live: list[int]) -> list[RowRound]:
-        """Rehearse, fetch, replay (module docstring); each row's round."""
-        proposer = self._pick_proposer()
-        room = [max(0, min(n, s.rule.max_new_tokens - s.count - 1)) for n, s in zip(lengths, states)]
-        forced = self._rehearse(members, states, pending, room, proposer)
-        return self._replay(members, states, pending, forced, proposer, prompts, live)
-
     def _rehearse(self, members: list[StandIn], states, pending, room: list[int], proposer: int) -> list[list[Advance]]:
         """Draft with the proposer while rehearsing the method's feeding on copies of the states;
         then fetch what every member will be asked for. Returns each row's drafted advances."""
@@ -239,12 +261,12 @@ class Speculation:
         going = [k for k in range(len(states)) if room[k] > 0]
         own = {k: list(rehearsal.virtual[k]) for k in going}  # the proposer's own greedy continuation
         with self.costs.timing(drafter, name="step"):
-            drafter.fetch({k: (own[k], [len(own[k])]) for k in going})
+            drafter.fetch({k: Read(own[k], [len(own[k])]) for k in going})
         while going:
             going = self._draft_step(rehearsing, drafter, rehearsals, copies, forced, own, going, room, proposer)
         with self.costs.timing(*(m for i, m in enumerate(members) if i != proposer), name="block"):
             each(members, lambda member, plan: member.fetch(plan),
-                 [{k: (r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
+                 [{k: Read(r.virtual[k], r.needed[k]) for k in range(len(states))} for r in rehearsals])
         return forced
 
     def _draft_step(self, rehearsing: Speculable, drafter: StandIn, rehearsals: list[Rehearsal], copies, forced,
@@ -264,7 +286,7 @@ class Speculation:
                 own[k].append(token)
         self._feed(rehearsing, rehearsals, copies, taken, rehearse=True)
         with self.costs.timing(drafter, name="step"):
-            drafter.fetch({k: (own[k], [len(own[k])]) for k in taken})
+            drafter.fetch({k: Read(own[k], [len(own[k])]) for k in taken})
         return [k for k in taken if len(forced[k]) < room[k]]
 
     @staticmethod

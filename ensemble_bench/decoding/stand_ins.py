@@ -5,6 +5,7 @@ round's block, reading any it was not given in one forward. Both see rows throug
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -20,6 +21,14 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     while a[k] == b[k]:
         k += 1
     return k
+
+
+class Read(NamedTuple):
+    """What a row of a ``StandIn`` is to hold (``target`` ids) and the lengths of it whose
+    distributions are needed."""
+
+    target: list[int]
+    needed: list[int]
 
 
 class Focused:
@@ -97,14 +106,14 @@ class StandIn(Focused):
 
     def current(self) -> torch.Tensor:
         """The focused rows' distributions [rows, V] (those not known fetched first, in one forward)."""
-        missing = {r: (self.virtual[r], [len(self.virtual[r])]) for r in self.focus if self.served(r) is None}
+        missing = {r: Read(self.virtual[r], [len(self.virtual[r])]) for r in self.focus if self.served(r) is None}
         if missing:
             self.fetch(missing)
         return torch.stack([self.served(r) for r in self.focus])
 
-    def fetch(self, plans: dict[int, tuple[list[int], list[int]]]) -> None:
-        """For each row r in ``plans`` = (target ids, lengths needed): hold ``target`` and know its
-        distributions at the needed lengths. One crop and one ``read_block`` for all rows."""
+    def fetch(self, plans: dict[int, Read]) -> None:
+        """For each row r in ``plans``: hold its ``target`` and know its distributions at the
+        ``needed`` lengths. One crop and one ``read_block`` for all rows."""
         lengths = [len(r) for r in self.real]
         blocks: list[list[int]] = [[] for _ in self.real]
         wanted: list[list[int]] = [[] for _ in self.real]

@@ -18,6 +18,7 @@ from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion
 from ensemble_bench.methods.deepen import Deepen
 from ensemble_bench.methods.gac import Gac
+from ensemble_bench.methods.lvr import Lvr
 from ensemble_bench.methods.mbr import Mbr
 from ensemble_bench.methods.packllm import PackLLM
 from ensemble_bench.methods.rerank import Rerank
@@ -48,7 +49,8 @@ def register_method(cls: type[Method]) -> type[Method]:
     return cls
 
 
-BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel)
+BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
+            Lvr)
 for _method in BUILT_IN:
     register_method(_method)
 

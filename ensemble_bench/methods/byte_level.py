@@ -4,17 +4,12 @@ arXiv 2506.14123, Sec. 3-4; "Exact Byte-Level Probabilities from Tokenized Langu
 FIM-Tasks and Model Ensembles", arXiv 2410.09303, Sec. 3). No vocabulary alignment: members meet
 on the 256 bytes (and the end of the text).
 
-Each step, for every live row:
-1. each member's next-byte distribution M_i(. | x) from its covering tree (vocab/covering.py,
-   ByteSampler Eq. 2): branches j (where the last token of a cover starts) weighted by the
-   probability of the canonical tokens c_j of x[:j], each summing its next-token probabilities by
-   the byte that follows x[j:];
-2. the weighted average sum_i w_i M_i(. | x) (ByteSampler Sec. 4.1, "ensembling"); greedy: its
-   argmax byte, or the end of the text;
-3. every member takes the byte: its branches narrow to the tokens that extend x[j:] b (dead ones
-   drop), and it re-tokenises x b canonically (vocab/retokenize.py: crop + append on its KV cache,
-   one forward that also scores the new tokens, giving P(c_{n+1})), which opens the branch at the
-   new end. Half a UTF-8 character waits (no branch opens inside a character).
+The loop over bytes is methods/covering_decoder.py (shared with ``lvr``): each member's next-byte
+distribution M_i(. | x) from its covering tree (vocab/covering.py, ByteSampler Eq. 2), the weighted
+average (ByteSampler Sec. 4.1, "ensembling"), greedy argmax byte or the end of the text; every
+member re-tokenises x b canonically (vocab/retokenize.py), which opens the branch at the new end.
+After whitespace that branch is split by what the next token starts with (vocab/lookahead.py): the
+tokenizer's trunk of "\n\n" before a word is "\n" "\n", not "\n\n" (issue 42 item 8).
 
 A member without a live branch (inside a multi-byte character it spells only in byte tokens: its
 branches die, or keep only pieces that end at x) gives every continuation of x probability zero:
@@ -51,7 +46,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
@@ -59,40 +53,25 @@ from pydantic import Field
 
 from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import (
-    STOP,
-    Advance,
-    DecodingMethod,
-    RequestState,
-    Round,
-    Steps,
-    decode_batch,
-    prefill,
-)
-from ensemble_bench.decoding.feeding import canonical_tail
+from ensemble_bench.decoding.decode import decode_batch, prefill
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.base import (
-    GenerationRequest,
     LoglikelihoodRequest,
     MethodParams,
     Timing,
     lead_field,
-    normalised_weights,
-    resolve_member,
     rolling_with_members,
 )
-from ensemble_bench.vocab.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
-from ensemble_bench.vocab.covering import (
-    END,
-    Branch,
-    SortedVocab,
-    mixture_by_row,
-    next_byte_masses,
-    open_branches,
-    opening_masses,
+from ensemble_bench.methods.covering_decoder import (
+    CoveringDecoder,
+    ScoringState,
+    TeacherForced,
+    forced_logprobs,
+    live_average,
 )
-from ensemble_bench.vocab.retokenize import Plan
+from ensemble_bench.vocab.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
+from ensemble_bench.vocab.covering import SortedVocab, mixture_by_row, opening_masses
 
 
 class ByteLevelParams(MethodParams):
@@ -101,185 +80,24 @@ class ByteLevelParams(MethodParams):
         "per-member weights (null or average: equal)"))
 
 
-@dataclass
-class Tree:
-    """One member's covering tree for one row, and what its KV cache holds."""
-
-    held: list[int] = field(default_factory=list)   # canonical ids of the generated text (past ``pending``)
-    pending: bytes = b""                             # half a UTF-8 character, not yet given
-    cum: list[float] = field(default_factory=lambda: [0.0])  # cum[i] = log P(held[:i] | prompt)
-    branches: list[Branch] = field(default_factory=list)
-    plan: Plan | None = None                         # the re-tokenisation of the chosen byte, for ``feed``
-
-
-@dataclass
-class ByteState(RequestState):
-    prompt: list[list[int]] = field(default_factory=list)  # each member's prompt ids
-    trees: list[Tree] = field(default_factory=list)
-    budget_tokens: int = 0  # the lead member's most canonical tokens so far
-
-
-@dataclass
-class ByteScoringState(ByteState):
-    """A continuation being scored byte by byte: its bytes, and the log-probability and greedy flag so far."""
-
-    forced: bytes = b""
-    total: float = 0.0
-    greedy: bool = True
-
-
-@dataclass
-class TreeStats:
-    steps: int = 0
-    branches: int = 0      # live branches summed over steps and members
-    widest: int = 0        # most live branches of one member at one step
-    tokens: int = 0        # tokens under the live branches, summed
-
-    def add(self, trees: Sequence[Tree]) -> None:
-        self.steps += 1
-        for tree in trees:
-            self.branches += len(tree.branches)
-            self.widest = max(self.widest, len(tree.branches))
-            self.tokens += sum(b.width for b in tree.branches)
-
-    def add_walks(self, walks: Sequence, steps: int) -> None:
-        """Every step of a scored batch read as trees (methods/byte_tree.ForcedBranches)."""
-        self.steps += steps
-        for walk in walks:
-            counts = [0] * steps
-            for group, lo, hi in zip(walk.group, walk.lo, walk.hi):
-                counts[group] += 1
-                self.tokens += hi - lo
-            self.branches += sum(counts)
-            self.widest = max(self.widest, *counts)
-
-    def add_rows(self, states: Sequence[ByteState]) -> None:
-        for state in states:
-            self.add(state.trees)
-
-    def summary(self, members: int) -> dict:
-        per = self.steps * members
-        return {"byte_steps": self.steps,
-                "covering_tree_branches_mean": self.branches / per if per else None,
-                "covering_tree_branches_max": self.widest,
-                "covering_tree_tokens_mean": self.tokens / per if per else None}
-
-
-class ByteLevel(DecodingMethod):
+class ByteLevel(CoveringDecoder):
     name = "byte_level"
-    version = 2  # 2: scoring reads re-tokenisation trees; members without a live branch leave the average
+    version = 3  # 3: the branch after whitespace takes the tokenizer's trunk for what follows (issue 42 item 8)
     Params = ByteLevelParams
     min_members = 1
-    lead_param = "lead"
+    first_bytes = range(256)
 
-    def __init__(self, members: Sequence[Member], params: ByteLevelParams, batch_size: int = 1):
-        super().__init__(members, params, batch_size)
-        self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
-        self.weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
-        self.vocabs = [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in members]
-        self.tails = [canonical_tail(m) for m in members]
-        self.stops = [sorted(m.stop_ids) for m in members]
-        self.stats = TreeStats()
-
-    @classmethod
-    def check_members(cls, params: ByteLevelParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
+    def member_vocabs(self) -> list[SortedVocab]:
+        return [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in self.members]
 
     def counters(self) -> dict:
-        return {"lead_index": self.lead, **self.stats.summary(len(self.members))}
+        return {"lead_index": self.lead, **self.stats.summary(len(self.members), "byte")}
 
-    # --- generation: the loop's steps -------------------------------------------------------------
-    def start(self, request: GenerationRequest) -> ByteState:
-        return ByteState.of(request)
+    def symbol_bytes(self, symbol: int) -> bytes:
+        return bytes([symbol])
 
-    def choose(self, dists: list[torch.Tensor], states: list[ByteState]) -> Round:
-        """Steps 1-2 for every live row, and each member's re-tokenisation of the chosen byte."""
-        if not states[0].trees:
-            self._begin(dists, states)
-        self.stats.add_rows(states)
-        mixed, alive = self.mixed_rows(states)
-        chosen = mixed.argmax(dim=1).tolist()
-        return Round([NO_CONTINUATION if not live else STOP if byte == END else self._plan(state, byte)
-                      for state, byte, live in zip(states, chosen, alive.tolist())], dists, by_span=True)
-
-    def _begin(self, dists: list[torch.Tensor], states: list[ByteState]) -> None:
-        """Every row's root branch in every member (depth 0 after its prompt, P = 1)."""
-        prompts = [m.row_ids() for m in self.members]
-        for k, state in enumerate(states):
-            state.prompt = [rows[k] for rows in prompts]
-            state.trees = [Tree() for _ in self.members]
-        for i in range(len(self.members)):
-            roots = open_branches(self.vocabs[i], [0.0] * len(states), dists[i], self.stops[i])
-            for state, root in zip(states, roots):
-                state.trees[i].branches = [root]
-
-    def member_distributions(self, i: int, states: Sequence[ByteState]) -> torch.Tensor:
-        """[rows, 257] member i's M_i(. | x) of every row (step 1): its live branches of all rows in
-        one scatter-add and one weighted sum."""
-        branches = [b for state in states for b in state.trees[i].branches]
-        rows = torch.tensor([k for k, state in enumerate(states) for _ in state.trees[i].branches], dtype=torch.long)
-        logps = torch.tensor([b.logp for b in branches], dtype=torch.float64)
-        return mixture_by_row(next_byte_masses(self.vocabs[i], branches), logps, rows, len(states)).cpu()
-
-    def mixed_rows(self, states: Sequence[ByteState]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[rows, 257] the weighted average of the members' next-byte distributions (step 2), and
-        [rows] whether some member has a live branch (``live_average``)."""
-        return live_average([self.member_distributions(i, states) for i in range(len(self.members))], self.weights)
-
-    def _plan(self, state: ByteState, byte: int) -> Advance:
-        """Each member's re-tokenisation of ``byte`` (for ``feed``), and the advance that takes it."""
-        for tail, tree in zip(self.tails, state.trees):
-            tree.plan = tail.plan(tree.held, tree.pending, bytes([byte]))
-        plan = state.trees[self.lead].plan
-        count = plan.keep + len(plan.ids)
-        tokens = max(0, count - state.budget_tokens)
-        state.budget_tokens += tokens
-        return Advance(bytes([byte]), None, tokens)
-
-    def feed(self, dists, states: list[ByteState], advances) -> list[torch.Tensor]:
-        """Step 3: every member takes the chosen byte (one crop and one scored extend for all rows)."""
-        return each(self.members, lambda member, i: self._take(i, member, states, dists[i]), range(len(self.members)))
-
-    def _take(self, i: int, member: Member, states: list[ByteState], dist: torch.Tensor) -> torch.Tensor:
-        lengths, feeds = self._grow(i, states)
-        if not any(feeds):
-            return dist
-        member.crop(lengths)
-        dist, scored = member.extend_scored(feeds)
-        opening = [k for k, state in enumerate(states) if feeds[k] and self._advance_tree(state.trees[i], scored[k])]
-        if opening:  # the branch at the new end of x (c_{n+1}) of every row that has one, opened together
-            index = torch.tensor(opening, dtype=torch.long, device=dist.device)
-            opened = open_branches(self.vocabs[i], [states[k].trees[i].cum[-1] for k in opening],
-                                   dist.index_select(0, index), self.stops[i])
-            for k, branch in zip(opening, opened):
-                states[k].trees[i].branches.append(branch)
-        return dist
-
-    def _grow(self, i: int, states: Sequence[ByteState]) -> tuple[list[int], list[list[int]]]:
-        """Member i's branches of every row narrowed by the taken byte; each row's crop length and
-        feed (empty: nothing moved, the byte waits in ``pending``)."""
-        lengths, feeds = [], []
-        for state in states:
-            tree = state.trees[i]
-            tree.branches = [grown for b in tree.branches
-                             if (grown := b.grow(self.vocabs[i], bytes(state.data[len(state.data) - b.depth - 1:])))]
-            plan, whole = tree.plan, state.prompt[i] + tree.held
-            moved = bool(plan.ids) or plan.keep < len(tree.held)
-            tree.pending = plan.pending
-            cut = len(state.prompt[i]) + plan.keep - 1  # one token before the change, re-read to score the first new id
-            lengths.append(cut if moved else len(whole))
-            feeds.append([whole[cut], *plan.ids] if moved else [])
-        return lengths, feeds
-
-    @staticmethod
-    def _advance_tree(tree: Tree, scored: list[float]) -> bool:
-        """The row holds the plan's ids (and their log-probabilities); True when a branch opens (no pending bytes)."""
-        plan = tree.plan
-        tree.held = tree.held[:plan.keep] + list(plan.ids)
-        tree.cum = tree.cum[:plan.keep + 1] + list(accumulate(scored, initial=tree.cum[plan.keep]))[1:]
-        return not plan.pending
+    def spelling(self, symbols: Sequence[int]) -> bytes:
+        return bytes(symbols)
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
@@ -307,7 +125,7 @@ class ByteLevel(DecodingMethod):
         """The loop, teacher-forced; an empty continuation scores 0 and stays out of it. Members that
         read token trees read each group of rows' continuations at once (module docstring)."""
         live = [k for k, (_, forced) in enumerate(splits) if forced]
-        states = [ByteScoringState(StopRule((), len(splits[k][1])), forced=splits[k][1]) for k in live]
+        states = [ScoringState(StopRule((), len(splits[k][1])), forced=splits[k][1]) for k in live]
         prompts = [[splits[k][0][i] for k in live] for i in range(len(self.members))]
         if states and all(m.reads_trees for m in self.members):
             tries = [[ContinuationTree.of(tail, state.forced) for tail in self.tails] for state in states]
@@ -315,13 +133,13 @@ class ByteLevel(DecodingMethod):
                 self._score_by_trees([[rows[k] for k in group] for rows in prompts], [states[k] for k in group],
                                      [tries[k] for k in group])
         elif states:
-            decode_batch(ByteTeacherForced(self), prompts, states, Timing())
+            decode_batch(TeacherForced(self), prompts, states, Timing())
         scores = [Score(0.0, True) for _ in splits]
         for k, state in zip(live, states):
             scores[k] = Score(state.total, state.greedy)
         return scores
 
-    def _score_by_trees(self, prompts: list[list[list[int]]], states: list[ByteScoringState],
+    def _score_by_trees(self, prompts: list[list[list[int]]], states: list[ScoringState],
                         tries: list[list[ContinuationTree]]) -> None:
         """One group's prefill and tree read per member, then every byte's covering tree of every
         row at once (``ForcedBranches``), mixed and scored as ``ByteTeacherForced.choose`` does
@@ -330,7 +148,7 @@ class ByteLevel(DecodingMethod):
         reads = each(self.members, lambda member, i: self._read(i, member, dists[i], [t[i] for t in tries]),
                      range(len(self.members)))
         if any(r is None for r in reads):
-            decode_batch(ByteTeacherForced(self), prompts, states, Timing())
+            decode_batch(TeacherForced(self), prompts, states, Timing())
             return
         walks = [ForcedBranches() for _ in self.members]
         firsts = list(accumulate((len(state.forced) for state in states), initial=0))
@@ -364,30 +182,6 @@ class ByteLevel(DecodingMethod):
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
 
 
-NO_CONTINUATION = Advance(finish="no_continuation")  # no member has a live branch: no byte can follow
-
-
-def live_average(dists: list[torch.Tensor], weights: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, 257] q = sum_i w_i M_i(. | x) over the members with a live branch, renormalised by their
-    weights (a member's row without mass, all zero or 0 / 0: it gives x probability zero; module
-    docstring), and [rows] whether any member is live (else q's row is all zero). Rows where every
-    member is live are the plain sum."""
-    live = torch.stack([dist.sum(dim=1) > 0 for dist in dists])
-    mixed = sum(w * torch.where(alive[:, None], dist, 0.0) for w, dist, alive in zip(weights, dists, live))
-    share = (torch.tensor(weights, dtype=mixed.dtype)[:, None] * live).sum(dim=0)
-    partial = ~live.all(dim=0) & (share > 0)
-    if bool(partial.any()):
-        mixed[partial] /= share[partial, None]
-    return mixed, share > 0
-
-
-def forced_logprobs(mixed: torch.Tensor, alive: torch.Tensor, forced: torch.Tensor) -> list[float]:
-    """log q of each row's forced byte: -inf where no member is live; a byte the live members give zero
-    mass (a byte token inside a character, where no branch opens) counts as 1e-300."""
-    chance = mixed.gather(1, forced[:, None])[:, 0].tolist()
-    return [math.log(p or 1e-300) if live else -math.inf for p, live in zip(chance, alive.tolist())]
-
-
 TREE_NODES = 256  # most trie nodes one member reads at once (its log-probs: nodes x head floats)
 
 
@@ -403,35 +197,3 @@ def tree_groups(tries: list[list[ContinuationTree]]) -> list[list[int]]:
         groups[-1].append(k)
         size += nodes
     return groups
-
-
-class ByteTeacherForced(Steps):
-    """The byte-level step with the continuation's next byte as the choice: it scores log q of that
-    byte (and whether it is q's argmax); every member then takes it through ``ByteLevel.feed``. The
-    budget is the continuation's bytes, one per round."""
-
-    def __init__(self, method: ByteLevel):
-        self.method = method
-        self.members = method.members
-
-    @property
-    def lead(self) -> int:
-        return self.method.lead
-
-    def choose(self, dists: list[torch.Tensor], states: list[ByteScoringState]) -> Round:
-        if not states[0].trees:
-            self.method._begin(dists, states)
-        self.method.stats.add_rows(states)
-        mixed, alive = self.method.mixed_rows(states)
-        forced = torch.tensor([state.forced[state.count] for state in states], dtype=torch.long)
-        chance = forced_logprobs(mixed, alive, forced)
-        greedy = ((mixed.argmax(dim=1) == forced) & alive).tolist()
-        advances = []
-        for state, byte, logp, top in zip(states, forced.tolist(), chance, greedy):
-            state.total += logp
-            state.greedy = state.greedy and top
-            advances.append(Advance(self.method._plan(state, byte).data, None, 1))  # one byte of the budget
-        return Round(advances, dists)
-
-    def feed(self, dists, states: list[ByteScoringState], advances: list[Advance]) -> list[torch.Tensor]:
-        return self.method.feed(dists, states, advances)

@@ -43,13 +43,14 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
 
 
-class GacParams(WindowParams, SpeculativeParams):
+class GacParams(WindowParams, SpeculativeParams, CoreParams):
     weights: Literal["score", "score_minus_ece"] | list[float] | None = Field(default=None, description=(
         "null or average: equal; score or score_minus_ece: from scores (and ece), Sec. 4.3; or one value per "
         "member (a zero weight keeps a member for the gate only, GaC Table 5)"))
@@ -176,6 +177,7 @@ class Gac(SpeculativeSteps, DecodingMethod):
         self.stats = GacStats()
         self._entries: dict[bytes, int] | None = None
         self.speculation = Speculation.of(self, params)
+        self.core = CoreFusion.of(params, len(members))
 
     @classmethod
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
@@ -185,14 +187,16 @@ class Gac(SpeculativeSteps, DecodingMethod):
     def carried(self) -> dict[str, object]:
         """The timing, the ensembled steps and the retokenization counters (speculation's per-request
         records are not carried: its statistics are those of the last sitting)."""
-        return {**super().carried(), "stats": self.stats, "feed": self.feed_stats}
+        return {**super().carried(), "stats": self.stats, "feed": self.feed_stats,
+                **(self.core.carried() if self.core else {})}
 
     def counters(self) -> dict:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
         return {"union_size": self.union.size, "lead_index": self.lead, "gate_index": self.gate,
                 "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
                 **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize),
-                **(self.speculation.summary() if self.speculation else {})}
+                **(self.speculation.summary() if self.speculation else {}),
+                **(self.core.counters() if self.core else {})}
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> GacState:
@@ -261,9 +265,19 @@ class Gac(SpeculativeSteps, DecodingMethod):
         """Union entries for these rows: the exact greedy argmax of Eq. 3 (vocab/mixture.py), or a
         draw from q^(1/T) on the device, each row with its own generator (Eq. 3, Sec. 4.3)."""
         chosen = [_rows(lp, rows) for lp in logprobs]
+        if self.core is not None:
+            return self._core_pick(chosen, [generators[k] for k in rows])
         if self.params.temperature == 0:
             return self.mixture.greedy(chosen)
         return self.mixture.sample(chosen, self.params.temperature, [generators[k] for k in rows])
+
+    def _core_pick(self, logprobs, generators) -> list[int]:
+        """Eq. 3 under CoRE (methods/core.py): the members' union projections fused by consistency,
+        the method's weights as base weights; greedy or a draw from q^(1/T)."""
+        fused = self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead)
+        if self.params.temperature == 0:
+            return block_argmax(fused).tolist()
+        return draw(tempered(fused.log(), self.params.temperature), generators).tolist()
 
     def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:
         """What the row takes: the chosen bytes, and the lead member's id for them if it has one."""

@@ -48,6 +48,7 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -59,7 +60,7 @@ PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distri
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
 
 
-class PackLLMParams(WindowParams, SpeculativeParams):
+class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
     variant: Literal["sim", "opt"] = Field(default="sim", description="PackLLM-sim or PackLLM-opt (Sec. 3)")
     tau: float = Field(default=1.0, gt=0.0, description="PackLLM-sim temperature (paper: 1)")
     grid: int = Field(default=20, ge=1, le=1000, description="PackLLM-opt: a in steps of 1/grid (paper: 0.05)")
@@ -236,7 +237,8 @@ class PackStats:
 class UnionFusion:
     """``alignment: union``: GaC's union by bytes with each row's weights; every member takes the bytes."""
 
-    def __init__(self, members: Sequence[Member]):
+    def __init__(self, members: Sequence[Member], core: CoreFusion | None = None):
+        self.core = core
         self.union = cached_union([m.vocab for m in members], [sorted(m.stop_ids) for m in members],
                                   cache_dir() / "union")
         # equal weights here: each row's lambda enters as log lambda added to its log-probs, which
@@ -250,6 +252,10 @@ class UnionFusion:
         return {"union_size": self.union.size}
 
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
+        if self.core is not None:  # CoRE (methods/core.py) on the members' union projections, lambda as base weights
+            weights = torch.tensor([s.weights for s in states], dtype=torch.float32)
+            fused = self.core.fuse(self.mixture.projections(dists), weights, LEAD)
+            return [self._advance(u) for u in block_argmax(fused).tolist()]
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
         shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
         return [self._advance(u) for u in self.mixture.greedy(shifted)]
@@ -295,8 +301,9 @@ class MinedFusion:
     """``alignment: mined`` (the paper): fusion on the row's top-1 expert's vocabulary, members carried there by
     MinED."""
 
-    def __init__(self, members: Sequence[Member]):
+    def __init__(self, members: Sequence[Member], core: CoreFusion | None = None):
         self.members = members
+        self.core = core
         folder = cache_dir() / "mined"
         self.carried = [[None if k == r else Carried.of(cached_mined_map(ref.vocab, sorted(ref.stop_ids), m.vocab,
                                                                            sorted(m.stop_ids), folder))
@@ -323,14 +330,29 @@ class MinedFusion:
         log-probs differ from logits by one constant per member and row) for these rows."""
         device = dists[expert].device
         weights = torch.tensor([s.weights for s in states], dtype=torch.float32, device=device)  # [rows, K]
+        aligned = [self._aligned(lp, rows, k, expert, device) for k, lp in enumerate(dists)]
+        if self.core is not None:
+            return self._core_argmax(aligned, weights, expert)
         fused = torch.zeros((len(rows), dists[expert].shape[-1]), device=device)
-        for k, lp in enumerate(dists):
-            picked = lp[torch.tensor(rows, device=lp.device)]
-            aligned = picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
+        for k, member_aligned in enumerate(aligned):
             w = weights[:, k:k + 1]
-            fused += torch.where(w > 0, w * aligned, 0.0)  # a member with lambda_k = 0 adds nothing (not 0 * -inf)
+            fused += torch.where(w > 0, w * member_aligned, 0.0)  # lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
         return block_argmax(fused).tolist()  # ties: the lowest id
+
+    def _aligned(self, logprobs: torch.Tensor, rows: list[int], k: int, expert: int, device) -> torch.Tensor:
+        """Member k's log-probs of these rows on the expert's vocabulary (its own, or carried by MinED)."""
+        picked = logprobs[torch.tensor(rows, device=logprobs.device)]
+        return picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
+
+    def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int) -> list[int]:
+        """CoRE (methods/core.py) in probability space: each member's carried distribution renormalised over the
+        expert's choosable ids, fused with lambda as base weights and the expert as the lead."""
+        allowed = self.choosable[expert].to(weights.device)
+        probs = torch.stack([torch.softmax(a.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
+                             for a in aligned])
+        fused = self.core.fuse(probs, weights, expert).masked_fill(~allowed, -1.0)
+        return block_argmax(fused).tolist()
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token (decoding/speculative.py): the row's expert's token with
@@ -374,7 +396,8 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: PackLLMParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.fusion = UnionFusion(members) if params.alignment == "union" else MinedFusion(members)
+        self.core = CoreFusion.of(params, len(members))
+        self.fusion = (UnionFusion if params.alignment == "union" else MinedFusion)(members, self.core)
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
         self.stats = PackStats()
@@ -387,7 +410,11 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
     def counters(self) -> dict:
         return {"alignment": self.params.alignment, **self.fusion.info(),
                 **self.feed_stats.summary("local"), **self.stats.summary(),
-                **(self.speculation.summary() if self.speculation else {})}
+                **(self.speculation.summary() if self.speculation else {}),
+                **(self.core.counters() if self.core else {})}
+
+    def carried(self) -> dict[str, object]:
+        return {**super().carried(), **(self.core.carried() if self.core else {})}
 
     def weights_for(self, prompts: list[list[list[int]]]) -> list[list[float]]:
         """lambda of each prompt ([row][member]); ``prompts[member][row]`` in each member's ids."""

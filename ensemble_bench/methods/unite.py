@@ -22,12 +22,13 @@ from pydantic import Field
 
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.base import lead_field, normalised_weights
+from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
 
 
-class UniteParams(EmitterParams):
+class UniteParams(EmitterParams, CoreParams):
     lead: int | str = lead_field(0, "the member that emits (the paper's primary: the best-performing one)",
                                  "primary")
     k: int = Field(default=10, ge=1, le=1000, description="top-k tokens per member (the paper: 10)")
@@ -57,6 +58,7 @@ class Unite(EmitterMethod):
         self.tables = AlignmentTables(self.aligners)
         self._stops: dict[tuple[int, str], torch.Tensor] = {}
         self.stats = UniteStats()
+        self.core = CoreFusion.of(params, count)
 
     @classmethod
     def check_members(cls, params: UniteParams, labels: Sequence[str]) -> None:
@@ -77,7 +79,7 @@ class Unite(EmitterMethod):
         scored = None if targets is None else torch.tensor(targets, dtype=torch.long, device=device)
         plan = self.tables.plan(top_ids, top_probs, stops, scored, self.lead)  # Alg. 1 lines 4-12
         probs = torch.stack([aligned_probs(lp, ids).cpu().double() for lp, ids in zip(logprobs, plan.ids)])
-        averaged = average_rows(probs.numpy(), self.weights)  # Alg. 1 line 13
+        averaged = self._average(probs)  # Alg. 1 line 13
         emitted = plan.ids[self.lead].cpu().numpy()
         if not (emitted >= 0).any(axis=1).all():
             raise ValueError("the lead member has no token for any key of V^u (its top-k has no text)")
@@ -90,6 +92,15 @@ class Unite(EmitterMethod):
         chosen_mass = np.where(emitted == np.asarray(targets)[:, None], averaged, 0.0)
         return Step(choices, [log_or_floor(mass) for mass in np.add.accumulate(chosen_mass, axis=1)[:, -1].tolist()])
 
+    def _average(self, probs: torch.Tensor) -> np.ndarray:
+        """Alg. 1 line 13 [rows, |V^u|]: the weighted average of each member's softmax over its
+        aligned set, or CoRE's fusion of those (methods/core.py) with the weights as base weights."""
+        if self.core is None:
+            return average_rows(probs.numpy(), self.weights)
+        mass = probs.sum(dim=-1, keepdim=True)
+        shares = torch.where(mass > 0, probs / mass.clamp(min=1e-300), 0.0)
+        return self.core.fuse(shares, torch.tensor(self.weights), self.lead).numpy()
+
     def _stop_ids(self, member: int, device: torch.device) -> torch.Tensor:
         """A member's stop ids, ascending, on ``device`` (made once)."""
         key = (member, str(device))
@@ -99,7 +110,10 @@ class Unite(EmitterMethod):
 
     def counters(self) -> dict:
         return {**super().counters(), "weights_resolved": self.weights,
-                "tokens_manipulated_per_step": self.stats.per_step()}
+                "tokens_manipulated_per_step": self.stats.per_step(), **(self.core.counters() if self.core else {})}
+
+    def carried(self) -> dict[str, object]:
+        return {**super().carried(), **(self.core.carried() if self.core else {})}
 
 
 def best_stop_ids(logprobs: torch.Tensor, stop_ids: torch.Tensor) -> torch.Tensor:

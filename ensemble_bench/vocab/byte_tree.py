@@ -23,7 +23,9 @@ from itertools import accumulate
 
 import torch
 
+from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.covering import END, SortedVocab, shifted_opening
+from ensemble_bench.vocab.lookahead import WHOLE, lookahead
 from ensemble_bench.vocab.retokenize import CanonicalTail, Plan
 
 
@@ -35,10 +37,14 @@ class ContinuationTree:
     tokens: list[int] = field(default_factory=list)     # trie node n: its id...
     parents: list[int] = field(default_factory=list)    # ...and the node before it (-1: the context)
     fed: list[list[int] | None] = field(default_factory=list)  # per fed byte: the nodes of its new ids
+    # per fed byte after which a branch opens: its split (vocab/lookahead.py), each other trunk as
+    # (first bytes, ids shared with the held ones, its nodes past them)
+    looks: dict[int, tuple[frozenset[int], list[tuple[frozenset[int], int, list[int]]]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, tail: CanonicalTail, forced: bytes) -> ContinuationTree:
-        """Plans for every byte; the trie of the feeds of all bytes but the last (never fed)."""
+        """Plans for every byte; the trie of the feeds of all bytes but the last (never fed), and
+        of the other trunks the branches after whitespace open on."""
         tree, held, pending, path = cls(), [], b"", []
         children: dict[tuple[int, int], int] = {}
         for count, byte in enumerate(forced):
@@ -49,7 +55,20 @@ class ContinuationTree:
             moved = bool(plan.ids) or plan.keep < len(held)
             held, pending, path = held[:plan.keep] + list(plan.ids), plan.pending, path[:plan.keep]
             tree.fed.append([tree._child(children, path, t) for t in plan.ids] if moved else None)
+            if moved and not pending:
+                split = lookahead(tail, held, forced[:count + 1])
+                if split is not WHOLE:
+                    tree.looks[count] = (split.keep, [tree._other(children, path, held, first, trunk)
+                                                      for first, trunk in split.others])
         return tree
+
+    def _other(self, children: dict[tuple[int, int], int], path: list[int], held: list[int], first: frozenset[int],
+               trunk: tuple[int, ...]) -> tuple[frozenset[int], int, list[int]]:
+        shared = common_prefix(held, trunk)
+        branch = path[:shared]
+        for token in trunk[shared:]:
+            self._child(children, branch, token)
+        return first, shared, branch[shared:]
 
     def _child(self, children: dict[tuple[int, int], int], path: list[int], token: int) -> int:
         """The node of ``token`` after ``path`` (added when new); ``path`` grows by it."""
@@ -112,29 +131,44 @@ class ForcedBranches:
     lo: list[int] = field(default_factory=list)
     hi: list[int] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)
+    allowed: list[tuple[frozenset[int], bool] | None] = field(default_factory=list)  # first bytes, keeps the end
 
     def walk(self, vocab: SortedVocab, row: int, forced: bytes, tree: ContinuationTree, read: TreeRead,
              first_group: int) -> None:
-        """The byte loop's branches for one row (``ByteLevel._grow`` and ``_take_read``): at each
-        byte the live ones are recorded, then narrowed by it; the fed ids extend the trunk
-        log-probabilities and, with no byte pending, a branch opens on the last fed node."""
-        live, cum = [(0.0, -1, 0, vocab.size, 0)], [0.0]
+        """The byte loop's branches for one row (methods/covering_decoder.py's ``_grow`` and
+        ``_take``): at each byte the live ones are recorded, then narrowed by it; the fed ids extend
+        the trunk log-probabilities and, with no byte pending, a branch opens on the last fed node
+        (split after whitespace, ``_look_ahead``)."""
+        live, cum = [(0.0, -1, 0, vocab.size, 0, None)], [0.0]
         for k in range(len(forced)):
-            for logp, source, lo, hi, depth in live:
-                self._add(first_group + k, logp, row, source, lo, hi, depth)
+            for logp, source, lo, hi, depth, allowed in live:
+                self._add(first_group + k, logp, row, source, lo, hi, depth, allowed)
             if k == len(forced) - 1:
                 break
-            live = [(logp, source, *narrowed, depth + 1) for logp, source, lo, hi, depth in live
+            live = [(logp, source, *narrowed, depth + 1, None) for logp, source, lo, hi, depth, allowed in live
+                    if allowed is None or forced[k] in allowed[0]
                     if (narrowed := vocab.narrow(lo, hi, forced[k - depth:k + 1]))[0] < narrowed[1]]
             nodes, plan = tree.fed[k], tree.plans[k]
             if nodes is not None:
                 cum = cum[:plan.keep + 1] + list(accumulate((read.edge[n] for n in nodes), initial=cum[plan.keep]))[1:]
                 if not plan.pending:
-                    live.append((cum[-1] + read.top[nodes[-1]], nodes[-1], 0, vocab.size, 0))
+                    live.extend(self._opened(vocab, tree.looks.get(k), cum, nodes[-1], read))
 
-    def _add(self, group: int, logp: float, row: int, source: int, lo: int, hi: int, depth: int) -> None:
-        for name, value in zip(("group", "logp", "row", "source", "lo", "hi", "depth"),
-                               (group, logp, row, source, lo, hi, depth)):
+    @staticmethod
+    def _opened(vocab: SortedVocab, look, cum: list[float], node: int, read: TreeRead) -> list[tuple]:
+        """The branches that open at the end of x: one on the held trunk, or its split after whitespace."""
+        if look is None:
+            return [(cum[-1] + read.top[node], node, 0, vocab.size, 0, None)]
+        keep, others = look
+        opened = [(cum[-1] + read.top[node], node, 0, vocab.size, 0, (keep, True))]
+        for first, shared, nodes in others:
+            logp = cum[shared] + sum(read.edge[n] for n in nodes) + read.top[nodes[-1]]
+            opened.append((logp, nodes[-1], 0, vocab.size, 0, (first, False)))
+        return opened
+
+    def _add(self, group: int, logp: float, row: int, source: int, lo: int, hi: int, depth: int, allowed) -> None:
+        for name, value in zip(("group", "logp", "row", "source", "lo", "hi", "depth", "allowed"),
+                               (group, logp, row, source, lo, hi, depth, allowed)):
             getattr(self, name).append(value)
 
     def masses(self, vocab: SortedVocab, roots: tuple[torch.Tensor, torch.Tensor],
@@ -149,6 +183,13 @@ class ForcedBranches:
         opened_mass = [root_mass, *(read.mass for read in reads)]
         for key, (probs, mass) in enumerate(zip(sources, opened_mass)):
             self._fill(masses, key, probs, mass, order, columns)
+        for b, allowed in enumerate(self.allowed):
+            if allowed is not None:
+                first, keeps_end = allowed
+                keep = torch.zeros(END + 1, dtype=masses.dtype, device=device)
+                keep[sorted(first)] = 1.0
+                keep[END] = float(keeps_end)
+                masses[b] *= keep
         return masses
 
     def _fill(self, masses: torch.Tensor, key: int, probs: torch.Tensor, mass: torch.Tensor,

@@ -35,31 +35,40 @@ import torch
 END = 256  # index of "the text ends" in a next-byte distribution (257 entries)
 
 
-def _after_prefix(prefix: bytes) -> bytes | None:
-    """The least byte string greater than every string that starts with ``prefix`` (None: no bound)."""
+def _after_prefix(prefix: Spelling) -> Spelling | None:
+    """The least spelling greater than every spelling that starts with ``prefix`` (None: no bound).
+    Bytes stop at 0xff; a tuple of symbols has no largest symbol, so its last one steps up."""
+    if isinstance(prefix, tuple):
+        return prefix[:-1] + (prefix[-1] + 1,) if prefix else None
     trimmed = prefix.rstrip(b"\xff")
     if not trimmed:
         return None
     return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
-class SortedVocab:
-    """A member's ordinary text tokens (no special ids, no empty pieces) sorted by their bytes."""
+Spelling = bytes | tuple[int, ...]  # a token's bytes, or (lvr) its symbols in a smaller vocabulary
 
-    def __init__(self, pieces: Sequence[bytes | None], excluded: frozenset[int] = frozenset()):
+
+class SortedVocab:
+    """A member's ordinary text tokens (no special ids, no empty pieces) sorted by their spelling:
+    bytes over the 256-byte alphabet, or tuples of symbol ids over an alphabet of ``end`` symbols
+    (``end`` is also the index of "the text ends" in a next-symbol distribution)."""
+
+    def __init__(self, pieces: Sequence[Spelling | None], excluded: frozenset[int] = frozenset(), end: int = 256):
         ids = [i for i, p in enumerate(pieces) if p and i not in excluded]
         ids.sort(key=lambda i: pieces[i])
         self.pieces = [pieces[i] for i in ids]
+        self.end = end
         self.order = torch.tensor(ids, dtype=torch.long)
         width = max((len(p) for p in self.pieces), default=1)
-        # columns[k, r]: byte k of sorted piece r, END past its end (byte-major: a branch reads one row)
-        columns = torch.full((width + 1, len(ids)), END, dtype=torch.long)
+        # columns[k, r]: symbol k of sorted piece r, end past its end (symbol-major: a branch reads one row)
+        columns = torch.full((width + 1, len(ids)), end, dtype=torch.long)
         for row, piece in enumerate(self.pieces):
             columns[:len(piece), row] = torch.tensor(list(piece), dtype=torch.long)
         self.columns = columns
         self.bytes_at = columns.T  # [sorted piece, k] (a view)
-        # the first byte of every id of the head (SKIP: excluded, no piece, or past the pieces)
-        first = torch.full((len(pieces),), SKIP, dtype=torch.long)
+        # the first symbol of every id of the head (end + 1: excluded, no piece, or past the pieces)
+        first = torch.full((len(pieces),), end + 1, dtype=torch.long)
         first[self.order] = columns[0]
         self.first_byte = first
         self._placed: dict[str, tuple[torch.Tensor, ...]] = {}
@@ -79,14 +88,11 @@ class SortedVocab:
         order, columns, _ = self._on(device)
         return order, columns.T
 
-    def narrow(self, lo: int, hi: int, prefix: bytes) -> tuple[int, int]:
+    def narrow(self, lo: int, hi: int, prefix: Spelling) -> tuple[int, int]:
         """The range of tokens that start with ``prefix``, inside [lo, hi) (which holds a shorter prefix's)."""
         start = bisect_left(self.pieces, prefix, lo, hi)
         bound = _after_prefix(prefix)
         return start, (hi if bound is None else bisect_left(self.pieces, bound, start, hi))
-
-
-SKIP = END + 1  # the bin of the ids that are no ordinary piece (dropped after the sums)
 
 
 @dataclass(frozen=True)
@@ -103,13 +109,16 @@ class Branch:
     depth: int = 0          # len(x[j:])
     end: float = 0.0        # p(stop | c_j); counts only while depth == 0
     mass: torch.Tensor | None = None  # [257] at depth 0, when already summed
+    allowed: frozenset[int] | None = None  # at depth 0: the first symbols its tokens may have (vocab/lookahead.py)
 
     @property
     def width(self) -> int:
         return self.hi - self.lo
 
-    def grow(self, vocab: SortedVocab, suffix: bytes) -> Branch | None:
-        """The branch after x grows by one byte (``suffix`` = the new x[j:]); None once no token extends it."""
+    def grow(self, vocab: SortedVocab, suffix: Spelling) -> Branch | None:
+        """The branch after x grows by one symbol (``suffix`` = the new x[j:]); None once no token extends it."""
+        if self.allowed is not None and suffix[0] not in self.allowed:
+            return None
         lo, hi = vocab.narrow(self.lo, self.hi, suffix)
         if lo == hi:
             return None
@@ -163,12 +172,12 @@ def first_byte_masses(vocab: SortedVocab, probs: torch.Tensor, stop_ids: Sequenc
     rows, head = probs.shape
     _, _, first_byte = vocab._on(probs.device)
     if head > len(first_byte):  # a head wider than the pieces: the rest is no ordinary piece
-        first_byte = torch.cat([first_byte, first_byte.new_full((head - len(first_byte),), SKIP)])
-    mass = torch.zeros((rows, SKIP + 1), dtype=probs.dtype, device=probs.device)
+        first_byte = torch.cat([first_byte, first_byte.new_full((head - len(first_byte),), vocab.end + 1)])
+    mass = torch.zeros((rows, vocab.end + 2), dtype=probs.dtype, device=probs.device)
     mass.index_add_(1, first_byte[:head], probs)
-    mass = mass[:, :END + 1]
+    mass = mass[:, :vocab.end + 1]
     stops = [s for s in stop_ids if s < head]
-    mass[:, END] = probs[:, stops].sum(dim=1) if stops else 0.0
+    mass[:, vocab.end] = probs[:, stops].sum(dim=1) if stops else 0.0
     return mass
 
 
@@ -194,11 +203,12 @@ def next_byte_masses(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Te
     """[branches, 257] each branch's next-byte masses: the ones opened this step as summed then, the
     narrowed ones in one scatter-add over all their ranges (each range's tokens by their byte after
     x[j:]; the pieces equal to x[j:] land on END, which holds no mass past depth 0). No branches: no rows."""
+    width = vocab.end + 1
     if not branches:
-        return torch.zeros((0, END + 1))
+        return torch.zeros((0, width))
     device = branches[0].probs.device
     order, columns, _ = vocab._on(device)
-    masses = torch.zeros((len(branches), END + 1), dtype=branches[0].probs.dtype, device=device)
+    masses = torch.zeros((len(branches), width), dtype=branches[0].probs.dtype, device=device)
     opened = [k for k, b in enumerate(branches) if b.mass is not None]
     if opened:
         masses[opened] = torch.stack([branches[k].mass for k in opened])
@@ -206,9 +216,9 @@ def next_byte_masses(vocab: SortedVocab, branches: Sequence[Branch]) -> torch.Te
     if narrowed:
         chosen = [branches[k] for k in narrowed]
         values = torch.cat([b.probs[order[b.lo:b.hi]] for b in chosen])
-        bins = torch.cat([columns[b.depth, b.lo:b.hi] + (END + 1) * k for k, b in zip(narrowed, chosen)])
+        bins = torch.cat([columns[b.depth, b.lo:b.hi] + width * k for k, b in zip(narrowed, chosen)])
         masses.view(-1).index_add_(0, bins, values)
-        masses[narrowed, END] = torch.tensor([b.end if b.depth == 0 else 0.0 for b in chosen],
+        masses[narrowed, vocab.end] = torch.tensor([b.end if b.depth == 0 else 0.0 for b in chosen],
                                              dtype=masses.dtype, device=device)
     return masses
 
@@ -220,7 +230,7 @@ def mixture_by_row(masses: torch.Tensor, logps: torch.Tensor, rows: torch.Tensor
     the member gives every continuation of x probability zero."""
     top = torch.full((count,), -math.inf, dtype=logps.dtype).scatter_reduce(0, rows, logps, "amax")
     weights = (logps - top[rows]).exp().to(device=masses.device, dtype=masses.dtype)
-    total = torch.zeros((count, END + 1), dtype=masses.dtype, device=masses.device)
+    total = torch.zeros((count, masses.shape[1]), dtype=masses.dtype, device=masses.device)
     total.index_add_(0, rows.to(masses.device), weights[:, None] * masses)
     sums = total.sum(dim=1, keepdim=True)
     return total / torch.where(sums > 0, sums, 1.0)

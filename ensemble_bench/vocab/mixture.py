@@ -151,6 +151,13 @@ class UnionMixture:
             self._mix([lp[rows] for lp in logprobs], mixed[rows])
         return mixed
 
+    def projections(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Every member's P_i over the union [N, rows, U], unweighted, on the first member's device
+        (what a fusion of its own, such as CoRE's, reads)."""
+        device = logprobs[0].device
+        return torch.stack([project(lp, self._tables(index, lp.device), floor=LOG_FLOOR).to(device)
+                            for index, lp in enumerate(logprobs)])
+
     def sample(self, logprobs: Sequence[torch.Tensor], temperature: float,
                generators: Sequence[torch.Generator]) -> list[int]:
         """One union entry per row drawn from q^(1/T) (GaC Eq. 3 with a temperature), each row with
