@@ -24,6 +24,9 @@ import torch
 
 EXTRA_KEY = "ensbench_steer"  # SamplingParams.extra_args key: (steering id, row key)
 STEERINGS: dict[str, Steering] = {}  # steering id -> Steering (the processor finds its member here)
+# One engine step at a time in this process: two vLLM CPU engines computing at once corrupted the heap
+# (a SweetSpan run aborted with "corrupted double-linked list"). A step waiting for its member lets go.
+STEPPING = threading.Lock()
 _ids = itertools.count()
 
 
@@ -78,9 +81,14 @@ class Steering:
                 if row is not None and not row.dropped and not row.queue:
                     row.dist = torch.log_softmax(logits[i], dim=-1)
                     row.waiting = True
-            if any(row is not None and row.waiting for _, row in held):
+            waits = any(row is not None and row.waiting for _, row in held)
+        if waits:
+            STEPPING.release()  # other engines may step while this one waits for its member
+            with self.cond:
                 self.cond.notify_all()
                 self.cond.wait_for(lambda: self.closed or not any(r is not None and r.waiting for _, r in held))
+            STEPPING.acquire()
+        with self.cond:
             forced = [(i, self._next_token(row, logits[i])) for i, row in held]
         index = torch.tensor([i for i, _ in forced], dtype=torch.long, device=logits.device)
         tokens = torch.tensor([t for _, t in forced], dtype=torch.long, device=logits.device)
@@ -188,7 +196,8 @@ class EngineThread(threading.Thread):
         return due
 
     def _step(self) -> None:
-        outputs = self.engine.step()
+        with STEPPING:
+            outputs = self.engine.step()
         with self.steering.cond:
             self.steering.steps += 1
             for output in outputs:
