@@ -17,7 +17,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
-	reproduce-core
+	reproduce-core reproduce-adafuse
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine. DRY_RUN=1 checks each
 # recipe and prints its plan (runs nothing); LIMIT=n caps every task at n examples; OUTPUT=dir writes
@@ -81,15 +81,16 @@ lint: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# Everything but the real-model and the slow end-to-end tests (markers in pyproject.toml; docs/ci.md).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration"
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
-# The property-based fuzzer of tests/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
+# The property-based fuzzer of tests/cli/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
 # FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).
 FUZZ_EXAMPLES ?= 400
 FUZZ_SEED ?= 30
 fuzz: install
-	ENSBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ENSBENCH_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q tests/test_fuzz.py -k "hostile or mutated"
+	ENSBENCH_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ENSBENCH_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q tests/cli/test_fuzz.py -k "hostile or mutated"
 
 bench: install
 	$(BIN)/python scripts/bench_member_vs_hflm.py --threads 1
@@ -131,7 +132,7 @@ baseline: install
 
 reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
-	reproduce-core: install
+reproduce-core reproduce-adafuse: install
 	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
 

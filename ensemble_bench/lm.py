@@ -15,17 +15,17 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lm_eval.api.model import LM
 
 from ensemble_bench.build import build_from_model_args
+from ensemble_bench.decoding.method import NonFiniteScore, check_finite
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
-from ensemble_bench.methods import METHODS, GenerationRequest, LoglikelihoodRequest, Method, get_method
-from ensemble_bench.methods.base import NonFiniteScore, check_finite
+from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
@@ -227,52 +227,28 @@ def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
     return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
 
 
-# --- one registered lm-eval model per method, made from the registry -------------------------------
+# --- one registered lm-eval model per method, made when the method is registered ---------------------------
 def lm_class_name(method_name: str) -> str:
     """The adapter class's name, its lm-eval "module:Class" target: ``gac`` -> ``GacLM``, ``byte_level`` ->
     ``ByteLevelLM``."""
     return "".join(part.capitalize() for part in method_name.split("_")) + "LM"
 
 
-def lm_class(method_name: str) -> type[EnsembleLM]:
-    """The lm-eval model of a registered method (made once, then kept in this module as ``lm_class_name``)."""
-    name = lm_class_name(method_name)
-    made = globals().get(name)
-    if made is None or made.method_name != method_name:
-        get_method(method_name)  # UserError for a method that is not registered
-        made = type(name, (EnsembleLM,), {"method_name": method_name, "__module__": __name__,
-                                          "__doc__": f"lm-eval model ``{method_name}``: an EnsembleLM of that method."})
-        globals()[name] = made
-    return made
+LM_CLASSES: dict[str, type[EnsembleLM]] = {}  # method name -> its lm-eval model, every registered method
 
 
-class LMClasses(Mapping):
-    """Method name -> its lm-eval model class, for every method in the registry (``methods.METHODS``),
-    also those registered after import (``methods.register_method``)."""
-
-    def __getitem__(self, method_name: str) -> type[EnsembleLM]:
-        if method_name not in METHODS:
-            raise KeyError(method_name)
-        return lm_class(method_name)
-
-    def __iter__(self):
-        return iter(list(METHODS))
-
-    def __len__(self) -> int:
-        return len(METHODS)
+def _make_lm_class(method: type[Method]) -> None:
+    """The lm-eval model of a method being registered (``methods.when_registered``): kept in
+    ``LM_CLASSES`` and as this module's attribute ``lm_class_name``, so that lm-eval's
+    ``ensemble_bench.lm:GacLM`` target resolves, for methods registered after import too."""
+    name = lm_class_name(method.name)
+    made = type(name, (EnsembleLM,), {"method_name": method.name, "__module__": __name__,
+                                      "__doc__": f"lm-eval model ``{method.name}``: an EnsembleLM of that method."})
+    LM_CLASSES[method.name] = made
+    globals()[name] = made
 
 
-LM_CLASSES = LMClasses()
-for _method_name in METHODS:  # the built-in methods' classes exist from import on: ensemble_bench.lm:GacLM
-    lm_class(_method_name)
-
-
-def __getattr__(name: str) -> type[EnsembleLM]:
-    """A class of a method registered after import, by its name (lm-eval resolves "module:Class" this way)."""
-    for method_name in list(METHODS):
-        if lm_class_name(method_name) == name:
-            return lm_class(method_name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+when_registered(_make_lm_class)
 
 
 def register_all() -> None:

@@ -33,20 +33,27 @@ import yaml
 from ensemble_bench.errors import EnvironmentFault, UserError, working_folder_fault
 
 if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports torch (see working_folder_fault)
-    from ensemble_bench.cli import _exit_code
+    from ensemble_bench.cli_faults import exit_code
 
-    sys.exit(_exit_code(_NO_FOLDER))
+    sys.exit(exit_code(_NO_FOLDER))
 
 from ensemble_bench import settings  # noqa: E402
 from ensemble_bench.build import recipe_from_model_args  # noqa: E402
 from ensemble_bench.cache import atomic_write_text  # noqa: E402
 from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
-from ensemble_bench.run_folder import RECIPE, SUMMARY, write_recipe, write_timing  # noqa: E402
+from ensemble_bench.run_folder import (  # noqa: E402
+    LM_EVAL_OUTPUT,
+    RECIPE,
+    SUMMARY,
+    read_json,
+    results_files,
+    write_recipe,
+    write_timing,
+)
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 HELP = "(ensbench-lm-eval run --help)"
-RESULTS_STEM = "results.json"  # lm-eval writes results_<date>.json and samples_<task>_<date>.jsonl beside it
 MOST_NAME = 120  # characters of a run folder's name before it is shortened with a hash
 
 
@@ -63,14 +70,14 @@ class Plan:
 
 def main() -> None:
     """The entry point: exit 0 done, 2 a user error, 1 an environment fault (one line each), 70 a bug."""
-    from ensemble_bench.cli import _exit_code  # the one handler of every fault, shared with ensbench
+    from ensemble_bench.cli_faults import exit_code  # the one handler of every fault, shared with ensbench
 
     try:
         run_cli()
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001 - every fault ends here: one line, or a bug report
-        sys.exit(_exit_code(err))
+        sys.exit(exit_code(err))
 
 
 def run_cli() -> None:
@@ -177,7 +184,7 @@ def prepare(args, config, method_name: str, tasks_dir: Path) -> Plan:
                                                  for given, spec in zip(model_args["members"], recipe.members)]}
     args.device = ",".join(dict.fromkeys(m.device if m.device_map is None else "device_map" for m in recipe.members))
     if run_dir is not None:
-        args.output_path = str(_row_dir(run_dir, row) / RESULTS_STEM)
+        args.output_path = str(_row_dir(run_dir, row) / LM_EVAL_OUTPUT)
         (run_dir / SUMMARY).unlink(missing_ok=True)  # the run is finished again when it is written anew
     return Plan(recipe, row, run_dir, names, bool(names) and len(packaged) == len(names))
 
@@ -266,11 +273,10 @@ def check_tasks_load(task_manager, tasks: list) -> None:
 def write_run(plan: Plan) -> None:
     """timing.json beside lm-eval's files, recipe.yaml, and the summary (summary.md last: the run is
     finished), so that ``ensbench table``, ``compare`` and ``plot`` read the run folder."""
-    from ensemble_bench.report.run_files import read_json
     from ensemble_bench.report.summary import write_summary
 
     row_dir = _row_dir(plan.run_dir, plan.row)
-    newest = max(row_dir.glob("results_*.json"), key=lambda path: path.stat().st_mtime)
+    newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
     timing = {"label": plan.row.label, "method": plan.row.method,

@@ -1,40 +1,40 @@
 """Recipes: YAML files naming members, a method and its hyper-parameters, tasks and shots; and the
-plan of a recipe (its rows and benchmarks).
+plan of a recipe (its rows and benchmarks). The schema and the plan are recipe_schema.py, the error lines
+recipe_lines.py; this module reads a recipe and reports every mistake at once (schema, methods, tasks,
+placement, plan), and is where the rest of the package imports them from.
 
 Every bad field becomes one ``UserError`` line: ``<file>: <field>: <what is allowed>``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import ValidationError
 
-from ensemble_bench.errors import UserError, lines_of, several
-from ensemble_bench.field_names import close_fields
-from ensemble_bench.methods import ALONE, get_method, is_alone
+from ensemble_bench.errors import UserError, several
 from ensemble_bench.overrides import Override, blame
 from ensemble_bench.overrides import apply as apply_overrides
-from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
-from ensemble_bench.tasks.recipe_tasks import task_benchmarks
+from ensemble_bench.recipe_lines import is_safe_label, problems_of, pydantic_lines
+from ensemble_bench.recipe_schema import (
+    LIMIT_MAX,
+    SEED_MAX,
+    STRICT,
+    MemberSpec,
+    MethodSpec,
+    PlacementSpec,
+    Recipe,
+    Row,
+    TaskSpec,
+    check_placement,
+    plan_rows,
+    selected_benchmarks,
+    validate_method,
+)
+from ensemble_bench.tasks import get_benchmark, is_builtin
 from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.py's names too
     MAX_RECIPE_BYTES,
     MAX_YAML_DEPTH,
@@ -44,448 +44,9 @@ from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.p
     check_expanded_size,
 )
 
-# every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
-STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
-LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
-# every name that becomes a file or folder name (recipe, member, row): no separators, no leading dot
-LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"
-SAFE_NAME = "letters, digits and . _ = + - (starting with a letter or digit)"
-
-
-def is_safe_label(label: str) -> bool:
-    """Whether ``label`` is safe as one path component inside a run folder."""
-    return bool(re.fullmatch(LABEL, label)) and len(label) <= 200
-
-
-class VllmArgs(BaseModel):
-    """Engine arguments of a ``backend: vllm`` member, passed to vLLM as they are (members/vllm.py);
-    the member's ``dtype`` is the engine's dtype."""
-
-    model_config = STRICT
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, gt=0)  # null: the model's own window
-    enforce_eager: bool = True  # false: torch.compile and CUDA graphs (minutes of start-up on a CPU)
-    block_size: int | None = Field(default=None, gt=0)  # KV block (prefix caching only caches whole blocks)
-    max_num_seqs: int = Field(default=8, ge=1)  # rows one engine steps together: at least the batch size
-    kv_cache_gib: float | None = Field(default=None, gt=0)  # the KV cache on a CPU (null: 1 GiB)
-
-
-class MemberSpec(BaseModel):
-    model_config = STRICT
-    model: str = Field(min_length=1)
-    name: str | None = Field(default=None, pattern=LABEL, max_length=200)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
-    chat_template: bool = False  # as lm-eval: off unless asked for (--apply_chat_template)
-    kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
-    # run the Python code shipped in the model's repository (InternLM3, DeciLM, ...); off: only transformers' own
-    trust_remote_code: bool = False
-    weight: float | None = Field(default=None, gt=0)
-    paper_row: str | None = None  # the row of a paper's table this member alone fills (`ensbench table --layout`)
-    # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
-    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
-    max_memory: dict[str, int | str] | None = None  # e.g. {0: 20GiB, cpu: 64GiB}; needs device_map
-    quantization: Literal["8bit", "4bit"] | None = None
-    # the Ray actor of this member (placement kind ray; not used with local placement)
-    num_gpus: float = Field(default=0, ge=0)
-    num_cpus: float | None = Field(default=None, ge=0)
-    resources: dict[str, float] | None = None  # custom Ray resources, e.g. {node_a100: 1}
-    # what steps the model: transformers in this process, or an in-process vLLM engine (docs/backends.md)
-    backend: Literal["transformers", "vllm"] = "transformers"
-    vllm: VllmArgs | None = None
-
-    @field_validator("max_memory", mode="before")
-    @classmethod
-    def _device_keys_as_text(cls, value):  # YAML reads `0: 20GiB` with an int key
-        return {str(k) if isinstance(k, int) else k: v for k, v in value.items()} if isinstance(value, dict) else value
-
-    @model_validator(mode="after")
-    def _placement_consistent(self):
-        if self.device_map is not None and self.device != "cpu":  # cpu: the default, as a run folder stores it
-            raise ValueError("set device or device_map, not both (device_map places the layers itself)")
-        if self.max_memory is not None and self.device_map is None:
-            raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
-        if self.vllm is not None and self.backend != "vllm":
-            raise ValueError("vllm: engine arguments need backend: vllm")
-        if self.backend == "vllm":
-            other = [name for name, value in (("device_map", self.device_map), ("max_memory", self.max_memory),
-                                              ("quantization", self.quantization)) if value is not None]
-            if other or self.kind == "seq2seq":
-                raise ValueError(f"backend vllm: {(other or ['kind: seq2seq'])[0]} is a transformers setting "
-                                 "(vLLM places and loads the model itself; tensor_parallel_size under vllm:)")
-        return self
-
-    @property
-    def label(self) -> str:
-        return self.name or self.model.rstrip("/").split("/")[-1].removesuffix(".gguf")
-
-    def load_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of members.load_member."""
-        return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
-                "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
-                "kind": self.kind, "trust_remote_code": self.trust_remote_code, "backend": self.backend,
-                "vllm": self.vllm.model_dump() if self.vllm is not None else None,
-                "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
-                if self.max_memory else None}
-
-    def actor_options(self) -> dict[str, Any]:
-        """Ray actor options (placement kind ray)."""
-        return {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "resources": self.resources}
-
-
-DEFAULT_SCHEDULE_TIMEOUT_S = 600.0
-
-
-class PlacementSpec(BaseModel):
-    """Where members run: in this process (local), or each in a Ray actor (ray)."""
-
-    model_config = STRICT
-    kind: Literal["local", "ray"] = "local"
-    address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
-    num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
-    num_gpus: int | None = Field(default=None, ge=0)
-    # an actor Ray cannot place by then ends the run (null: DEFAULT_SCHEDULE_TIMEOUT_S)
-    schedule_timeout_s: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
-            raise ValueError("address, num_cpus and num_gpus need kind: ray")
-        if self.kind == "local" and self.schedule_timeout_s is not None:
-            raise ValueError("schedule_timeout_s needs kind: ray")
-        if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
-            raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
-        return self
-
-    @property
-    def schedule_timeout(self) -> float:
-        """Seconds to wait for Ray to place every member."""
-        return DEFAULT_SCHEDULE_TIMEOUT_S if self.schedule_timeout_s is None else self.schedule_timeout_s
-
-
-def check_placement(recipe: Recipe, source: str) -> list[str]:
-    """A line per member whose device does not fit the placement (packages: ``preflight.preflight``)."""
-    lines = []
-    for i, member in enumerate(recipe.members):
-        device = member.device
-        if recipe.placement.kind == "ray" and device.startswith("cuda") and member.device_map is None:
-            index = int(device.partition(":")[2] or 0)
-            if index >= member.num_gpus:
-                lines.append(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
-                             f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
-    return lines
-
-
-class MethodSpec(BaseModel):
-    """One ensemble row: a method, its parameters (the other keys) and optionally a row label and
-    the members it ensembles (by name; default all)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-    name: str = Field(min_length=1)
-    label: str | None = Field(default=None, pattern=LABEL)
-    members: list[str] | None = Field(default=None, min_length=1)
-    paper_row: str | None = None  # the row of a paper's table this entry fills (`ensbench table --layout`)
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-# a task or group name as lm-eval writes them (it names files after it): no path separators, no spaces
-TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+:()=-]*$"
-IncludePath = Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None
-
-
-class GenKwargs(BaseModel):
-    """A task's generation settings, named as lm-eval's ``--gen_kwargs`` names them. They update the
-    task's own ``generation_kwargs`` in the task config the run writes."""
-
-    model_config = STRICT
-    until: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = None
-    max_gen_toks: int | None = Field(default=None, gt=0)
-    do_sample: bool | None = None
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-
-    def given(self) -> dict[str, Any]:
-        """The settings the recipe gives (lm-eval's names)."""
-        return self.model_dump(exclude_none=True)
-
-    def sampling(self) -> list[str]:
-        """The settings that ask for sampling rather than greedy decoding."""
-        asked = {"do_sample": self.do_sample, "temperature": (self.temperature or 0) > 0,
-                 "top_p": self.top_p is not None and self.top_p < 1, "top_k": bool(self.top_k)}
-        return [name for name, on in asked.items() if on]
-
-
-class TaskSpec(BaseModel):
-    """A recipe task: a built-in benchmark, or any lm-eval task or group (``include_path``: folders
-    with task YAML of one's own)."""
-
-    model_config = STRICT
-    name: str = Field(pattern=TASK_NAME, max_length=200)
-    variant: str | None = None
-    shots: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("shots", "num_fewshot"))
-    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
-    gen_kwargs: GenKwargs | None = None
-    include_path: IncludePath = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_shot_count(cls, value):
-        if isinstance(value, dict) and "shots" in value and "num_fewshot" in value:
-            raise ValueError("give shots or num_fewshot (two names of one field), not both")
-        return value
-
-
-class Recipe(BaseModel):
-    model_config = STRICT
-    _plan: tuple | None = PrivateAttr(default=None)  # the rows, once planned (``plan``)
-    name: str = Field(pattern=LABEL, max_length=200)
-    description: str = ""
-    members: list[MemberSpec] = Field(min_length=1)
-    method: MethodSpec | None = None  # one ensemble row; or
-    methods: list[MethodSpec] | None = Field(default=None, min_length=1)  # several (e.g. a paper table)
-    singles: bool = False
-    tasks: list[TaskSpec] = Field(min_length=1)
-    include_path: IncludePath = None  # folders of lm-eval task YAML, for every task (tasks[i].include_path: one)
-    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
-    batch_size: int = Field(default=1, gt=0)
-    seed: int = Field(default=1234, ge=0, le=SEED_MAX)
-    output: str = "results"
-    data: Literal["hub", "offline"] = "hub"
-    fewshot_as_multiturn: bool = False
-    allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
-    allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
-    allow_task_code: bool = False  # include_path tasks may import their own Python (!function), unsandboxed
-    placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
-    sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
-
-    @field_validator("sweep")
-    @classmethod
-    def _one_parameter(cls, value):
-        if value is not None and (len(value) != 1 or not next(iter(value.values()))):
-            raise ValueError("sweep names exactly one method parameter with a non-empty list of values")
-        return value
-
-    def sweep_points(self) -> list[dict[str, Any]]:
-        """The method-parameter overrides of each ensemble row ([{}] without a sweep)."""
-        if not self.sweep:
-            return [{}]
-        (name, values), = self.sweep.items()
-        return [{name: value} for value in values]
-
-    @field_validator("method", "methods", "tasks", mode="before")
-    @classmethod
-    def _names_as_mappings(cls, value):
-        """`gac` is short for `{name: gac}`, alone or in a list."""
-        if isinstance(value, list):
-            return [{"name": v} if isinstance(v, str) else v for v in value]
-        return {"name": value} if isinstance(value, str) else value
-
-    @property
-    def plan(self) -> list[Row]:
-        """The recipe's rows with their validated parameters (``plan_rows``), built on first use and kept:
-        every part of a command reads this one plan."""
-        if self._plan is None:
-            self._plan = tuple(plan_rows(self))
-        return list(self._plan)
-
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Recipe:
-        """A copy; with ``update`` its plan is built anew from the updated fields."""
-        copied = super().model_copy(update=update, deep=deep)
-        if update:
-            copied._plan = None
-        return copied
-
-    @property
-    def ensembles(self) -> list[MethodSpec]:
-        """The recipe's method entries: ``methods``, or ``method`` alone."""
-        return list(self.methods) if self.methods is not None else [self.method]
-
-    def ensemble_members(self, spec: MethodSpec) -> tuple[int, ...]:
-        """Indices (into ``members``) of the members one method entry ensembles."""
-        labels = [m.label for m in self.members]
-        return tuple(labels.index(n) for n in spec.members) if spec.members else tuple(range(len(labels)))
-
-    @model_validator(mode="after")
-    def _labels_unique(self):
-        labels = [m.label for m in self.members]
-        unsafe = next((label for label in labels if not is_safe_label(label)), None)
-        if unsafe is not None:
-            raise ValueError(f"the model name gives the label {unsafe!r}, not a safe folder name: set 'name' "
-                             f"({SAFE_NAME})")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"member names must be unique (got {labels}); set 'name' on each member")
-        if (self.method is None) == (self.methods is None):
-            raise ValueError("give either 'method' (one ensemble) or 'methods' (a list of them), not both or neither")
-        if self.sweep and len(self.ensembles) > 1:
-            raise ValueError("sweep needs a single method entry")
-        for spec in self.ensembles:
-            unknown = [n for n in spec.members or [] if n not in labels]
-            if unknown:
-                raise ValueError(f"method '{spec.name}' names unknown member '{unknown[0]}' (members: {labels})")
-        return self
-
-    @model_validator(mode="after")
-    def _vllm_in_process(self):
-        if self.placement.kind == "ray" and any(m.backend == "vllm" for m in self.members):
-            raise ValueError("backend vllm members run in this process (vLLM places them itself): use placement "
-                             "local, or tensor_parallel_size under the member's vllm:")
-        return self
-
-    def task_limit(self, task: TaskSpec) -> int | None:
-        return task.limit if task.limit is not None else self.limit
-
-    def fingerprint(self) -> str:
-        """Hash of everything that changes results (not the output folder); fields left at their
-        defaults are left out, so adding a field later keeps old runs resumable."""
-        content = self.model_dump(exclude={"output", "description"}, exclude_defaults=True)
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
-
-
-# --- the plan of a recipe: its rows and benchmarks ---------------------------------------------------
-@dataclass(frozen=True)
-class Row:
-    """One evaluated model of a run."""
-
-    label: str
-    method: str
-    members: tuple[int, ...]  # indices into recipe.members
-    overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
-    spec: int | None = None  # index into recipe.ensembles (None: a member alone)
-    params: Any = field(default=None, compare=False)  # the method's validated parameters, defaults filled in
-
-
-def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
-    """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
-    and sweep point, each with its validated parameters. Labels are unique (a recipe that repeats one
-    is refused). Built once per recipe: read it as ``recipe.plan`` (``with_params=False``: the rows
-    alone, to check their labels beside other mistakes)."""
-    singles = [Row(m.label, ALONE, (i,), params=get_method(ALONE).Params()) for i, m in enumerate(recipe.members)]
-    ensembles = []
-    for index, spec in enumerate(recipe.ensembles):
-        if is_alone(spec.name):
-            continue
-        for point in recipe.sweep_points():
-            label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
-            params = validate_method(recipe, spec, "recipe", overrides=point)[1] if with_params else None
-            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index, params))
-    rows = (singles if recipe.singles or not ensembles else []) + ensembles
-    labels = [row.label for row in rows]
-    unsafe = next((label for label in labels if not is_safe_label(label)), None)
-    if unsafe is not None:
-        raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
-                        "give the method entry a 'label'")
-    repeated = next((label for label in labels if labels.count(label) > 1), None)
-    if repeated:
-        raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
-    return rows
-
-
-def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
-    """(benchmark, shots, limit) per recipe task; refuses built-in benchmarks that cannot run yet. A task
-    that is not built in is looked up in lm-eval's task index (seconds, once a process: tasks.lm_eval_tasks)."""
-    chosen = []
-    for task, bench in zip(recipe.tasks, task_benchmarks(recipe)):
-        if bench.needs:
-            raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
-        if recipe.data == "offline" and bench.builtin and not bench.offline:
-            raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
-        chosen.append((bench, task.shots, recipe.task_limit(task)))
-    return chosen
-
-
-def _field_path(loc, prefix: str = "") -> str:
-    path = prefix
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "recipe"
-
-
-PLAIN_BRANCHES = ("int", "str", "float", "bool", "none")  # pydantic's tags of the plain branches of a union
-
-
-def _is_branch(part) -> bool:
-    """Whether a part of an error's location is pydantic's tag of a union branch or a validator, not a field:
-    ``list[float]``, ``literal['auto']``, ``function-after[...]``, or a plain type (``int | str``: 'int', 'str')."""
-    return isinstance(part, str) and ("[" in part or part.startswith("function-") or part in PLAIN_BRANCHES)
-
-
-def _branch_error(error: dict, field: tuple) -> bool:
-    """Whether ``error`` is about one branch of the union ``field`` (pydantic tags the branches of
-    ``Literal[...] | list[float]`` as 'literal[...]' and 'list[float]')."""
-    loc = error["loc"]
-    return len(loc) > len(field) and loc[:len(field)] == field and _is_branch(loc[len(field)])
-
-
-def _wrong_type(error: dict) -> bool:
-    return error["type"] == "literal_error" or error["type"].endswith("_type")
-
-
-def _telling_error(errors: list) -> dict:
-    """The error to report: the first; or, when it only says the input is not of one branch of a
-    union (``weights: [.nan, 1]`` is not 'average'), the error of a branch that took the input's type;
-    when no branch took it (``proposer: true``), one error saying every type the field takes."""
-    first = errors[0]
-    field = first["loc"][:-1]
-    if not (_wrong_type(first) and _branch_error(first, field)):
-        return first
-    telling = next((e for e in errors if _branch_error(e, field) and not _wrong_type(e)), None)
-    if telling is not None:
-        return telling
-    wanted = dict.fromkeys(e["msg"].removeprefix("Input should be ") for e in errors if _branch_error(e, field))
-    return {**first, "msg": "Input should be " + " or ".join(wanted)}
-
-
-def _shortened(text: str, most: int = 80) -> str:
-    """``text`` cut to ``most`` characters (a 1 MiB value stays a readable line)."""
-    return text if len(text) <= most else text[:most - 3] + "..."
-
-
-def _error_line(source: str, error: dict, prefix: str = "", model: type[BaseModel] | None = None) -> str:
-    """One pydantic error as ``<file>: <field path>: <message> (got <value>)``; an unknown field of
-    ``model`` names the close field names (did you mean)."""
-    loc = [p for p in error["loc"] if not _is_branch(p)]
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        close = close_fields(model, loc)
-        message = "unknown field" + (f" (did you mean {' or '.join(repr(name) for name in close)}?)" if close else "")
-    if error["type"] == "string_pattern_mismatch" and loc and loc[-1] in ("name", "label"):
-        message = f"not a safe folder name: use {SAFE_NAME}, no path separators"
-    given = error.get("input")
-    shown = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else \
-        f" (got {_shortened(repr(given))})"
-    return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"
-
-
-def _field_of(error: dict) -> tuple:
-    """The field an error is about: its location up to the union branch it names, if any."""
-    loc = error["loc"]
-    return loc[:next((k for k, part in enumerate(loc) if _is_branch(part)), len(loc))]
-
-
-def _pydantic_lines(source: str, err: ValidationError, prefix: str = "",
-                    model: type[BaseModel] | None = None) -> list[str]:
-    """Every mistake pydantic found, one line per field (of a union's branches, the telling one); ``model``:
-    the validated model, whose field names an unknown field is matched against."""
-    by_field: dict[tuple, list[dict]] = {}
-    for error in err.errors():
-        by_field.setdefault(_field_of(error), []).append(error)
-    lines = [_error_line(source, _telling_error(errors), prefix, model) for errors in by_field.values()]
-    return list(dict.fromkeys(lines))
-
-
-def _problems(check: Callable[[], Any], prefix: str = "") -> list[str]:
-    """The lines of the UserError ``check`` raises, each after ``prefix`` (none when it passes)."""
-    try:
-        check()
-    except UserError as err:
-        return [prefix + line for line in lines_of(err)]
-    return []
+__all__ = ["LIMIT_MAX", "SEED_MAX", "STRICT", "MemberSpec", "MethodSpec", "PlacementSpec", "Recipe", "Row",
+           "TaskSpec", "is_safe_label", "load_recipe", "parse_recipe", "plan_rows", "selected_benchmarks",
+           "task_notes", "task_problems", "validate_method"]
 
 
 def _method_problems(recipe: Recipe, source: str) -> list[str]:
@@ -493,9 +54,9 @@ def _method_problems(recipe: Recipe, source: str) -> list[str]:
     lines = []
     for i, spec in enumerate(recipe.ensembles):
         field = f"methods[{i}]" if recipe.methods is not None else "method"
-        lines += _problems(partial(validate_method, recipe, spec, source, field))
+        lines += problems_of(partial(validate_method, recipe, spec, source, field))
         for point in recipe.sweep_points() if recipe.sweep else []:
-            lines += _problems(partial(validate_method, recipe, spec, f"{source}: sweep {point}", field, point))
+            lines += problems_of(partial(validate_method, recipe, spec, f"{source}: sweep {point}", field, point))
     return lines
 
 
@@ -509,12 +70,12 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        lines = [*_pydantic_lines(source, err, model=Recipe), *_method_problems_beside(data, err, source)]
+        lines = [*pydantic_lines(source, err, model=Recipe), *_method_problems_beside(data, err, source)]
         raise several(UserError, list(dict.fromkeys(lines))) from None
     lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
              *check_placement(recipe, source)]
     # the rows, planned once here with the parameters just validated (their labels alone otherwise)
-    lines += _problems(lambda: recipe.plan if not lines else plan_rows(recipe, with_params=False), f"{source}: ")
+    lines += problems_of(lambda: recipe.plan if not lines else plan_rows(recipe, with_params=False), f"{source}: ")
     if lines:
         raise several(UserError, list(dict.fromkeys(lines)))
     return recipe
@@ -585,37 +146,6 @@ def task_notes(recipe: Recipe) -> list[str]:
     return [f"tasks[{i}].gen_kwargs: {', '.join(asked)} asks for sampling: written into the task config, but "
             "ensbench's methods decode greedily, so the answers do not change"
             for i, task in enumerate(recipe.tasks) if task.gen_kwargs and (asked := task.gen_kwargs.sampling())]
-
-
-def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = "method",
-                    overrides: dict[str, Any] | None = None):
-    """The method class and its validated parameters for one method entry, or a one-line UserError."""
-    try:
-        method = get_method(spec.name)
-    except UserError as err:
-        raise UserError(f"{source}: {field}.name: {err}") from None
-    members = [recipe.members[i] for i in recipe.ensemble_members(spec)]
-    given = {**spec.params, **(overrides or {})}
-    weighted = [m.label for m in members if m.weight is not None]
-    if weighted and "weights" not in method.Params.model_fields:
-        raise UserError(f"{source}: members: '{weighted[0]}' sets weight, but method '{method.name}' takes no "
-                        "member weights: remove weight (or give it only to members of a weighted method)")
-    if weighted and "weights" not in given:
-        given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in members]}
-    try:
-        params = method.Params.model_validate(given)
-    except ValidationError as err:
-        raise several(UserError, _pydantic_lines(source, err, prefix=field, model=method.Params)) from None
-    try:
-        method.check_members(params, [m.label for m in members])
-    except UserError as err:
-        raise UserError(f"{source}: {err}") from None
-    count = len(members)
-    if not method.alone and (count < method.min_members or
-                             (method.max_members is not None and count > method.max_members)):
-        raise UserError(f"{source}: members: method '{method.name}' takes {method.min_members}"
-                        f"{'+' if method.max_members is None else f'-{method.max_members}'} members, got {count}")
-    return method, params
 
 
 def _read_text(path: Path) -> str:

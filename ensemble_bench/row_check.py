@@ -17,26 +17,28 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ensemble_bench.run_folder import TIMING
+from ensemble_bench.run_folder import (
+    RESULTS_GLOB,
+    SAMPLES_SUFFIX,
+    TIMING,
+    parse_json,
+    results_date,
+    results_files,
+    samples_file,
+)
 
 TOLERANCE = 1e-9  # a mean recomputed in another order differs by far less; an edited score by far more
-
-
-def _parse_json(path: Path) -> list:
-    """The JSON values of a .json file (one) or a .jsonl file (one per line)."""
-    text = path.read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
 
 
 def _file_problem(path: Path) -> str | None:
     """Why one file of a row cannot be used (missing, not parsing), or None."""
     try:
-        values = _parse_json(path)
+        value = parse_json(path)
     except FileNotFoundError:
         return f"{path.name} is missing"
     except (OSError, ValueError) as err:
         return f"{path.name} does not parse ({type(err).__name__})"
-    if path.suffix == ".json" and not isinstance(values[0], dict):
+    if path.suffix != SAMPLES_SUFFIX and not isinstance(value, dict):
         return f"{path.name} does not parse (not a JSON object)"
     return None
 
@@ -120,13 +122,13 @@ def _samples_problem(row_dir: Path, results_path: Path, results: dict) -> str | 
     """Every task with samples in one results file (its task_hashes) must have its file beside it,
     samples_<task>_<the same date>.jsonl, holding the very examples that hash records, whose values
     give the file's scores."""
-    date = results_path.name.removeprefix("results_").removesuffix(".json")
+    date = results_date(results_path)
     hashes = results.get("task_hashes")
     for task, recorded in (hashes if isinstance(hashes, dict) else {}).items():
-        path = row_dir / f"samples_{task}_{date}.jsonl"
+        path = samples_file(row_dir, task, date)
         if problem := _file_problem(path):
             return problem
-        samples = _parse_json(path)
+        samples = parse_json(path)
         if _samples_hash(samples) != recorded:
             return f"{path.name} does not hold the examples {results_path.name} records"
         if not all(isinstance(s, dict) for s in samples):
@@ -146,13 +148,13 @@ def damage(row_dir: Path, groups: list[str]) -> str | None:
     if problem := _file_problem(row_dir / TIMING):
         return problem
     found: dict[Path, dict] = {}
-    for path in sorted(row_dir.glob("results_*.json")):
+    for path in results_files(row_dir):
         if problem := _file_problem(path):
             return problem
-        found[path] = _parse_json(path)[0]
+        found[path] = parse_json(path)
     evaluated = {group for results in found.values()
                  if isinstance(subtasks := results.get("group_subtasks"), dict) for group in subtasks}
     if missing := [group for group in groups if group not in evaluated]:
-        return f"no results_*.json for its task group {missing[0]}"
+        return f"no {RESULTS_GLOB} for its task group {missing[0]}"
     return next((problem for path, results in found.items() if (problem := _samples_problem(row_dir, path, results))),
                 None)

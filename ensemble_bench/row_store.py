@@ -43,7 +43,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
-from ensemble_bench.run_folder import REUSED, TIMING, recorded_key, write_timing
+from ensemble_bench.run_folder import REUSED, TIMING, parse_json, recorded_key, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
@@ -172,7 +172,7 @@ class RowStore:
 
     def _entry(self, path: Path) -> dict | None:
         try:
-            entry = json.loads(path.read_text())
+            entry = parse_json(path)
         except (OSError, ValueError):
             return None
         return entry if isinstance(entry, dict) and isinstance(entry.get("run"), str) else None
@@ -233,7 +233,7 @@ def copy_row(source: Path, target: Path, reused_from: str) -> None:
     ``reused_from`` (latency and counts stay the original's). The source is only read."""
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, symlinks=True)
-    timing = json.loads((target / TIMING).read_text())
+    timing = parse_json(target / TIMING)
     timing["reused_from"] = reused_from
     write_timing(target, timing)
 
@@ -258,7 +258,7 @@ def record_reuse(run_dir: Path, label: str, record: dict[str, str]) -> None:
     """Note in the run's reused.json what one row took from another run (written atomically)."""
     path = run_dir / REUSED
     try:
-        reused = json.loads(path.read_text())
+        reused = parse_json(path)
     except (OSError, ValueError):
         reused = {}
     reused[label] = record

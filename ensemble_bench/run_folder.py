@@ -7,13 +7,17 @@ Layout of one run (``results/<recipe>/<run id>/``)::
     tasks/               generated lm-eval task configs
     cache/<row>.db       lm-eval's response cache of each row
     reused.json          the rows this run copied from other runs, and from where
-    <row>/               lm-eval's files of one row (results_*.json, samples_*.jsonl), timing.json (``write_timing``),
-                         span_trace.jsonl (span methods); appears only when the row is complete
+    .<row>.partial/      a row being written (renamed to <row>/ when complete); .<row>.damaged/ one set aside
+    <row>/               lm-eval's files of one row (results_<date>.json, samples_<task>_<date>.jsonl), timing.json
+                         (``write_timing``), span_trace.jsonl (span methods); appears only when the row is complete
+    cache/<row>_rank0.db.sittings.json   the counters of a row's earlier sittings (``sittings``)
     summary.md / .csv    the table, written last: summary.md marks the run finished (``is_finished``)
     paired.csv           the paired tests of the summary
 
-Every file is written atomically (``cache.atomic_write_text``). The runner, the row store, the lm-eval
-route and the reports name these files through this module only.
+A row's text-free extract of a samples file is ``scores_<task>.jsonl`` (``report.samples``). Every file is
+written atomically (``cache.atomic_write_text``) and every JSON file is read by ``parse_json`` (or, where a
+damaged file ends the command, ``read_json``). The runner, the row store, the lm-eval route and the reports
+name these files through this module only.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import yaml
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault, UserError
 
 RECIPE = "recipe.yaml"
 PARAMS = "params.json"
@@ -38,6 +42,14 @@ SPAN_TRACE = "span_trace.jsonl"
 SUMMARY = "summary.md"  # written last: its presence marks a run finished
 SUMMARY_CSV = "summary.csv"
 PAIRED_CSV = "paired.csv"
+RESULTS_PREFIX, RESULTS_SUFFIX = "results_", ".json"  # lm-eval's results_<date>.json, one per evaluation
+RESULTS_GLOB = f"{RESULTS_PREFIX}*{RESULTS_SUFFIX}"
+SAMPLES_PREFIX, SAMPLES_SUFFIX = "samples_", ".jsonl"  # lm-eval's samples_<task>_<date>.jsonl
+SAMPLES_GLOB = f"{SAMPLES_PREFIX}*{SAMPLES_SUFFIX}"
+EXTRACT_PREFIX = "scores_"  # scores_<task>.jsonl: a samples file without its text (report.samples)
+EXTRACT_GLOB = f"{EXTRACT_PREFIX}*{SAMPLES_SUFFIX}"
+LM_EVAL_OUTPUT = "results.json"  # the output_path ensbench-lm-eval gives lm-eval: it writes the dated files beside it
+SITTINGS_SUFFIX = ".sittings.json"  # beside a row's response cache: the counters of its earlier sittings
 
 
 def output_root(recipe) -> Path:
@@ -48,6 +60,90 @@ def output_root(recipe) -> Path:
 
 def is_finished(run_dir: Path) -> bool:
     return (run_dir / SUMMARY).exists()
+
+
+def partial_row(run_dir: Path, label: str) -> Path:
+    """Where a row is written until it is complete (then renamed to ``<row>``)."""
+    return inside(run_dir, f".{label}.partial")
+
+
+def set_aside(run_dir: Path, label: str) -> Path:
+    """Where a damaged finished row is moved before it is recomputed."""
+    return inside(run_dir, f".{label}.damaged")
+
+
+def results_files(folder: Path, nested: bool = False) -> list[Path]:
+    """lm-eval's results files in ``folder`` (``nested``: in it and every folder below), sorted."""
+    return sorted(folder.rglob(RESULTS_GLOB) if nested else folder.glob(RESULTS_GLOB))
+
+
+def results_date(path: Path) -> str:
+    """``results_2026-11-23T08-42-00.313753.json`` -> its date, which its samples files share."""
+    return path.name.removeprefix(RESULTS_PREFIX).removesuffix(RESULTS_SUFFIX)
+
+
+def samples_file(row_dir: Path, task: str, date: str) -> Path:
+    return row_dir / f"{SAMPLES_PREFIX}{task}_{date}{SAMPLES_SUFFIX}"
+
+
+def samples_files(row_dir: Path, task: str | None = None) -> list[Path]:
+    """A row's samples files (of one task), sorted: the newest of a task last."""
+    if task is None:
+        return sorted(row_dir.glob(SAMPLES_GLOB))
+    return sorted(p for p in row_dir.glob(f"{SAMPLES_PREFIX}{task}_*{SAMPLES_SUFFIX}") if samples_task(p) == task)
+
+
+def samples_task(path: Path) -> str:
+    """``samples_nq_open_2026-11-23T08-42-00.313753.jsonl`` -> ``nq_open``."""
+    return path.name[len(SAMPLES_PREFIX):].rsplit("_", 1)[0]
+
+
+def newest_samples(row_dir: Path) -> dict[str, Path]:
+    """lm-eval task name -> its newest samples file in the row folder."""
+    return {samples_task(path): path for path in samples_files(row_dir)}
+
+
+def extract_file(folder: Path, task: str) -> Path:
+    return folder / f"{EXTRACT_PREFIX}{task}{SAMPLES_SUFFIX}"
+
+
+def cache_db(run_dir: Path, label: str) -> Path:
+    """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
+    return inside(run_dir / CACHE, f"{label}_rank0.db")
+
+
+def sittings_file(db: Path) -> Path:
+    """The statistics of a row's earlier sittings, beside its response cache (``cache/<row>_rank0.db``)."""
+    return db.with_name(db.name.removesuffix(".db") + SITTINGS_SUFFIX)
+
+
+def parse_json(path: Path) -> Any:
+    """The JSON value of a .json file, or the list of values of a .jsonl file (one per line): the one JSON
+    reader of a run's files; OSError or ValueError when missing or damaged."""
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()] if path.suffix == SAMPLES_SUFFIX else json.loads(text)
+
+
+def damaged(path: Path, err: Exception) -> EnvironmentFault:
+    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
+                            "--fresh, or leave this run out")
+
+
+def read_json(path: Path) -> Any:
+    """A JSON (or JSON-lines) file of a run, or one line naming the damaged file."""
+    try:
+        return parse_json(path)
+    except (OSError, ValueError) as err:
+        raise damaged(path, err) from None
+
+
+def write_span_trace(row_dir: Path, traces: list[dict]) -> None:
+    """Span-level methods' candidates and scores per round, one JSON line each."""
+    atomic_write_text(row_dir / SPAN_TRACE, "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces))
+
+
+def write_params(run_dir: Path, params: dict[str, Any]) -> None:
+    atomic_write_text(run_dir / PARAMS, json.dumps(params, indent=1, sort_keys=True))
 
 
 def write_recipe(run_dir: Path, recipe) -> None:
@@ -63,7 +159,7 @@ def write_timing(row_dir: Path, timing: dict[str, Any]) -> None:
 def recorded_key(row_dir: Path) -> str | None:
     """The row key a finished row's timing.json records (row_store), or None (absent, unreadable, older)."""
     try:
-        found = json.loads((row_dir / TIMING).read_text()).get("row_key")
+        found = parse_json(row_dir / TIMING).get("row_key")
     except (OSError, ValueError, AttributeError):
         return None
     return found if isinstance(found, str) else None

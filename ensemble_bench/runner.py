@@ -10,7 +10,6 @@ answers every request already computed. ``output:`` is read through ``output_roo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,10 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ensemble_bench.build import MemberPool, build_method
-from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
-from ensemble_bench.report.summary import write_summary
 from ensemble_bench.row_check import damage
 from ensemble_bench.row_store import (
     LENT_NOTE,
@@ -40,12 +37,16 @@ from ensemble_bench.row_store import (
 from ensemble_bench.run_folder import (
     CACHE,
     PARAMS,
-    SPAN_TRACE,
     TASKS,
+    cache_db,
     inside,
     output_root,
+    partial_row,
     recorded_key,
+    set_aside,
+    write_params,
     write_recipe,
+    write_span_trace,
     write_timing,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
@@ -66,7 +67,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
-    partial = inside(run_dir, f".{row.label}.partial")
+    partial = partial_row(run_dir, row.label)
     shutil.rmtree(partial, ignore_errors=True)
     cache = inside(run_dir, CACHE)
     cache.mkdir(parents=True, exist_ok=True)
@@ -100,8 +101,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     write_timing(partial, timing)
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
-        lines = "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in traces)
-        atomic_write_text(partial / SPAN_TRACE, lines)
+        write_span_trace(partial, traces)
     missing = damage(partial, [group for _, group in groups])
     if missing:  # lm-eval logs a failed write of its files as a warning and goes on
         raise EnvironmentFault(f"{partial}: the files of row {row.label} were not all written ({missing}): check "
@@ -120,11 +120,6 @@ def _carry_counts(lm, db: Path) -> None:
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
-def cache_db(run_dir: Path, label: str) -> Path:
-    """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
-    return inside(run_dir / CACHE, f"{label}_rank0.db")
-
-
 def _not_writable(path: Path) -> EnvironmentFault:
     return EnvironmentFault(f"cannot write {path}: it is read-only (or not writable by this user): make it "
                             "writable and run the same command again")
@@ -167,7 +162,7 @@ def _reused(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> bo
         if why := store.data_changed(key):
             on_row and on_row(row, f"computed again: {why}")
         return False
-    partial = inside(run_dir, f".{row.label}.partial")
+    partial = partial_row(run_dir, row.label)
     copy_row(found.folder, partial, found.name)
     record_reuse(run_dir, row.label, {"from": found.name, "key": key.key, "note": REUSED_NOTE})
     os.replace(partial, inside(run_dir, row.label))
@@ -210,7 +205,7 @@ def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, 
             if why is None and stale is None:
                 on_row and on_row(row, "kept from the interrupted run")
                 continue
-            aside = inside(run_dir, f".{row.label}.damaged")
+            aside = set_aside(run_dir, row.label)
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(row_dir, aside)
             said = f"damaged ({why})" if why else f"set aside ({stale})"
@@ -318,15 +313,20 @@ def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
     return states
 
 
-def run_recipe(recipe: Recipe, fresh: bool = False, progress: Callable[[str, int, int | None], None] | None = None,
+def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: bool = False,
+               progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
-    """Run every row of the recipe; return the run directory (with summary.md when done). The recipe's
-    run lock is held throughout, from choosing the run folder to the summary: a second run of the same
-    recipe meanwhile is refused in one line and changes nothing."""
+    """Run every row of the recipe; return the run directory. When every row is complete, ``finish``
+    writes what marks the run finished (the CLI passes ``report.summary.write_summary``: the runner
+    writes runs and never imports the reports that read them). The recipe's run lock is held
+    throughout, from choosing the run folder to ``finish``: a second run of the same recipe meanwhile is
+    refused in one line and changes nothing."""
     if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
     with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
-        return _run_locked(recipe, fresh, progress, on_row)
+        run_dir = _run_locked(recipe, fresh, progress, on_row)
+        finish(run_dir, recipe)
+        return run_dir
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
@@ -342,7 +342,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         log.warning("%s: %s: the run resumes with its recipe.yaml and response cache, and writes it again",
                     run_dir / PARAMS, damaged_params)
     if damaged_params or not (run_dir / PARAMS).exists():
-        atomic_write_text(run_dir / PARAMS, json.dumps(resolved_params(recipe), indent=1, sort_keys=True))
+        write_params(run_dir, resolved_params(recipe))
     task_manager, groups = _task_groups(recipe, run_dir)
     group_names = [group for _, group in groups]
     inside(run_dir, CACHE).mkdir(exist_ok=True)
@@ -361,5 +361,4 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
         store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
     _check_complete(run_dir, rows, group_names)
-    write_summary(run_dir, recipe)
     return run_dir

@@ -4,7 +4,6 @@ used the method parameters this code resolves (``params.json``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import current_params
 from ensemble_bench.recipe import Recipe, parse_recipe
-from ensemble_bench.run_folder import PARAMS, RECIPE, is_finished, output_root
+from ensemble_bench.run_folder import PARAMS, RECIPE, is_finished, output_root, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ def resolved_params(recipe: Recipe) -> dict[str, dict]:
 def params_damage(folder: Path) -> str | None:
     """Why a run folder's PARAMS cannot be read (cut short, not JSON, not a mapping), or None (sound or absent)."""
     try:
-        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
+        held = parse_json(folder / PARAMS)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
@@ -70,7 +69,7 @@ def same_params(folder: Path, recipe: Recipe) -> bool:
     if params_damage(folder) is not None:
         return True
     try:
-        held = json.loads((folder / PARAMS).read_text(encoding="utf-8"))
+        held = parse_json(folder / PARAMS)
     except FileNotFoundError:
         return True
     method_of = {row.label: row.method for row in recipe.plan}  # stored names read as this code's (lead)

@@ -19,6 +19,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.run_folder import parse_json, sittings_file
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +52,15 @@ def add_into(holders: dict[str, object], saved: dict) -> None:
                 setattr(holder, name, value + before)
 
 
-def carried_path(db: Path) -> Path:
-    """The statistics file of a row's response cache (``cache/<row>_rank0.db``)."""
-    return db.with_name(db.name.removesuffix(".db") + ".sittings.json")
-
-
 def resume_counts(holders: dict[str, object], db: Path) -> None:
     """Before a row computes anything: add the earlier sittings' counters when its cache holds their
     answers; a statistics file without its cache is removed (its answers are computed, and counted, anew)."""
-    path = carried_path(db)
+    path = sittings_file(db)
     if not db.exists():
         path.unlink(missing_ok=True)
         return
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = parse_json(path)
     except FileNotFoundError:
         return
     except (OSError, ValueError) as err:
@@ -75,4 +71,4 @@ def resume_counts(holders: dict[str, object], db: Path) -> None:
 
 def save_counts(holders: dict[str, object], db: Path) -> None:
     """After a chunk's answers are cached: the counters so far (earlier sittings included)."""
-    atomic_write_text(carried_path(db), json.dumps(snapshot(holders)))
+    atomic_write_text(sittings_file(db), json.dumps(snapshot(holders)))

@@ -198,7 +198,7 @@ def make_methods(members, names: list[str]):
 def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, float], float, dict]:
     """(ms per decode step, exclusive ms per step per phase, share of GaC rows the bound decided,
     the retokenize cost counters per member-row step)."""
-    from ensemble_bench.methods.base import Timing
+    from ensemble_bench.decoding.method import Timing
 
     for member in method.members:
         sync(member.device)
@@ -210,7 +210,8 @@ def run_once(method, requests, clock: PhaseClock) -> tuple[float, dict[str, floa
     info = method.info()
     steps = info["decode_steps"] + info["generation_batches"]  # phases also ran in the first step
     phases = {name: 1000 * seconds / steps for name, seconds in clock.seconds.items()}
-    return info["decode_ms_per_token"], phases, info.get("bound_decided_fraction"), retokenize_cost(info)
+    own = info.get(method.name, {})  # the method's own statistics
+    return info["decode_ms_per_token"], phases, own.get("bound_decided_fraction"), retokenize_cost(own)
 
 
 def retokenize_cost(info: dict) -> dict:

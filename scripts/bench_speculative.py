@@ -163,7 +163,8 @@ def outputs(method, requests) -> list[str]:
 
 
 def speculative_figures(info: dict) -> dict:
-    """The ``speculative_*`` counters of a run (acceptance, tokens per round, draft length, passes)."""
+    """The ``speculative_*`` counters of a method's own statistics (acceptance, tokens per round, draft length,
+    passes)."""
     return {k: v for k, v in info.items() if k.startswith("speculative_")}
 
 
@@ -177,7 +178,7 @@ def measured(method, requests, label: str) -> dict:
     ms = info["decode_ms_per_token"] if info["decode_ms_per_token"] is not None else info["first_round_ms_per_token"]
     print(f"{label}: {ms:.1f} ms/token, {info['tokens_generated']} tokens in {wall:.0f}s", file=sys.stderr, flush=True)
     return {"ms_per_token": ms, "wall_s": wall, "tokens": info["tokens_generated"], "texts": texts,
-            **speculative_figures(info)}
+            **speculative_figures(info.get(method.name, {}))}
 
 
 def compared(every: dict, fast: dict, prompts: list[str]) -> dict:
@@ -350,7 +351,7 @@ def run_check(members, prompts: list[str], draft: int, tokens: int,
             every = outputs(build("gac", members, params, batch), requests)
             method = build("gac", members, {**params, "speculative": draft}, batch)
             fast = outputs(method, requests)
-            accepted.append(method.info().get("speculative_acceptance_rate") or 0.0)
+            accepted.append(method.info().get(method.name, {}).get("speculative_acceptance_rate") or 0.0)
             for i, (a, b) in enumerate(zip(every, fast)):
                 if a != b:
                     return (f"speculative {label} (draft {draft}, batch {batch}) differs from every-token on prompt "

@@ -62,6 +62,8 @@ TARGETS = {
                                                           "coolfusion_table3_cool_rerank",
                                                           "coolfusion_table3_rerank3"])],
                    "offline": [("coolfusion_table3", None, ["coolfusion_table3"])]},
+    "adafuse": {"paper": [("adafuse_table1", None, ["adafuse_table1"])],
+                "offline": [("adafuse_table1", None, ["adafuse_table1"])]},
 }
 
 

@@ -41,6 +41,17 @@ def offline_data():
     return ensure_offline_data([get_benchmark("piqa"), get_benchmark("gsm8k")])
 
 
+@pytest.fixture(scope="session")
+def pair(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
+    """Makes the two tiny members with different tokenizers, fresh on every call: byte-level BPE ("a"
+    unless named) first, SentencePiece ("b") second."""
+    from ensemble_bench.members import LocalMember
+
+    def make(first: str = "a", second: str = "b") -> list:
+        return [LocalMember(bpe_model, bpe_tokenizer, first), LocalMember(sp_model, sp_tokenizer, second)]
+    return make
+
+
 @pytest.fixture(params=["bpe", "sp"])
 def same_model(request):
     """Makes members over one tiny model (byte-level BPE, then SentencePiece) by name."""

@@ -1,4 +1,4 @@
-"""Hostile inputs for tests/test_fuzz.py, and an in-process runner that checks what the CLI did.
+"""Hostile inputs for tests/cli/test_fuzz.py, and an in-process runner that checks what the CLI did.
 
 Recipes: the shipped recipes (every file under recipes/) with one to three mutations each (wrong
 types; negative, huge, NaN and inf numbers; unknown and repeated keys and entries; unicode, path-like
@@ -32,7 +32,7 @@ from ensemble_bench import cli
 from ensemble_bench.methods import METHODS
 from ensemble_bench.recipe import MemberSpec, MethodSpec, PlacementSpec, Recipe, TaskSpec
 from tests.fake_runs import fake_run
-from tests.test_faults import BASE_RECIPE, ROWS
+from tests.run.test_faults import BASE_RECIPE, ROWS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()) for p in sorted((ROOT / "recipes").rglob("*.yaml"))}

@@ -38,9 +38,7 @@ import torch
 
 from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.stopping import StopRule, cut_at_until
-from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     Method,
@@ -49,6 +47,8 @@ from ensemble_bench.methods.base import (
     excerpt,
     request_excerpt,
 )
+from ensemble_bench.decoding.stopping import StopRule, cut_at_until
+from ensemble_bench.members.base import Member
 
 
 @dataclass(frozen=True)

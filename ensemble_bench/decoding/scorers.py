@@ -19,9 +19,9 @@ from typing import Protocol
 import torch
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.method import LoglikelihoodRequest, check_finite, continuation_scores
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, flatten_messages
-from ensemble_bench.methods.base import LoglikelihoodRequest, check_finite, continuation_scores
 
 DEFAULT_REWARD_TEMPLATE = None  # None: the scorer's chat template, else a (prompt, answer) text pair
 DEFAULT_PAIR_TEMPLATE = "{prompt}\n\nResponse A: {a}\n\nResponse B: {b}"

@@ -55,10 +55,10 @@ from ensemble_bench.decoding.decode import (
     check_distributions,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
+from ensemble_bench.decoding.method import MethodParams, resolve_member
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import MethodParams, resolve_member
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 

@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import pickle
-import re
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-
-from ensemble_bench.cache import atomic_folder, cache_dir
-from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
+from ensemble_bench.members.loading import (
+    CONVERTING,
+    DTYPES,
+    QUANTIZATIONS,
+    cached_tokenizer,
+    load_listener,
+    load_member,
+    load_tokenizer,
+    quantization_config,
+    tell_load,
+)
+from ensemble_bench.members.sources import PACKAGED
 
-__all__ = ["Member", "Prompt", "Score", "LocalMember", "PACKAGED", "load_member", "load_tokenizer"]
-
-DTYPES = ("float32", "bfloat16", "float16")
-CONVERTING = "converting"  # the load event of a packaged model's first load (members/converted.py)
-log = logging.getLogger(__name__)
+__all__ = ["CONVERTING", "DTYPES", "PACKAGED", "QUANTIZATIONS", "LocalMember", "Member", "Prompt", "Score",
+           "cached_tokenizer", "load_listener", "load_member", "load_tokenizer", "quantization_config", "tell_load"]
 
 
 def __getattr__(name: str):
@@ -30,202 +27,3 @@ def __getattr__(name: str):
 
         return LocalMember
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_listeners: list[Callable[[str, str], None]] = []
-
-
-@contextmanager
-def load_listener(listener: Callable[[str, str], None]) -> Iterator[None]:
-    """While the block runs, ``listener(member name, event)`` hears every load_member: ``loading``,
-    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, progress.py)."""
-    _listeners.append(listener)
-    try:
-        yield
-    finally:
-        _listeners.remove(listener)
-
-
-def tell_load(name: str, event: str) -> None:
-    """Pass a loading event to the listeners (none outside a run's progress display)."""
-    for listener in list(_listeners):
-        listener(name, event)
-
-
-def _gguf_tokenizer_cache(source: ModelSource) -> Path:
-    gguf = Path(source.location) / source.gguf_file
-    stamp = f"{gguf.resolve()}:{gguf.stat().st_size}:{gguf.stat().st_mtime_ns}"
-    return cache_dir() / "tokenizers" / hashlib.sha256(stamp.encode()).hexdigest()[:16]
-
-
-def cached_tokenizer(folder: Path, convert: Callable[[], object]):
-    """The tokenizer saved in ``folder``; when it is absent or does not load, ``convert()`` and save
-    the result there atomically (a temporary folder renamed into place, so a killed writer leaves no
-    half-written tokenizer.json)."""
-    from transformers import AutoTokenizer
-
-    if (folder / "tokenizer.json").exists():
-        try:
-            return AutoTokenizer.from_pretrained(folder)
-        except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a damaged tokenizer.json
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-            log.warning("%s: damaged tokenizer cache (%s); rebuilding it", folder, first)
-    tokenizer = convert()
-    with atomic_folder(folder) as staging:
-        tokenizer.save_pretrained(staging)
-    return tokenizer
-
-
-def load_tokenizer(source: ModelSource, trust_remote_code: bool = False):
-    """Load a fast tokenizer; a GGUF's converted tokenizer is cached (conversion takes 5-30 s)."""
-    from transformers import AutoTokenizer
-
-    if source.gguf_file is None:
-        return AutoTokenizer.from_pretrained(source.location, trust_remote_code=trust_remote_code)
-    return cached_tokenizer(_gguf_tokenizer_cache(source),
-                            lambda: AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file))
-
-
-QUANTIZATIONS = ("8bit", "4bit")
-
-
-def quantization_config(quantization: str | None, dtype: str):
-    """transformers' BitsAndBytesConfig for '8bit' / '4bit' (UserError when bitsandbytes is missing)."""
-    import importlib.util
-
-    import torch
-
-    if quantization is None:
-        return None
-    if quantization not in QUANTIZATIONS:
-        raise UserError(f"quantization '{quantization}' is not one of {', '.join(QUANTIZATIONS)}")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise UserError(f"quantization '{quantization}' needs the bitsandbytes package (pip install bitsandbytes)")
-    from transformers import BitsAndBytesConfig
-
-    if quantization == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=getattr(torch, dtype))
-
-
-def _refused_pickle(source: ModelSource, err: pickle.UnpicklingError) -> str:
-    """What to tell about pickled weights (``pytorch_model*.bin``) that torch's safe loader refused, or
-    that are damaged: the file and the safe way to load the model, never advice to turn the protection
-    off (torch's own message ends with that advice, so it is not passed on)."""
-    folder = Path(source.location)
-    files = ", ".join(map(str, sorted(folder.glob("pytorch_model*.bin")))) if folder.is_dir() else ""
-    files = files or "its pickled weights (pytorch_model.bin)"
-    if "weights only load failed" not in str(err).lower():
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        return f"{files}: not a readable weights file ({first}): fetch or save the model again"
-    blocked = re.search(r"unsupported GLOBAL (\S+)", str(err))
-    runs = f": it would run {blocked.group(1)}" if blocked else ""
-    return (f"{files}: torch's safe loader refuses this pickle{runs}; load the model from safetensors "
-            "instead (model.safetensors beside config.json, from a source you trust)")
-
-
-def _weights_source(model: str, name: str | None, source: ModelSource, seq2seq: bool,
-                    quantization: str | None, tokenizer) -> ModelSource:
-    """Where to load the weights from: a packaged model's de-quantised folder (members/converted.py,
-    converted on first use), otherwise the source itself."""
-    if model not in PACKAGED or seq2seq or quantization is not None or source.gguf_file is None:
-        return source
-    from ensemble_bench.members.converted import converted_source
-
-    return converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name or model, CONVERTING))
-
-
-def load_member(model: str, dtype: str = "float32", device: str = "cpu",
-                chat_template: bool = True, name: str | None = None, *,
-                device_map: str | dict | None = None, max_memory: dict | None = None,
-                quantization: str | None = None, kind: str = "auto", trust_remote_code: bool = False,
-                backend: str = "transformers", vllm: dict | None = None) -> Member:
-    """Load one member from a packaged name, a .gguf file, a directory or a hub id.
-
-    ``kind``: ``causal``, ``seq2seq`` (an encoder-decoder, members/seq2seq.py) or ``auto`` (the
-    model config's ``is_encoder_decoder`` decides).
-
-    ``device_map`` / ``max_memory`` / ``quantization`` go to ``from_pretrained`` (accelerate places
-    the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
-    ``trust_remote_code`` lets transformers run the Python code of the model's repository.
-    ``backend`` ``vllm``: an in-process vLLM engine steps the model (members/vllm.py), ``vllm`` its
-    engine arguments.
-    """
-    if dtype not in DTYPES:
-        raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    tell_load(name or model, "loading")
-    started = time.perf_counter()
-    if backend == "vllm":
-        member = _load_on_vllm(model, dtype, device, chat_template, name or model, vllm or {}, trust_remote_code)
-    else:
-        member = _load(model, dtype, device, chat_template, name, device_map, max_memory, quantization, kind,
-                       trust_remote_code)
-    log.info("%s loaded in %.1f s", name or model, time.perf_counter() - started)
-    tell_load(name or model, "loaded")
-    return member
-
-
-def _load_on_vllm(model: str, dtype: str, device: str, chat_template: bool, name: str, args: dict,
-                  trust_remote_code: bool) -> Member:
-    """A vLLM member (members/vllm.py) over an HF folder: a packaged model's converted float32 folder
-    (converted once, by any transformers version), or the folder / hub id itself. vLLM 0.32 has no
-    GGUF loader: a GGUF file of one's own is refused."""
-    from pathlib import Path
-
-    from ensemble_bench.members.converted import converted_source
-    from ensemble_bench.members.vllm import load_vllm_member
-
-    source = resolve(model)
-    tokenizer = load_tokenizer(source, trust_remote_code)
-    if source.gguf_file is not None and model in PACKAGED:
-        source = converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name, CONVERTING),
-                                  any_transformers=True)
-    if source.gguf_file is not None:
-        raise UserError(f"member '{name}': backend vllm loads HF folders, not GGUF files: convert '{model}' to a "
-                        "safetensors folder first (or use backend transformers)")
-    return load_vllm_member(Path(source.location), tokenizer, dtype, device, chat_template, name, args,
-                            trust_remote_code)
-
-
-def _load(model: str, dtype: str, device: str, chat_template: bool, name: str | None, device_map, max_memory,
-          quantization: str | None, kind: str, trust_remote_code: bool) -> Member:
-    """load_member's work, once the dtype is known good."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    from ensemble_bench.members.local import LocalMember
-    from ensemble_bench.members.seq2seq import Seq2SeqMember, is_seq2seq
-
-    placement: dict = {}
-    quantized = quantization_config(quantization, dtype)
-    if quantized is not None:
-        placement["quantization_config"] = quantized
-        device_map = device_map if device_map is not None else {"": device}
-    if device_map is not None:
-        placement["device_map"] = device_map
-    if max_memory:
-        placement["max_memory"] = max_memory
-    source = resolve(model)
-    try:
-        seq2seq = is_seq2seq(source.location, source.gguf_file, kind, trust_remote_code)
-        tokenizer = load_tokenizer(source, trust_remote_code)
-        stored = _weights_source(model, name, source, seq2seq, quantization, tokenizer)
-        weights = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
-            stored.location, gguf_file=stored.gguf_file, dtype=getattr(torch, dtype),
-            trust_remote_code=trust_remote_code, **placement)
-    except pickle.UnpicklingError as err:
-        raise UserError(f"cannot load model '{model}': {_refused_pickle(source, err)}") from None
-    except (OSError, ValueError, ImportError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        if "custom code" in first and not trust_remote_code:
-            first = "it ships its own Python code; set trust_remote_code: true on the member to run it"
-        raise UserError(f"cannot load model '{model}': {first}") from None
-    if device_map is None:
-        try:
-            weights.to(device)
-        except (RuntimeError, AssertionError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise UserError(f"model '{model}' does not fit on device '{device}': {first}") from None
-    if seq2seq:
-        return Seq2SeqMember(weights, tokenizer, name or model)
-    return LocalMember(weights, tokenizer, name or model, chat_template=chat_template)

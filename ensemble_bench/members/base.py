@@ -259,6 +259,11 @@ class Stepping(ABC):
     def input_embeddings(self) -> torch.Tensor:
         """The input embedding matrix [head rows, d] (DeePEn's relative representations)."""
 
+    def output_embeddings(self) -> torch.Tensor:
+        """The output head's matrix [head rows, d] (EVA's vocabulary alignment); a member that
+        cannot reach its head gives its input embeddings."""
+        return self.input_embeddings()
+
     @abstractmethod
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Score each continuation given its context (token ids), ``batch_size`` pairs per forward

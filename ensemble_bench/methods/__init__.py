@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
+from ensemble_bench.decoding.method import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
 from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods.base import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
+from ensemble_bench.methods.adafuse import AdaFuse
 from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion
 from ensemble_bench.methods.deepen import Deepen
+from ensemble_bench.methods.eva import Eva
 from ensemble_bench.methods.gac import Gac
 from ensemble_bench.methods.lvr import Lvr
 from ensemble_bench.methods.mbr import Mbr
@@ -29,28 +32,40 @@ from ensemble_bench.methods.unite import Unite
 from ensemble_bench.methods.voting import Voting
 
 METHODS: dict[str, type[Method]] = {}
+ON_REGISTER: list[Callable[[type[Method]], None]] = []  # called with each method registered (``when_registered``)
 
 ALONE = Single.name  # the method that evaluates one member by itself
 
 __all__ = ["ALONE", "METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
            "ParamDoc", "RunStats", "current_params", "describe_params", "get_method", "is_alone", "read_stats",
-           "register_method"]
+           "register_method", "when_registered"]
 
 
 def register_method(cls: type[Method]) -> type[Method]:
     """Add a method to the registry under ``cls.name`` (also usable as a class decorator). Its
-    lm-eval model (``ensemble_bench.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made from it."""
+    lm-eval model (``ensemble_bench.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made here, by the
+    hook lm.py adds (``when_registered``) once it is imported."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier() or not name.islower():
         raise ValueError(f"a method's name is a lower-case identifier, got {name!r}")
     if METHODS.get(name, cls) is not cls:
         raise ValueError(f"method '{name}' is already registered ({METHODS[name].__qualname__})")
     METHODS[name] = cls
+    for hook in ON_REGISTER:
+        hook(cls)
     return cls
 
 
+def when_registered(hook: Callable[[type[Method]], None]) -> None:
+    """Call ``hook`` with every method registered so far and with each one registered from now on (how
+    lm.py makes one lm-eval model per method without methods/ importing lm-eval)."""
+    ON_REGISTER.append(hook)
+    for cls in list(METHODS.values()):
+        hook(cls)
+
+
 BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr)
+            Lvr, Eva, AdaFuse)
 for _method in BUILT_IN:
     register_method(_method)
 
@@ -113,9 +128,22 @@ def current_params(name: str, stored: dict[str, Any]) -> dict[str, Any]:
     if method is None:
         return dict(stored)
     try:
-        return method.Params.model_validate(stored).model_dump(mode="json")
+        return method.Params.model_validate(without_defaults(method.Params, stored)).model_dump(mode="json")
     except ValidationError:
         return dict(stored)
+
+
+def without_defaults(params: type, stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored full dump less the fields at their default: a field that applies only beside another
+    (CoRE's ``core_beta`` beside ``core: true``) then validates as the default it was."""
+    fields = params.model_fields
+    return {key: value for key, value in stored.items()
+            if key not in fields or fields[key].is_required() or value != _json_default(fields[key])}
+
+
+def _json_default(field) -> Any:
+    default = field.get_default(call_default_factory=True)
+    return list(default) if isinstance(default, tuple) else default
 
 
 def read_stats(data: dict[str, Any]) -> RunStats:

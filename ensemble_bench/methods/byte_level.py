@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -54,15 +55,16 @@ from pydantic import Field
 from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import decode_batch, prefill
-from ensemble_bench.decoding.stopping import StopRule
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     LoglikelihoodRequest,
     MethodParams,
     Timing,
     lead_field,
     rolling_with_members,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.decoding.stopping import StopRule
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.covering_decoder import (
     CoveringDecoder,
     ScoringState,
@@ -80,6 +82,14 @@ class ByteLevelParams(MethodParams):
         "per-member weights (null or average: equal)"))
 
 
+@dataclass(frozen=True)
+class CoveringReport(MethodStats):
+    """What a byte_level (or lvr) row reports besides the shared statistics."""
+
+    lead_index: int
+    steps: dict = spread()  # the covering loop's steps, branches and reads
+
+
 class ByteLevel(CoveringDecoder):
     name = "byte_level"
     version = 3  # 3: the branch after whitespace takes the tokenizer's trunk for what follows (issue 42 item 8)
@@ -90,8 +100,8 @@ class ByteLevel(CoveringDecoder):
     def member_vocabs(self) -> list[SortedVocab]:
         return [SortedVocab(m.vocab.pieces, m.vocab.special_ids | m.stop_ids) for m in self.members]
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, **self.stats.summary(len(self.members), "byte")}
+    def statistics(self) -> CoveringReport:
+        return CoveringReport(lead_index=self.lead, steps=self.stats.summary(len(self.members), "byte"))
 
     def symbol_bytes(self, symbol: int) -> bytes:
         return bytes([symbol])

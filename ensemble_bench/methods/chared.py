@@ -32,8 +32,7 @@ from pydantic import Field, field_validator
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import give_text, text_appender, text_lookup
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -43,6 +42,8 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.packllm import mix
 from ensemble_bench.vocab.covering import END, SortedVocab
 
@@ -139,6 +140,12 @@ class CharStats:
                 "chared_bytes_per_token": per(self.data_bytes)}
 
 
+@dataclass(frozen=True)
+class CharReport(MethodStats):
+    weights_resolved: list[float]
+    steps: dict = spread()  # CharStats.summary()
+
+
 class CharED(DecodingMethod):
     name = "chared"
     Params = CharEDParams
@@ -158,8 +165,8 @@ class CharED(DecodingMethod):
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    def counters(self) -> dict:
-        return {"weights_resolved": self.weights, **self.stats.summary()}
+    def statistics(self) -> CharReport:
+        return CharReport(weights_resolved=self.weights, steps=self.stats.summary())
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:

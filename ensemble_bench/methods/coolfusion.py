@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.method import Generation, GenerationRequest, MethodParams
 from ensemble_bench.decoding.scorers import PerplexityScorer
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import Generation, GenerationRequest, MethodParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import SpanMethod, SpanParams
 
@@ -40,7 +41,7 @@ class CoolFusion(SpanMethod):
         super().__init__(members, params, batch_size)
         self.reranker = PerplexityScorer(members, batch_size) if params.rerank else None
 
-    def _segment_end(self, proposer: int, text: str) -> int | None:
+    def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
         ends = self._common_ends(text) if self.params.align else self.members[proposer].word_starts(text)
         return ends[-1] if ends else None
 

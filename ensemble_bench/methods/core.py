@@ -38,7 +38,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from ensemble_bench.methods.base import MethodParams
+from ensemble_bench.decoding.method import MethodParams
 
 EPS = 1e-12  # as the official code: an entropy floor, and "no mass" below it
 FILTER_PARAMS = {"rbf": "core_beta", "power": "core_alpha", "reciprocal": "core_gamma", "sigmoid": "core_k"}

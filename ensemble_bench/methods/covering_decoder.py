@@ -31,8 +31,8 @@ import torch
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps
 from ensemble_bench.decoding.feeding import canonical_tail
+from ensemble_bench.decoding.method import GenerationRequest, normalised_weights, resolve_member
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import GenerationRequest, normalised_weights, resolve_member
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.covering import Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
 from ensemble_bench.vocab.lookahead import lookahead

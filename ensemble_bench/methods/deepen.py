@@ -31,10 +31,11 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.method import lead_field, normalised_weights
+from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import lead_field, normalised_weights
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.relative import (
     MemberSlice,
     RelativeSpace,
@@ -128,6 +129,14 @@ class DeepenStats:
     def summary(self) -> dict:
         return {"support_rows_per_step": self.support_total / self.support_rows if self.support_rows else None,
                 "bound_decided_fraction": self.bound_decided / self.bound_rows if self.bound_rows else None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepenReport(EmitterReport):
+    weights_resolved: list[float]
+    anchors: int                      # the relative space's size (the common tokens)
+    tokens_manipulated_per_step: int  # the anchors, every step
+    steps: dict = spread()            # DeepenStats.summary(): the inverse transform's steps and bounds
 
 
 class Deepen(EmitterMethod):
@@ -288,7 +297,6 @@ class Deepen(EmitterMethod):
                 share = float(kept[search == targets[row]].sum() / kept.sum()) if kept.sum() > 0 else 0.0
                 yield choice, log_or_floor(share)
 
-    def counters(self) -> dict:
-        return {**super().counters(), "weights_resolved": self.weights, "anchors": self.spaces[0].size,
-                "tokens_manipulated_per_step": self.spaces[0].size,
-                **self.stats.summary()}
+    def statistics(self) -> DeepenReport:
+        return DeepenReport(**vars(super().statistics()), weights_resolved=self.weights, anchors=self.spaces[0].size,
+                            tokens_manipulated_per_step=self.spaces[0].size, steps=self.stats.summary())

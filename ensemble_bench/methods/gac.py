@@ -29,10 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
-from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -43,6 +40,10 @@ from ensemble_bench.methods.base import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -155,6 +156,21 @@ class GacStats:
                 "ensembled_position_deciles": self.position_deciles}
 
 
+@dataclass(frozen=True)
+class GacReport(MethodStats):
+    """What a GaC row reports besides the shared statistics."""
+
+    union_size: int
+    lead_index: int
+    gate_index: int | None           # Eq. 5's gate member; None when every step is ensembled
+    weights_resolved: list[float]
+    bound_decided_fraction: float | None  # rows the top-k bound decided without the full union
+    steps: dict = spread()           # GacStats.summary(): steps gated and ensembled
+    retokenizing: dict = spread()
+    speculation: dict = spread()
+    core: dict = spread()            # CoRE's counters (methods/core.py) when core: true
+
+
 class Gac(SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
@@ -190,13 +206,13 @@ class Gac(SpeculativeSteps, DecodingMethod):
         return {**super().carried(), "stats": self.stats, "feed": self.feed_stats,
                 **(self.core.carried() if self.core else {})}
 
-    def counters(self) -> dict:
+    def statistics(self) -> GacReport:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
-        return {"union_size": self.union.size, "lead_index": self.lead, "gate_index": self.gate,
-                "weights_resolved": self.weights.tolist(), "bound_decided_fraction": decided,
-                **self.stats.summary(), **self.feed_stats.summary(self.params.retokenize),
-                **(self.speculation.summary() if self.speculation else {}),
-                **(self.core.counters() if self.core else {})}
+        return GacReport(union_size=self.union.size, lead_index=self.lead, gate_index=self.gate,
+                         weights_resolved=self.weights.tolist(), bound_decided_fraction=decided,
+                         steps=self.stats.summary(), retokenizing=self.feed_stats.summary(self.params.retokenize),
+                         speculation=self.speculation.summary() if self.speculation else {},
+                         core=self.core.counters() if self.core else {})
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> GacState:

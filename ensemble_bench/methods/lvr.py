@@ -34,15 +34,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ensemble_bench.decoding.decode import decode_batch
+from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import Timing
-from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
+from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams, CoveringReport
 from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
 from ensemble_bench.vocab.common import CommonSpeller, common_vocabulary
 from ensemble_bench.vocab.covering import SortedVocab
+
+
+@dataclass(frozen=True)
+class LvrReport(CoveringReport):
+    common_vocabulary: int = 0  # the members' common tokens
 
 
 class LvrParams(ByteLevelParams):
@@ -64,9 +70,9 @@ class Lvr(ByteLevel):
     def member_vocabs(self) -> list[SortedVocab]:
         return [SortedVocab(spelled, frozenset(), end=len(self.speller.common)) for spelled in self.spellings]
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, "common_vocabulary": len(self.speller.common),
-                **self.stats.summary(len(self.members), "common_token")}
+    def statistics(self) -> LvrReport:
+        return LvrReport(lead_index=self.lead, common_vocabulary=len(self.speller.common),
+                         steps=self.stats.summary(len(self.members), "common_token"))
 
     def symbol_bytes(self, symbol: int) -> bytes:
         return self.speller.common[symbol]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sacrebleu.metrics import CHRF
 
-from ensemble_bench.methods.base import GenerationRequest
+from ensemble_bench.decoding.method import GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
 
 _CHRF = CHRF()

@@ -1,23 +1,19 @@
 """PackLLM — "Pack of LLMs: Model Fusion at Test-Time via Perplexity Optimization"
 (Mavromatis, Karypis and Karypis, arXiv 2404.11531; docs/methods/token_level.md).
 
-Each prompt P gets its own member weights lambda_k (sum 1) from how well each member knows it:
-
-    log PPL_k(P) = -(1/t) sum_i log p_k(x_i | x_<i)              the prompt's perplexity
-    PackLLM-sim:   lambda_k = softmax_k(-log PPL_k / tau)
-    PackLLM-opt:   lambda = argmin_lambda PPL of P under the fused model, solved greedily: members
-                   sorted by PPL_k, each next one mixed in as a*current + (1-a)*next with the best
-                   a on the grid {0, 1/grid, ..., 1} (the paper's greedy algorithm, step 0.05)
+Each prompt P gets its own member weights lambda_k (sum 1) from how well each member knows it
+(PackLLM-sim and PackLLM-opt, Sec. 3: methods/packllm_weights.py). Its top-1 expert is the member of
+lowest prompt perplexity (ties to the lower index).
 
 Decoding fuses the members every step with the row's weights, in one of two spaces (``alignment``):
-- ``mined`` (the paper's tokenizer alignment and logit fusion): fusion is on the row's top-1 expert (largest
-  lambda_k, ties to the lower index); every member's log-probs are carried onto the expert's
-  vocabulary by MinED (vocab/mined.py) and fused as p(x) = softmax_x(sum_k lambda_k s_k(x)); greedy
-  takes the expert's token at the argmax, the others take its text.
+- ``mined`` (the paper's tokenizer alignment and logit fusion): fusion is on the row's top-1 expert's
+  vocabulary; every member's log-probs are carried there by MinED (vocab/mined.py) and fused as
+  p(x) = softmax_x(sum_k lambda_k s_k(x)); greedy takes the expert's token at the argmax, the others
+  take its text.
 - ``union``: the project's union vocabulary by bytes, GaC Eq. 3 with per-row weights:
   q(u) = sum_k lambda_k P_k(u).
-PackLLM-opt's objective is measured on the prompt cut into segments that end where every member's
-tokenisation of it has a boundary (each member's segment probability is exact there).
+PackLLM-opt minimises the prompt perplexity of the model decoded: the logit fusion (mined) or the
+arithmetic mixture (union).
 
 Log-likelihood of a continuation: sum_k lambda_k p_k(continuation) with lambda from the context,
 as GaC scores (sequence level). Perplexity tasks (no prompt to weigh by): equal weights.
@@ -29,7 +25,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from pydantic import Field, model_validator
@@ -38,9 +34,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
-from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -48,7 +42,22 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
+from ensemble_bench.methods.packllm_weights import (
+    Carried,
+    ExpertReading,
+    common_segments,
+    expert_token_ppl,
+    fused_opt_weights,
+    increasing_ppl,
+    log_perplexity,
+    opt_weights,
+    score_prompts,
+    sim_weights,
+)
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -56,7 +65,6 @@ from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
-PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
 
 
@@ -68,6 +76,18 @@ class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
         "log perplexity per member token (paper) or per prompt byte"))
     alignment: Literal["union", "mined"] = Field(default="mined", description=(
         "fusion space: mined, the row's top-1 expert's vocabulary (paper); union, bytes"))
+    score_from: Literal["prefix", "second_token"] = Field(default="prefix", description=(
+        "the prompt's perplexity: prefix, every prompt token scored, the first after the member's prefix "
+        "token (BOS); second_token, the paper's code: no prefix token, scoring starts at the second token"))
+    ppl_reading: Literal["own", "expert_tokens"] = Field(default="own", description=(
+        "whose tokens each member's prompt perplexity is read on: own, its own tokenisation; expert_tokens, "
+        "the paper's code: the top-1 expert's tokens, MinED-mapped (mined alignment only)"))
+
+    @model_validator(mode="after")
+    def _expert_reading_needs_mined(self):
+        if self.ppl_reading == "expert_tokens" and (self.alignment != "mined" or self.ppl_unit != "token"):
+            raise ValueError("ppl_reading 'expert_tokens' needs alignment 'mined' and ppl_unit 'token'")
+        return self
 
     @model_validator(mode="after")
     def _variant_fields(self):
@@ -78,160 +98,48 @@ class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
         return self
 
 
-# --- the prompt's token log-probs, per member ------------------------------------------------------
-@dataclass(frozen=True)
-class PromptScore:
-    """One member's reading of one prompt: the bytes each of its tokens ends at, and their log-probs."""
-
-    ends: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-    @property
-    def total(self) -> float:
-        return sum(self.logprobs)
-
-
-def split_prefix(member: Member, ids: Sequence[int]) -> tuple[list[int], list[int]]:
-    """(context, scored tokens): a leading prefix token (BOS) conditions the rest, else one is added;
-    the prompt's end is kept so that both fit the member's context."""
-    ids = list(ids)
-    if ids and ids[0] == member.prefix_token_id:
-        ids = ids[1:]
-    return [member.prefix_token_id], ids[-(member.max_length - 1):]
-
-
-def token_ends(member: Member, ids: Sequence[int]) -> tuple[int, ...]:
-    """Byte offset where each token ends in the text (a SentencePiece dummy-prefix space dropped)."""
-    ends, offset = [], -1 if member.vocab.strips_leading_space else 0
-    for token in ids:
-        offset += len(member.vocab.pieces[token] or b"")
-        ends.append(max(offset, 0))
-    return tuple(ends)
-
-
-def score_prompts(member: Member, prompts: Sequence[Sequence[int]]) -> list[PromptScore]:
-    """Each prompt's per-token log-probs, in batches of the member of at most ``PROMPT_TOKENS`` tokens
-    (every position's distribution is kept for one forward)."""
-    split = [split_prefix(member, ids) for ids in prompts]
-    scores: list[PromptScore] = []
-    for chunk in token_chunks([len(tokens) for _, tokens in split], PROMPT_TOKENS):
-        first = member.prefill([split[i][0] for i in chunk])
-        _, rest = member.extend_scored([split[i][1] for i in chunk])
-        for row, i in enumerate(chunk):
-            tokens = split[i][1]
-            head = [float(first[row, tokens[0]])] if tokens else []
-            scores.append(PromptScore(token_ends(member, tokens), tuple(head + list(rest[row]))))
-    return scores
-
-
-def token_chunks(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive indices grouped so that each group's lengths add up to at most ``budget`` (or one row)."""
-    chunks: list[list[int]] = []
-    total = budget + 1
-    for i, length in enumerate(lengths):
-        if total + length > budget:
-            chunks.append([])
-            total = 0
-        chunks[-1].append(i)
-        total += length
-    return chunks
-
-
-# --- the weights ---------------------------------------------------------------------------------
-def log_perplexity(score: PromptScore, unit: str) -> float:
-    """log PPL of the prompt: mean negative log-prob per member token, or per byte of the prompt."""
-    count = len(score.logprobs) if unit == "token" else (score.ends[-1] if score.ends else 0)
-    return -score.total / count if count else 0.0
-
-
-def sim_weights(log_ppl: Sequence[float], tau: float) -> list[float]:
-    """PackLLM-sim: lambda_k = softmax_k(-log PPL_k / tau)."""
-    return torch.softmax(-torch.tensor(log_ppl, dtype=torch.float64) / tau, 0).tolist()
-
-
-def common_segments(scores: Sequence[PromptScore]) -> list[list[float]]:
-    """Each member's log-prob of each segment of the prompt between byte offsets where every member's
-    tokens end ([member][segment]); one segment (the whole prompt) when the members read different texts."""
-    lengths = {s.ends[-1] if s.ends else 0 for s in scores}
-    cuts = sorted(set.intersection(*(set(s.ends) for s in scores))) if len(lengths) == 1 else []
-    if not cuts:
-        return [[s.total] for s in scores]
-    segments = []
-    for score in scores:
-        sums, total, position = [], 0.0, 0
-        for end, logprob in zip(score.ends, score.logprobs):
-            total += logprob
-            if position < len(cuts) and end == cuts[position]:
-                sums.append(total)
-                total, position = 0.0, position + 1
-        segments.append(sums)
-    return segments
-
-
-def mixed_in(current: torch.Tensor, nxt: torch.Tensor, a: float) -> torch.Tensor:
-    """log(a * exp(current) + (1 - a) * exp(nxt)) per segment."""
-    none = torch.full_like(current, -math.inf)
-    return torch.logaddexp(current + math.log(a) if a > 0 else none, nxt + math.log(1 - a) if a < 1 else none)
-
-
-def opt_weights(segments: Sequence[Sequence[float]], log_ppl: Sequence[float], grid: int) -> list[float]:
-    """PackLLM-opt's greedy solution: members in increasing PPL; each next member is mixed in with the
-    a on the grid that gives the fused model the lowest prompt perplexity (ties keep the larger a)."""
-    order = sorted(range(len(log_ppl)), key=lambda k: (log_ppl[k], k))
-    seg = torch.tensor(segments, dtype=torch.float64)
-    weights = [0.0] * len(order)
-    weights[order[0]] = 1.0
-    current = seg[order[0]]  # log of the fused segment probabilities so far
-    for k in order[1:]:
-        candidates = [mixed_in(current, seg[k], step / grid) for step in range(grid, -1, -1)]
-        losses = [float(-c.mean()) for c in candidates]  # log PPL of the prompt, per segment
-        best = min(range(len(losses)), key=lambda j: (losses[j], j))
-        a = (grid - best) / grid
-        current = candidates[best]
-        weights = [w * a for w in weights]
-        weights[k] = 1 - a
-    return weights
-
-
-def prompt_weights(params: PackLLMParams, scores: Sequence[PromptScore]) -> list[float]:
-    """One prompt's lambda from every member's score of it ([member])."""
-    log_ppl = [log_perplexity(s, params.ppl_unit) for s in scores]
-    if params.variant == "sim":
-        return sim_weights(log_ppl, params.tau)
-    return opt_weights(common_segments(scores), log_ppl, params.grid)
-
-
 # --- the method ----------------------------------------------------------------------------------
+class PromptWeights(NamedTuple):
+    """One prompt's lambda ([member]) and its top-1 expert (the member of lowest perplexity)."""
+
+    weights: tuple[float, ...]
+    expert: int
+
+
 @dataclass
 class PackState(RequestState):
     weights: tuple[float, ...] = ()
+    expert: int = 0  # the row's top-1 expert, whose vocabulary the fusion uses (mined alignment)
     token: int = -1  # mined: the top-1 expert's last chosen id (it takes its own token back)
-
-    @property
-    def expert(self) -> int:
-        """The row's top-1 expert, whose vocabulary the fusion uses (mined alignment)."""
-        return top_expert(self.weights)
-
-
-def top_expert(weights: Sequence[float]) -> int:
-    """The member with the largest weight (the paper's top-1 expert), ties to the lower index."""
-    return max(range(len(weights)), key=lambda k: (weights[k], -k))
 
 
 @dataclass
 class PackStats:
-    weights: list[list[float]] = field(default_factory=list)  # per prompt (request or scoring context), as read
+    prompts: list[PromptWeights] = field(default_factory=list)  # per request or scoring context, in their order
     scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
 
     def summary(self) -> dict:
-        mean = [sum(col) / len(col) for col in zip(*self.weights)] if self.weights else None
-        top = [0] * (len(self.weights[0]) if self.weights else 0)
-        for w in self.weights:
-            top[top_expert(w)] += 1
-        per_request = 1000 * self.scoring_seconds / len(self.weights) if self.weights else None
+        weights = [p.weights for p in self.prompts]
+        mean = [sum(col) / len(col) for col in zip(*weights)] if weights else None
+        top = [0] * (len(weights[0]) if weights else 0)
+        for prompt in self.prompts:
+            top[prompt.expert] += 1
+        per_request = 1000 * self.scoring_seconds / len(weights) if weights else None
         return {"packllm_weights_mean": mean, "packllm_top_member_counts": top,
                 "packllm_prompt_scoring_ms_per_request": per_request,
-                "packllm_prompt_weights": [[round(x, 6) for x in w] for w in self.weights]}
+                "packllm_prompt_weights": [[round(x, 6) for x in w] for w in weights]}
+
+
+@dataclass(frozen=True)
+class PackReport(MethodStats):
+    """What a PackLLM row reports besides the shared statistics."""
+
+    alignment: str
+    fusion: dict = spread()        # union_size with alignment union
+    prompts: dict = spread()       # PackStats.summary(): each prompt's lambda, their mean, top-1 experts, scoring time
+    retokenizing: dict = spread()
+    speculation: dict = spread()
+    core: dict = spread()          # CoRE's counters (methods/core.py) when core: true
 
 
 class UnionFusion:
@@ -273,22 +181,6 @@ class UnionFusion:
 
     def chunks(self, states: list[PackState], advances: list[Advance], member: int) -> tuple[list, list]:
         return [[a.data] for a in advances], [[] for _ in advances]
-
-
-@dataclass(frozen=True)
-class Carried:
-    """One member's log-probs carried onto one expert's vocabulary: gather ``index``; ``missing`` ids get -inf."""
-
-    index: torch.Tensor    # [V_ref] member ids (0 where missing)
-    missing: torch.Tensor  # [V_ref] bool
-
-    @classmethod
-    def of(cls, mapped: torch.Tensor) -> Carried:
-        return cls(mapped.clamp(min=0), mapped < 0)
-
-    def carry(self, logprobs: torch.Tensor, device: torch.device) -> torch.Tensor:
-        carried = logprobs[:, self.index.to(logprobs.device)].float().to(device)
-        return carried.masked_fill(self.missing.to(device), -math.inf)
 
 
 def choosable(view: VocabView, stop_ids: frozenset[int]) -> torch.Tensor:
@@ -407,26 +299,52 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
     def check_members(cls, params: PackLLMParams, labels: Sequence[str]) -> None:
         resolve_proposer(params, labels, LEAD)
 
-    def counters(self) -> dict:
-        return {"alignment": self.params.alignment, **self.fusion.info(),
-                **self.feed_stats.summary("local"), **self.stats.summary(),
-                **(self.speculation.summary() if self.speculation else {}),
-                **(self.core.counters() if self.core else {})}
+    def statistics(self) -> PackReport:
+        return PackReport(alignment=self.params.alignment, fusion=self.fusion.info(), prompts=self.stats.summary(),
+                          retokenizing=self.feed_stats.summary("local"),
+                          speculation=self.speculation.summary() if self.speculation else {},
+                          core=self.core.counters() if self.core else {})
 
     def carried(self) -> dict[str, object]:
         return {**super().carried(), **(self.core.carried() if self.core else {})}
 
-    def weights_for(self, prompts: list[list[list[int]]]) -> list[list[float]]:
-        """lambda of each prompt ([row][member]); ``prompts[member][row]`` in each member's ids."""
-        scores = each(self.members, score_prompts, prompts)
-        return [prompt_weights(self.params, [s[row] for s in scores]) for row in range(len(prompts[0]))]
+    def weights_for(self, prompts: list[list[list[int]]]) -> list[PromptWeights]:
+        """lambda and the top-1 expert of each prompt ([row]); ``prompts[member][row]`` in each member's ids."""
+        scores = each(self.members, lambda m, rows: score_prompts(m, rows, self.params.score_from), prompts)
+        return [self._prompt_weights([s[row] for s in scores], [p[row] for p in prompts])
+                for row in range(len(prompts[0]))]
+
+    def _prompt_weights(self, scores: list, prompt: list[list[int]]) -> PromptWeights:
+        params = self.params
+        log_ppl = [log_perplexity(s, params.ppl_unit) for s in scores]
+        expert = increasing_ppl(log_ppl)[0]
+        reading = None
+        if params.alignment == "mined":
+            reading = ExpertReading(self.members, self.fusion.carried[expert], expert, prompt, params.score_from)
+            if params.ppl_reading == "expert_tokens":
+                log_ppl = expert_token_ppl(reading)
+        if params.variant == "sim":
+            weights = sim_weights(log_ppl, params.tau)
+        elif reading is None:
+            weights = opt_weights(common_segments(scores), log_ppl, params.grid)
+        else:
+            weights = fused_opt_weights(reading, increasing_ppl(log_ppl), params.grid)
+        return PromptWeights(tuple(weights), expert)
 
     # --- generation: the loop's steps -------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """The loop's batches (longest prompts first); the prompts' weights are recorded in the requests' order."""
+        self._batch_weights: dict[int, PromptWeights] = {}
+        generations = super().generate(requests)
+        self.stats.prompts.extend(self._batch_weights[id(r)] for r in requests)
+        return generations
+
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         start = time.perf_counter()
-        weights = self.weights_for(prompts)  # before the loop: it reuses the members' batch state
+        found = self.weights_for(prompts)  # before the loop: it reuses the members' batch state
         self.stats.scoring_seconds += time.perf_counter() - start
-        states = [PackState.of(r, weights=tuple(w)) for r, w in zip(requests, weights)]
+        self._batch_weights.update((id(r), w) for r, w in zip(requests, found))
+        states = [PackState.of(r, weights=w.weights, expert=w.expert) for r, w in zip(requests, found)]
         self.decode(prompts, states)
         return [self.result(s, r) for s, r in zip(states, requests)]
 
@@ -444,10 +362,6 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
         data = self.members[proposer].vocab.pieces[token]
         return None if data is None else self.fusion.draft(state, data, token, proposer)
 
-    def result(self, state: PackState, request: GenerationRequest) -> Generation:
-        self.stats.weights.append(list(state.weights))
-        return super().result(state, request)
-
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
         per_member = score_with_members(self.members, requests, self.batch_size)
@@ -463,8 +377,8 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
             chunk = distinct[start:start + self.batch_size]
             rendered = [[m.render(p) for p in chunk] for m in self.members]
             weights = self.weights_for(rendered)
-            self.stats.weights.extend(weights)
-            found.update(zip(chunk, weights))
+            self.stats.prompts.extend(weights)
+            found.update(zip(chunk, [list(w.weights) for w in weights]))
         return [found[p] for p in prompts]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.method import Generation, GenerationRequest
 from ensemble_bench.decoding.scorers import (
     DEFAULT_PAIR_TEMPLATE,
     BlenderRanker,
@@ -33,8 +35,7 @@ from ensemble_bench.decoding.scorers import (
     RewardScorer,
 )
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import Generation, GenerationRequest
-from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
+from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, SampleReport
 
 
 class RerankParams(SampleLevelParams):
@@ -61,6 +62,11 @@ class RerankParams(SampleLevelParams):
         if self.scorer_template is not None and not all(f in self.scorer_template for f in fields):
             raise ValueError(f"scorer_template of the {self.scorer} scorer must contain {' '.join(fields)}")
         return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class RerankReport(SampleReport):
+    scorer: str
 
 
 class Rerank(SampleLevel):
@@ -104,5 +110,5 @@ class Rerank(SampleLevel):
         self.scoring_seconds += time.perf_counter() - start
         return choice
 
-    def counters(self) -> dict:
-        return {**super().counters(), "scorer": self.params.scorer}
+    def statistics(self) -> RerankReport:
+        return RerankReport(**vars(super().statistics()), scorer=self.params.scorer)

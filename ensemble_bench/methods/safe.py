@@ -33,7 +33,7 @@ returns the distributions at every stable position), after a crop to the longest
 shares; after the decision it is cropped back to the committed text, and the next cycle's block
 reads the tokens it lacks. The drafter drafts token by token and then moves to the committed ids
 with one crop and one extend (``move_rows``). The decisions are those of one-token extends, within
-float tolerance (tests/test_safe.py compares them).
+float tolerance (tests/methods/test_safe.py compares them).
 
 Log-likelihood (multiple choice): the drafter's own score; SAFE ensembles only while generating.
 """
@@ -50,8 +50,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import canonical_tail, text_appender
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     GenerationRequest,
     LoglikelihoodRequest,
     WindowParams,
@@ -61,6 +60,9 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -68,7 +70,6 @@ from ensemble_bench.vocab.mixture import UnionMixture
 
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
-SPACE = b" "        # never a sharpening candidate (authors' code: the bare space prefixes every word)
 END = -1            # a verifier's read after the whole of a row's reading (beside its stable positions)
 
 
@@ -95,36 +96,6 @@ class SafeState(RequestState):
 
 
 @dataclass
-class Draft:
-    tokens: list[int] = field(default_factory=list)
-    seen: list[torch.Tensor] = field(default_factory=list)  # the drafter's log-probs before each token (and the stop)
-    stop: bool = False                                      # the drafter chose a stop id after ``tokens``
-    offsets: list[int] = field(default_factory=lambda: [0])  # byte offset of each token's start, then the end
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One verifier's ids of committed text + draft: ``prefix`` (generated ids kept), then ``ids``
-    whose ends fall at ``ends`` (byte offsets from the draft's start; the prefix ends at ``start``)."""
-
-    prefix: tuple[int, ...]
-    ids: tuple[int, ...]
-    ends: tuple[int, ...]
-    start: int
-    pending: bytes = b""
-
-    def count_to(self, offset: int) -> int | None:
-        """How many of ``ids`` end exactly at ``offset`` (None: ``offset`` is inside a token)."""
-        if offset == self.start:
-            return 0
-        return self.ends.index(offset) + 1 if offset in self.ends else None
-
-    def starts_token(self, offset: int) -> bool:
-        count = self.count_to(offset)
-        return count is not None and count < len(self.ids)
-
-
-@dataclass
 class SafeStats:
     rounds: int = 0
     drafts_accepted: int = 0  # rounds whose whole draft was kept
@@ -147,43 +118,12 @@ class SafeStats:
                 "ensembled_fraction": self.ensembled / self.tokens if self.tokens else None}
 
 
-def crop_rows(member: Member, held: Sequence[Sequence[int]], keep: Sequence[int]) -> None:
-    """Crop row r of ``member`` (holding ``held[r]``) to ``keep[r]`` tokens; no call when no row shrinks."""
-    if any(k < len(row) for k, row in zip(keep, held)):
-        member.crop(keep)
-
-
-def move_rows(member: Member, targets: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Bring each row of ``member`` to hold exactly ``targets[r]`` (whole rows, prompt included)
-    with one crop and one extend; returns the next-token log-probs of every row. A row that must
-    shrink to a prefix of what it holds re-reads its last token (a crop needs tokens after it)."""
-    held = member.row_ids()
-    keep = []
-    for row, target in zip(held, targets):
-        same = common_prefix(row, target)
-        keep.append(same - 1 if same == len(target) < len(row) else same)
-    crop_rows(member, held, keep)
-    return member.extend([list(target[k:]) for k, target in zip(keep, targets)])
-
-
-def sharpened_choice(mixed: torch.Tensor, entries: Sequence[bytes], stops: frozenset[int], sharpen: float,
-                     candidates: Sequence[int] = (), pool: Sequence[int] = (), floor: float = 0.1) -> int:
-    """The ensemble's union entry (Sec. 3.3): argmax of the average ``mixed`` (lowest index on
-    ties) or, when its top probability is below ``sharpen``, argmax after each of ``candidates``
-    (the drafter's top entries) whose average exceeds ``floor`` (lambda) gains the average of the
-    other ``pool`` entries that extend it (start with its bytes). Stop entries, empty entries and
-    the bare space neither gain nor give."""
-    if float(mixed.max()) >= sharpen:
-        return int(mixed.argmax())
-    scores = mixed.clone()
-    for c in dict.fromkeys(candidates):
-        base = entries[c]
-        if c in stops or not base or base == SPACE or float(mixed[c]) <= floor:
-            continue
-        gain = sum(float(mixed[o]) for o in dict.fromkeys(pool)
-                   if o != c and o not in stops and entries[o].startswith(base))
-        scores[c] = float(mixed[c]) + gain
-    return int(scores.argmax())
+@dataclass(frozen=True)
+class SafeReport(MethodStats):
+    lead_index: int
+    union_size: int
+    verifiers_sharing_the_drafter_vocabulary: list[int]
+    cycles: dict = spread()  # SafeStats.summary(): drafts, positions checked, skipped, ensembled
 
 
 class Safe(DecodingMethod):
@@ -218,9 +158,9 @@ class Safe(DecodingMethod):
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, "union_size": self.union.size,
-                "verifiers_sharing_the_drafter_vocabulary": sorted(self.shared), **self.stats.summary()}
+    def statistics(self) -> SafeReport:
+        return SafeReport(lead_index=self.lead, union_size=self.union.size,
+                          verifiers_sharing_the_drafter_vocabulary=sorted(self.shared), cycles=self.stats.summary())
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> SafeState:

@@ -16,9 +16,9 @@ import math
 from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -28,6 +28,8 @@ from ensemble_bench.methods.base import (
     lead_field,
     resolve_member,
 )
+from ensemble_bench.decoding.stats import MethodStats
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.single import Single
 
 NO_SHARE = -1e30
@@ -35,6 +37,11 @@ NO_SHARE = -1e30
 
 class SampleLevelParams(MethodParams):
     lead: int | str = lead_field(0, "whose answer wins ties (the paper's main model)", "main")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleReport(MethodStats):
+    lead_index: int  # the member whose answer wins ties
 
 
 class SampleLevel(Method):
@@ -76,8 +83,8 @@ class SampleLevel(Method):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self.singles[self.lead].loglikelihood_rolling(texts)
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead}
+    def statistics(self) -> SampleReport:
+        return SampleReport(lead_index=self.lead)
 
 
 def choose_by_vote(keys: Sequence[Hashable], lead: int) -> Hashable:

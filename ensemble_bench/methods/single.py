@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from ensemble_bench.decoding.decode import DecodingMethod, RequestState, Round, own_token
+from ensemble_bench.decoding.method import LoglikelihoodRequest, rolling_with_members, score_with_members
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import LoglikelihoodRequest, rolling_with_members, score_with_members
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 

@@ -13,10 +13,15 @@ A round, batched over requests, with every member's KV cache kept at the committ
    recomputed). A final segment also scores the member's most probable stop id at its end (an
    ``until`` or ``length`` segment is scored by a forward pass, its last token not being fed while
    proposing). A round with one distinct segment skips scoring;
-3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean);
+3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean; AdaFuse scores
+   by mean negative log-likelihood, ``_span_score``);
 4. commit: a member whose cache already ends with the winner (the last segment it fed) keeps it;
    the others are cropped to the prefix and append the winner's tokens. A round in which all
    members agree thus costs each member only its proposal's forward passes.
+
+A member may propose several candidates in a round (``_proposals``; AdaFuse's exploration): each
+further one is a ``Branch``, a forced start (the primary's first tokens, then another token)
+completed greedily to a given number of words; the member's cache then holds the last one fed.
 
 The text is the lead member's own decode of its committed tokens; the token budget counts the
 lead member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
@@ -36,9 +41,7 @@ from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, cached_tail, member_continuation
 from ensemble_bench.decoding.feeding import Held as TextHeld
-from ensemble_bench.decoding.scorers import mean_perplexity
-from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.base import (
+from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
@@ -48,6 +51,9 @@ from ensemble_bench.methods.base import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.scorers import mean_perplexity
+from ensemble_bench.decoding.stats import MethodStats, spread
+from ensemble_bench.members.base import Member, Score
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends
@@ -61,6 +67,13 @@ class SpanParams(MethodParams):
         "committed text with its own tokenizer)"))
 
 
+@dataclass(frozen=True)
+class Branch:
+    """A further candidate of one row: decode ``forced`` first, then greedily to the end of word ``words``."""
+    forced: tuple[int, ...]
+    words: int
+
+
 @dataclass(frozen=True, eq=False)
 class Proposal:
     text: str
@@ -68,6 +81,7 @@ class Proposal:
     final: str | None        # why the proposer stops after it ("stop_id", "length", "until"), or None
     logprobs: tuple[float, ...] | None = None  # the proposer's scores of it (step 2's terms); None: not read
     after: torch.Tensor | None = None  # the proposer's next-token log-probs when its cache ends with it
+    branches: tuple[Branch, ...] = ()  # the further candidates the proposer explores (``_branches``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,9 +113,17 @@ def text_of(member: Member, tokens: Sequence[int]) -> str:
     return split_valid_utf8(member.vocab.join(tokens))[0]
 
 
+@dataclass(frozen=True)
+class SpanReport(MethodStats):
+    lead_index: int
+    rounds: int  # span rounds: candidates proposed and scored
+    retokenizing: dict = spread()
+
+
 class SpanMethod(DecodingMethod):
     min_members = 2
     lead_param = "lead"
+    score_name = "perplexity"  # what the trace's table holds (``_span_score``)
 
     def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -116,8 +138,24 @@ class SpanMethod(DecodingMethod):
         resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
-    def _segment_end(self, proposer: int, text: str) -> int | None:
-        """Where this round's segment ends in the proposer's new ``text`` (None: generate more)."""
+    def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
+        """Where this round's segment ends in the proposer's new ``text`` (None: generate more);
+        ``tokens`` are its ids so far, ``picked_from`` the log-prob rows each was picked from."""
+
+    def _branches(self, proposer: int, tokens: list[int], picked_from: list[torch.Tensor],
+                  proposal: Proposal) -> tuple[Branch, ...]:
+        """The further candidates a member explores beside its greedy ``proposal`` (none here); ``tokens``
+        are all the ids it decoded, ``picked_from`` the log-prob rows each was picked from."""
+        return ()
+
+    def _span_score(self, logprobs: Sequence[float]) -> float:
+        """One member's score of one candidate from its log-probs (lower wins): perplexity (Eq. 1-2)."""
+        return perplexity(logprobs)
+
+    def _word_end(self, text: str, words: int) -> int | None:
+        """The end of the ``words``-th complete word of ``text`` (common boundaries), once known."""
+        ends = self._common_ends(text)
+        return ends[words - 1] if len(ends) >= words else None
 
     def _choose(self, table: list[list[float]]) -> tuple[int, list[list[bool]]]:
         """Eq. 3: the candidate with the lowest mean perplexity over members (ties: the first)."""
@@ -138,7 +176,7 @@ class SpanMethod(DecodingMethod):
         for v, lengths in enumerate(prefix):
             for state, length in zip(states, lengths):
                 state.held.setdefault(v, TextHeld(length))  # the first round starts at the prompt
-        proposals = each(self.members, lambda _, u: self._propose(u, states, dists[u], prefix[u]),
+        proposals = each(self.members, lambda _, u: self._proposals(u, states, dists[u], prefix[u]),
                          range(len(self.members)))
         choices = [self._candidates([p[k] for p in proposals]) for k in range(len(states))]
         dists, advances = self._commit(states, choices, dists, proposals, prefix)
@@ -155,25 +193,45 @@ class SpanMethod(DecodingMethod):
                             "output": generation.text, "rounds": state.rounds})
         return generation
 
-    def _propose(self, proposer: int, rows: list[SpanState], dist: torch.Tensor, prefix: list[int]) -> list[Proposal]:
-        """Step 1 for one member over the live rows (``prefix``: its committed lengths); leaves the
-        member at the prefix plus its own segment where its cache holds all of it (else at the prefix)."""
+    def _proposals(self, proposer: int, rows: list[SpanState], dist: torch.Tensor,
+                   prefix: list[int]) -> list[list[Proposal]]:
+        """Step 1 for one member: its candidates for each row (here one: its greedy segment)."""
+        return [[proposal] for proposal in self._propose(proposer, rows, dist, prefix)]
+
+    def _propose(self, proposer: int, rows: list[SpanState], dist: torch.Tensor, prefix: list[int],
+                 branches: Sequence[Branch | None] | None = None) -> list[Proposal | None]:
+        """Step 1 for one member over the live rows (``prefix``: its committed lengths; ``dist``: its
+        log-probs there); leaves the member at the prefix plus its own segment where its cache holds
+        all of it (else at the prefix). With ``branches``, decodes each row's branch from the prefix
+        instead (None for a row without one: its cache is left as it is)."""
         member = self.members[proposer]
+        held = [len(ids) for ids in member.row_ids()]
+        if branches is not None:
+            member.crop([n if branch else kept for n, kept, branch in zip(prefix, held, branches)])
         tokens: list[list[int]] = [[] for _ in rows]
         # the distribution each token was picked from: views, as ``extend`` returns a new tensor each call
         seen: list[list[torch.Tensor]] = [[] for _ in rows]
+        active = [branches is None or branches[k] is not None for k in range(len(rows))]
         done: list[Proposal | None] = [None] * len(rows)
-        while any(d is None for d in done):
+        while any(done[k] is None and active[k] for k in range(len(rows))):
             picks = block_argmax(dist).tolist()
             for k, row in enumerate(rows):
-                if done[k] is None:
+                if done[k] is None and active[k]:
                     seen[k].append(dist[k])
-                    done[k] = self._extend_proposal(proposer, row, tokens[k], picks[k])
-            growing = [[tokens[k][-1]] if done[k] is None else [] for k in range(len(rows))]
+                    branch = branches[k] if branches is not None else None
+                    forced = branch.forced if branch else ()
+                    token = forced[len(tokens[k])] if len(tokens[k]) < len(forced) else picks[k]
+                    done[k] = self._extend_proposal(proposer, row, tokens[k], token, seen[k], branch)
+            growing = [[tokens[k][-1]] if done[k] is None and active[k] else [] for k in range(len(rows))]
             if any(growing):
                 dist = member.extend(growing)
-        proposals = [self._self_scored(member, proposal, dists) for proposal, dists in zip(done, seen)]
-        member.crop([n + (len(p.tokens) if p.after is not None else 0) for n, p in zip(prefix, proposals)])
+        proposals = [self._self_scored(member, proposal, dists) if proposal else None
+                     for proposal, dists in zip(done, seen)]
+        if branches is None:
+            proposals = [replace(p, branches=self._branches(proposer, ids, dists, p))
+                         for p, ids, dists in zip(proposals, tokens, seen)]
+        member.crop([n + (len(p.tokens) if p.after is not None else 0) if p else kept
+                     for n, kept, p in zip(prefix, held, proposals)])
         return proposals
 
     @staticmethod
@@ -188,7 +246,8 @@ class SpanMethod(DecodingMethod):
             logprobs.append(max(float(seen[count][s]) for s in member.stop_ids))
         return replace(proposal, logprobs=tuple(logprobs), after=seen[count])
 
-    def _extend_proposal(self, proposer: int, row: SpanState, tokens: list[int], token: int) -> Proposal | None:
+    def _extend_proposal(self, proposer: int, row: SpanState, tokens: list[int], token: int,
+                         picked_from: list[torch.Tensor], branch: Branch | None = None) -> Proposal | None:
         member = self.members[proposer]
         if token in member.stop_ids:
             return Proposal(text_of(member, tokens), tuple(tokens), "stop_id")
@@ -198,7 +257,10 @@ class SpanMethod(DecodingMethod):
             return Proposal(text, tuple(tokens), "until")
         if len(tokens) >= row.rule.max_new_tokens - row.count:
             return Proposal(text, tuple(tokens), "length")
-        end = self._segment_end(proposer, text)
+        if branch is not None:
+            end = self._word_end(text, branch.words) if len(tokens) > len(branch.forced) else None
+        else:
+            end = self._segment_end(proposer, text, tokens, picked_from)
         if end is None:
             return None
         size = len(text[:end].encode("utf-8"))
@@ -207,11 +269,13 @@ class SpanMethod(DecodingMethod):
                 return Proposal(text[:end], tuple(tokens[:count]), None)
         return None  # the end falls inside one of the proposer's tokens: keep generating
 
-    def _candidates(self, proposals: list[Proposal]) -> dict:
-        """The distinct candidates of one row and each member's tokens for each of them."""
+    def _candidates(self, proposals: list[list[Proposal]]) -> dict:
+        """The distinct candidates of one row (in the members' order, each member's in its order) and
+        each member's tokens for each of them."""
         candidates: dict[tuple[str, str | None], dict[int, tuple[int, ...]]] = {}
-        for proposer, proposal in enumerate(proposals):
-            candidates.setdefault((proposal.text, proposal.final), {})[proposer] = proposal.tokens
+        for proposer, own in enumerate(proposals):
+            for proposal in own:
+                candidates.setdefault((proposal.text, proposal.final), {}).setdefault(proposer, proposal.tokens)
         keys = list(candidates)
         per_member = [[candidates[key].get(v) or tuple(self._encode(v, key[0])) for key in keys]
                       for v in range(len(self.members))]
@@ -235,7 +299,7 @@ class SpanMethod(DecodingMethod):
             else:
                 winner, kept = self._choose(table)
                 state.rounds.append({"candidates": [key[0] for key in info["keys"]],
-                                     "perplexity": [[round(x, 4) for x in t] for t in table],
+                                     self.score_name: [[round(x, 4) for x in t] for t in table],
                                      "kept": kept, "winner": winner})
             winners.append(winner)
             text, final = info["keys"][winner]
@@ -246,20 +310,28 @@ class SpanMethod(DecodingMethod):
                      range(len(self.members)))
         return dists, advances
 
-    def _score(self, v: int, rounds: list[dict], dist: torch.Tensor, proposals: list[Proposal],
+    def _score(self, v: int, rounds: list[dict], dist: torch.Tensor, proposals: list[list[Proposal]],
                prefix: list[int]) -> tuple[list[list[float]], list[Held | None]]:
-        """Step 2 for member ``v``: per row, its perplexity of each candidate (0.0 where the row has
-        no choice) and what its cache holds past the prefix afterwards."""
+        """Step 2 for member ``v``: per row, its score of each candidate (0.0 where the row has no
+        choice; its own candidates from the log-probs it read proposing them) and what its cache
+        holds past the prefix afterwards."""
         member = self.members[v]
         scores = [[0.0] * len(info["keys"]) for info in rounds]
         held: list[Held | None] = []
         todo: list[list[int]] = []
-        for k, (info, proposal) in enumerate(zip(rounds, proposals)):
-            own = info["keys"].index((proposal.text, proposal.final)) if proposal.logprobs is not None else None
-            held.append(Held(own, proposal.after) if proposal.after is not None else None)
-            if len(info["keys"]) > 1 and own is not None:
-                scores[k][own] = perplexity(proposal.logprobs)
-            todo.append([j for j in range(len(info["keys"])) if j != own] if len(info["keys"]) > 1 else [])
+        for k, (info, own) in enumerate(zip(rounds, proposals)):
+            known: dict[int, Proposal] = {}
+            held.append(None)
+            for proposal in (p for p in own if p.logprobs is not None):
+                j = info["keys"].index((proposal.text, proposal.final))
+                if proposal.tokens == info["tokens"][v][j]:
+                    known.setdefault(j, proposal)
+                    if proposal.after is not None:
+                        held[k] = Held(j, proposal.after)
+            if len(info["keys"]) > 1:
+                for j, proposal in known.items():
+                    scores[k][j] = self._span_score(proposal.logprobs)
+            todo.append([j for j in range(len(info["keys"])) if j not in known] if len(info["keys"]) > 1 else [])
         for step in range(max(len(t) for t in todo)):
             fed = [k for k in range(len(rounds)) if step < len(todo[k])]
             member.crop([prefix[k] if k in fed else len(ids) for k, ids in enumerate(member.row_ids())])
@@ -271,7 +343,7 @@ class SpanMethod(DecodingMethod):
                 end = after[k] if tokens else dist[k]
                 if rounds[k]["keys"][j][1] is not None:  # a final segment: the member's stop at its end
                     logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
-                scores[k][j] = perplexity(logprobs)
+                scores[k][j] = self._span_score(logprobs)
                 held[k] = Held(j, end)
         return scores, held
 
@@ -323,6 +395,6 @@ class SpanMethod(DecodingMethod):
         totals = rolling_with_members(self.members, texts, self.batch_size)
         return [sum(values) / len(values) for values in zip(*totals)]
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, "rounds": self.rounds,
-                **self.feed_stats.summary(self.params.retokenize)}
+    def statistics(self) -> SpanReport:
+        return SpanReport(lead_index=self.lead, rounds=self.rounds,
+                          retokenizing=self.feed_stats.summary(self.params.retokenize))

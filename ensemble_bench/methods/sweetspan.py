@@ -10,6 +10,7 @@ mean of the kept scores wins. With two members both scores would go; then both a
 
 from __future__ import annotations
 
+import torch
 from pydantic import AliasChoices, Field
 
 from ensemble_bench.methods.span_level import SpanMethod, SpanParams
@@ -42,9 +43,8 @@ class SweetSpan(SpanMethod):
     name = "sweetspan"
     Params = SweetSpanParams
 
-    def _segment_end(self, proposer: int, text: str) -> int | None:
-        ends = self._common_ends(text)
-        return ends[self.params.span_words - 1] if len(ends) >= self.params.span_words else None
+    def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
+        return self._word_end(text, self.params.span_words)
 
     def _choose(self, table: list[list[float]]) -> tuple[int, list[list[bool]]]:
         return choose_span(table, self.params.filter_ratio)

@@ -24,10 +24,11 @@ from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
+from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.base import LoglikelihoodRequest, Timing, WindowParams, resolve_member
 
 
 class EmitterParams(WindowParams, SpeculativeParams):
@@ -55,6 +56,15 @@ class ScoringState(RequestState):
     targets: tuple[int, ...] = ()
     total: float = 0.0
     greedy: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmitterReport(MethodStats):
+    """What an emitter method reports: the member that emits, re-tokenisation and speculation counters."""
+
+    lead_index: int
+    retokenizing: dict = spread()
+    speculation: dict = spread()
 
 
 class EmitterMethod(SpeculativeSteps, DecodingMethod):
@@ -127,9 +137,9 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
         """Perplexity tasks: the whole text as one continuation of an empty context."""
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
 
-    def counters(self) -> dict:
-        return {"lead_index": self.lead, **self.feed_stats.summary(self.params.retokenize),
-                **(self.speculation.summary() if self.speculation else {})}
+    def statistics(self) -> EmitterReport:
+        return EmitterReport(lead_index=self.lead, retokenizing=self.feed_stats.summary(self.params.retokenize),
+                             speculation=self.speculation.summary() if self.speculation else {})
 
 
 class TeacherForced(Steps):

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.method import lead_field, normalised_weights
+from ensemble_bench.decoding.stats import spread
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.base import lead_field, normalised_weights
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
 
@@ -43,6 +44,13 @@ class UniteStats:
 
     def per_step(self) -> float | None:
         return self.union_sizes / self.union_rows if self.union_rows else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniteReport(EmitterReport):
+    weights_resolved: list[float]
+    tokens_manipulated_per_step: float | None  # Table 5: the size of the top-k union per step
+    core: dict = spread()  # CoRE's counters (methods/core.py) when core: true
 
 
 class Unite(EmitterMethod):
@@ -108,9 +116,10 @@ class Unite(EmitterMethod):
             self._stops[key] = torch.tensor(sorted(self.aligners[member].stop_ids), dtype=torch.long, device=device)
         return self._stops[key]
 
-    def counters(self) -> dict:
-        return {**super().counters(), "weights_resolved": self.weights,
-                "tokens_manipulated_per_step": self.stats.per_step(), **(self.core.counters() if self.core else {})}
+    def statistics(self) -> UniteReport:
+        return UniteReport(**vars(super().statistics()), weights_resolved=self.weights,
+                           tokens_manipulated_per_step=self.stats.per_step(),
+                           core=self.core.counters() if self.core else {})
 
     def carried(self) -> dict[str, object]:
         return {**super().carried(), **(self.core.carried() if self.core else {})}

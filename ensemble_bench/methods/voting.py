@@ -16,7 +16,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from ensemble_bench.methods.base import GenerationRequest
+from ensemble_bench.decoding.method import GenerationRequest
 from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, choose_by_vote
 
 _AUTO_PATTERNS = (re.compile(r"####\s*(-?[\d.,]+)"), re.compile(r"answer is\s*:?\s*\(?([^\n.)]+)", re.I),

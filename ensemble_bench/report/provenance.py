@@ -6,12 +6,13 @@ note), and no average over benchmarks scored by different metrics (accuracy with
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from ensemble_bench.run_folder import RESULTS_GLOB, parse_json
 
 NOT_RUN = "not run"
 ROW_COLUMN = "ensbench row"  # the label of our result row that fills a paper row (the paper's own: "paper row")
@@ -34,9 +35,9 @@ def run_shots(run_dir: Path, recipe, benches) -> dict[str, int | None]:
     """Benchmark column -> the shots its prompts had in this run: the recipe's, else a built-in benchmark's
     default, else what lm-eval's results files record (``n-shot``); None when nothing says."""
     recorded: dict[str, int] = {}
-    for path in sorted(run_dir.glob("*/results_*.json")):
+    for path in sorted(run_dir.glob(f"*/{RESULTS_GLOB}")):
         with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-            recorded = {**dict(json.loads(path.read_text(encoding="utf-8")).get("n-shot", {})), **recorded}
+            recorded = {**dict(parse_json(path).get("n-shot", {})), **recorded}
     shots = {}
     for task, bench in zip(recipe.tasks, benches):
         own = task.shots if task.shots is not None else bench.default_shots if bench.builtin else None

@@ -1,17 +1,16 @@
-"""Reading the files of a run folder: lm-eval's JSON results and JSON-lines samples (one line
-naming a damaged file), one row of a run (``RunRow``), the leaf tasks of an lm-eval group, the
-metrics lm-eval reports on 0-100, a row's wall time and the hardware a run ran on."""
+"""Reading the files of a run folder (named and parsed by run_folder.py): one row of a run (``RunRow``),
+the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100, a row's wall time and the
+hardware a run ran on."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.methods import RunStats, read_stats
 from ensemble_bench.recipe import Row
+from ensemble_bench.run_folder import read_json, results_files
 
 # lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
 PERCENT_METRICS = ("bleu", "chrf", "ter")
@@ -37,34 +36,10 @@ def leaf_tasks(group_subtasks: dict, name: str) -> list[str]:
     return [leaf for child in children for leaf in leaf_tasks(group_subtasks, child)]
 
 
-def damaged(path: Path, err: Exception) -> EnvironmentFault:
-    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
-                            "--fresh, or leave this run out")
-
-
-def read_json(path: Path):
-    """A JSON file of a run, or one line naming the damaged file."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise damaged(path, err) from None
-
-
-def read_json_lines(path: Path) -> list:
-    try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, ValueError) as err:
-        raise damaged(path, err) from None
-
-
-def _results_files(row_dir: Path) -> list[Path]:
-    return sorted(row_dir.rglob("results_*.json"))
-
-
 def row_wall_seconds(row_dir: Path) -> float | None:
     """A row's evaluation time in seconds: lm-eval's ``total_evaluation_time_seconds`` summed over
     the row's results files (one per benchmark evaluation); None when none records it."""
-    times = [read_json(path).get("total_evaluation_time_seconds") for path in _results_files(row_dir)]
+    times = [read_json(path).get("total_evaluation_time_seconds") for path in results_files(row_dir, nested=True)]
     found = [float(t) for t in times if isinstance(t, (int, float, str)) and _is_number(t)]
     return sum(found) if found else None
 
@@ -87,7 +62,7 @@ def _env_line(env: str, key: str) -> str | None:
 def run_hardware(run_dir: Path, recipe) -> str:
     """What a run's members ran on, as its results files record it: ``cpu (Intel(R) Xeon(R) ...)``,
     or the GPU models for members on ``cuda``; ``unknown`` where the files do not say."""
-    files = _results_files(run_dir)
+    files = results_files(run_dir, nested=True)
     env = str(read_json(files[0]).get("pretty_env_info", "")) if files else ""
     devices = sorted({member.device.split(":")[0] for member in recipe.members})
     if devices == ["cpu"]:

@@ -16,10 +16,18 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
-from ensemble_bench.report.run_files import PERCENT_METRICS, leaf_tasks, read_json, read_json_lines
+from ensemble_bench.report.run_files import PERCENT_METRICS, leaf_tasks
+from ensemble_bench.run_folder import (
+    EXTRACT_GLOB,
+    SAMPLES_GLOB,
+    extract_file,
+    read_json,
+    results_files,
+    samples_files,
+    samples_task,
+)
 from ensemble_bench.tasks import Benchmark
 
-EXTRACT_PREFIX = "scores_"
 QUESTION_FIELDS = ("question", "goal", "query", "problem", "input", "prompt", "text", "sentence", "ctx", "source")
 CORPUS_METRICS = PERCENT_METRICS  # lm-eval keeps (reference, prediction) per example, scores the corpus
 SHOWN_CHARS = 160
@@ -171,20 +179,15 @@ def _extract_example(task: str, line: dict, metric: str) -> Example | None:
 
 def _leaves(row_dir: Path, bench: Benchmark) -> list[str]:
     leaves: list[str] = []
-    for path in sorted(row_dir.glob("results_*.json")):
+    for path in results_files(row_dir):
         results = read_json(path)
         found = leaf_tasks(results.get("group_subtasks", {}), bench.task)
         leaves += [t for t in found if t in results.get("results", {}) and t not in leaves]
     return leaves or [bench.task]
 
 
-def _samples_task(path: Path) -> str:
-    """``samples_nq_open_2026-11-23T08-42-00.313753.jsonl`` -> ``nq_open``."""
-    return path.name[len("samples_"):].rsplit("_", 1)[0]
-
-
 def _newest_samples(row_dir: Path, task: str) -> Path | None:
-    found = sorted(p for p in row_dir.glob(f"samples_{task}_*.jsonl") if _samples_task(p) == task)
+    found = samples_files(row_dir, task)
     return found[-1] if found else None
 
 
@@ -193,13 +196,13 @@ def task_examples(row_dir: Path, task: str, bench: Benchmark) -> list[Example] |
     metric, filter_name = metric_parts(bench)
     samples = _newest_samples(row_dir, task)
     if samples is not None:
-        chosen = [s for s in read_json_lines(samples) if s.get("filter", "none") == filter_name]
+        chosen = [s for s in read_json(samples) if s.get("filter", "none") == filter_name]
         examples = [_example(task, s, metric) for s in chosen]
     else:
-        extract = row_dir / f"{EXTRACT_PREFIX}{task}.jsonl"
+        extract = extract_file(row_dir, task)
         if not extract.exists():
             return None
-        chosen = [line for line in read_json_lines(extract) if line.get("filter", "none") == filter_name]
+        chosen = [line for line in read_json(extract) if line.get("filter", "none") == filter_name]
         examples = [_extract_example(task, line, metric) for line in chosen]
     return sorted((e for e in examples if e is not None), key=lambda e: e.doc_id)
 
@@ -216,8 +219,8 @@ def row_examples(row_dir: Path, bench: Benchmark) -> list[Example] | None:
 def require_examples(row_dir: Path, bench: Benchmark) -> list[Example]:
     examples = row_examples(row_dir, bench)
     if examples is None:
-        raise UserError(f"{row_dir}: no per-sample file for {bench.name} (samples_*.jsonl or "
-                        f"{EXTRACT_PREFIX}*.jsonl); run the recipe again to get them")
+        raise UserError(f"{row_dir}: no per-sample file for {bench.name} ({SAMPLES_GLOB} or "
+                        f"{EXTRACT_GLOB}); run the recipe again to get them")
     return examples
 
 
@@ -226,18 +229,18 @@ def write_extracts(row_dir: Path, target_dir: Path) -> list[Path]:
     and the row's answer (never the question, the prompt or the reference: corpus metrics such as
     BLEU keep their sentence-level score, so their tests on an extract are over sentence scores)."""
     written = []
-    for samples in sorted(row_dir.glob("samples_*.jsonl")):
-        task = _samples_task(samples)
+    for samples in samples_files(row_dir):
+        task = samples_task(samples)
         if _newest_samples(row_dir, task) != samples:
             continue
         lines = []
-        for sample in read_json_lines(samples):
+        for sample in read_json(samples):
             metrics = {m: _example_score(m, sample[m]) for m in sample.get("metrics", []) if m in sample}
             lines.append(json.dumps({"doc_id": sample["doc_id"], "doc_hash": sample.get("doc_hash", ""),
                                      "filter": sample.get("filter", "none"), **metrics,
                                      "answer": _clipped(_answer(sample, with_choice_text=False))},
                                     ensure_ascii=False))
-        target = target_dir / f"{EXTRACT_PREFIX}{task}.jsonl"
+        target = extract_file(target_dir, task)
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(target, "\n".join(lines) + "\n")
         written.append(target)

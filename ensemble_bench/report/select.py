@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
-from ensemble_bench.report.summary import finished_recipe, read_json_lines, recipe_benchmarks, row_scores
-from ensemble_bench.run_folder import TIMING
+from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, row_scores
+from ensemble_bench.run_folder import TIMING, read_json, samples_files
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ class Decision:
 
 def _response_words(row_dir: Path) -> list[int]:
     words = []
-    for samples in sorted(row_dir.glob("samples_*.jsonl")):
-        for record in read_json_lines(samples):
+    for samples in samples_files(row_dir):
+        for record in read_json(samples):
             for response in record.get("resps", []):
                 if response and isinstance(response[0], str):
                     words.append(len(response[0].split()))

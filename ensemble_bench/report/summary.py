@@ -12,23 +12,28 @@ from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.methods import RunStats
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
-from ensemble_bench.report.run_files import (
-    PERCENT_METRICS,
-    RunRow,
-    damaged,
-    leaf_tasks,
-    ms_per_token,
-    read_json,
-    read_json_lines,
-    row_wall_seconds,
-)
+from ensemble_bench.report.run_files import PERCENT_METRICS, RunRow, leaf_tasks, ms_per_token, row_wall_seconds
 from ensemble_bench.report.whitespace_notes import whitespace_section
-from ensemble_bench.run_folder import PAIRED_CSV, RECIPE, REUSED, SUMMARY, SUMMARY_CSV, TIMING, is_finished
+from ensemble_bench.run_folder import (
+    PAIRED_CSV,
+    RECIPE,
+    RESULTS_GLOB,
+    REUSED,
+    SUMMARY,
+    SUMMARY_CSV,
+    TASKS,
+    TIMING,
+    damaged,
+    is_finished,
+    newest_samples,
+    read_json,
+    results_files,
+)
 from ensemble_bench.tasks import Benchmark, get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import benchmark_from_results
 from ensemble_bench.tasks.task_configs import group_name
 
-__all__ = ["RunRow", "finished_recipe", "metric_value", "read_json", "read_json_lines",
+__all__ = ["RunRow", "finished_recipe", "metric_value",
            "recipe_benchmarks", "row_scores", "run_rows", "summary_frame", "write_summary"]
 
 
@@ -61,14 +66,14 @@ def recipe_benchmarks(run_dir: Path, recipe) -> list[Benchmark]:
     Folders set aside (``.<row>.damaged``) are not read."""
     if all(is_builtin(t.name) for t in recipe.tasks):
         return [get_benchmark(t.name, t.variant) for t in recipe.tasks]
-    paths = sorted(p for p in run_dir.rglob("results_*.json")
-                   if not any(part.startswith(".") for part in p.relative_to(run_dir).parts))
+    paths = [p for p in results_files(run_dir, nested=True)
+             if not any(part.startswith(".") for part in p.relative_to(run_dir).parts)]
     results = [read_json(path) for path in paths]
     return [benchmark_from_results(t.name, t.variant, results) for t in recipe.tasks]
 
 
 def _row_results(row_dir: Path) -> list[dict]:
-    return [read_json(p) for p in sorted(row_dir.rglob("results_*.json"))]
+    return [read_json(p) for p in results_files(row_dir, nested=True)]
 
 
 def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float, int]]:
@@ -85,7 +90,7 @@ def row_scores(row_dir: Path, benches: list[Benchmark]) -> dict[str, tuple[float
 def finished_recipe(run_dir: Path):
     """The recipe of a finished run folder (UserError if it is not one)."""
     if not is_finished(run_dir) or not (run_dir / RECIPE).exists():
-        raise UserError(f"{run_dir}: not a finished ensbench run (no summary.md / recipe.yaml)")
+        raise UserError(f"{run_dir}: not a finished ensbench run (no {SUMMARY} / {RECIPE})")
     path = run_dir / RECIPE
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -103,7 +108,7 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     for plan in recipe.plan:
         timing = run_dir / plan.label / TIMING
         if not timing.exists():
-            raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no timing.json")
+            raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no {TIMING}")
         _check_results(timing.parent, groups)
         rows.append(RunRow(plan, read_json(timing), row_scores(timing.parent, benches)))
     return rows
@@ -115,7 +120,7 @@ def _check_results(row_dir: Path, groups: list[str]) -> None:
     recorded = {group for results in _row_results(row_dir) if isinstance(results, dict)
                 and isinstance(results.get("group_subtasks"), dict) for group in results["group_subtasks"]}
     if missing := [group for group in groups if group not in recorded]:
-        raise EnvironmentFault(f"{row_dir}: no results_*.json of this row holds its task group {missing[0]} (the "
+        raise EnvironmentFault(f"{row_dir}: no {RESULTS_GLOB} of this row holds its task group {missing[0]} (the "
                                "file was deleted or replaced): run its recipe again with --fresh, or leave this run "
                                "out")
 
@@ -124,7 +129,7 @@ def run_groups(run_dir: Path, recipe) -> list[str]:
     """The lm-eval task groups a run evaluated (one per distinct limit), from its tasks/ folder: every row
     of a finished run has a results_*.json for each (the runner checks it before the summary)."""
     prefix = group_name(recipe.data)
-    return sorted(path.stem for path in (run_dir / "tasks").glob(f"{prefix}_*.yaml")
+    return sorted(path.stem for path in (run_dir / TASKS).glob(f"{prefix}_*.yaml")
                   if path.stem.removeprefix(f"{prefix}_").isdigit())
 
 
@@ -184,11 +189,11 @@ def timing_cells(stats: RunStats, row_dir: Path) -> dict:
 def speculative_cells(stats: RunStats) -> dict:
     """A speculative row's draft acceptance in % and each member's forward passes per generated token
     (``a 1.00, b 0.31``); nothing for other rows (the columns appear when some row drafts)."""
-    counters = stats.counters
-    if "speculative_acceptance_rate" not in counters:
+    own = stats.method_stats
+    if "speculative_acceptance_rate" not in own:
         return {}
-    rate = counters.get("speculative_acceptance_rate")
-    forwards = counters.get("speculative_forwards_per_token") or {}
+    rate = own.get("speculative_acceptance_rate")
+    forwards = own.get("speculative_forwards_per_token") or {}
     return {"accepted %": round(100 * rate, 1) if isinstance(rate, (int, float)) else None,
             "forwards/token": ", ".join(f"{name} {value:.2f}" for name, value in forwards.items()
                                         if isinstance(value, (int, float))) or None}
@@ -265,12 +270,9 @@ def reuse_section(run_dir: Path) -> str:
 
 def _requests_asked(row_dir: Path) -> int:
     """The requests a row's samples hold (one per ``gen_args_<k>`` of each document, one filter's samples)."""
-    newest: dict[str, Path] = {}
-    for path in sorted(row_dir.glob("samples_*.jsonl")):
-        newest[path.name[len("samples_"):].rsplit("_", 1)[0]] = path
     total = 0
-    for path in newest.values():
-        samples = read_json_lines(path)
+    for path in newest_samples(row_dir).values():
+        samples = read_json(path)
         total += sum(len(s.get("arguments") or {}) for s in samples if s.get("filter") == samples[0].get("filter"))
     return total
 

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ensemble_bench.report.run_files import read_json, read_json_lines
+from ensemble_bench.run_folder import newest_samples, read_json, results_files
 from ensemble_bench.tasks.whitespace import DEFAULT_DELIMITER, answer_warning, sample_target_warning
 
 
 def _delimiters(row_dir: Path) -> dict[str, object]:
     """lm-eval task name -> its target_delimiter, from the row's results files."""
     found: dict[str, object] = {}
-    for path in sorted(row_dir.glob("results_*.json")):
+    for path in results_files(row_dir):
         for task, cfg in (read_json(path).get("configs") or {}).items():
             if isinstance(cfg, dict):
                 found[task] = cfg.get("target_delimiter", DEFAULT_DELIMITER)
     return found
-
-
-def _newest_samples(row_dir: Path) -> dict[str, Path]:
-    """lm-eval task name -> its newest samples file in the row folder."""
-    newest: dict[str, Path] = {}
-    for path in sorted(row_dir.glob("samples_*.jsonl")):
-        newest[path.name[len("samples_"):].rsplit("_", 1)[0]] = path
-    return newest
 
 
 def whitespace_warnings(run_dir: Path, labels: list[str]) -> list[str]:
@@ -36,8 +28,8 @@ def whitespace_warnings(run_dir: Path, labels: list[str]) -> list[str]:
     for label in labels:
         row_dir = run_dir / label
         delimiters = _delimiters(row_dir)
-        for task, path in _newest_samples(row_dir).items():
-            samples = read_json_lines(path)
+        for task, path in newest_samples(row_dir).items():
+            samples = read_json(path)
             samples = [s for s in samples if s.get("filter") == samples[0].get("filter")]  # one filter's answers
             if task not in targets and (line := sample_target_warning(task, samples, delimiters.get(task, " "))):
                 targets[task] = line

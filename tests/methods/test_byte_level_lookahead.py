@@ -7,13 +7,13 @@ import math
 
 import pytest
 
+import tests.naive as naive
 from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.lookahead import LETTERS, WHITESPACE, lookahead
-from tests import test_byte_level as naive
-from tests.test_byte_level_tree import LoopMember
+from tests.methods.test_byte_level_tree import LoopMember
 
 PARAGRAPHS = "Title: Hi\n\nThe dog ran.\n\nThe cat sat.\n\n"
 

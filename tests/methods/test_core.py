@@ -142,6 +142,11 @@ CASES = {
 }
 
 
+def own(method) -> dict:
+    """The method's own statistics in its results (written under its name)."""
+    return method.info()[method.name]
+
+
 def run(method_class, params_class, members, fields, batch_size=2):
     method = method_class(members, params_class(**fields), batch_size=batch_size)
     return outputs(method, LONG), method
@@ -153,8 +158,8 @@ def test_speculative_core_equals_every_token(pair, case):
     expected, every = run(method_class, params_class, pair(), fields)
     got, method = run(method_class, params_class, pair(), {**fields, "speculative": 4, "proposer": 1})
     assert got == expected
-    assert every.info()["core_rows"] > 0 and method.info()["core_rows"] > 0
-    assert len(every.info()["core_weights_mean"]) == 2
+    assert own(every)["core_rows"] > 0 and own(method)["core_rows"] > 0
+    assert len(own(every)["core_weights_mean"]) == 2
 
 
 @pytest.mark.parametrize("method_class,params_class", [(Gac, GacParams), (Unite, UniteParams),
@@ -178,4 +183,4 @@ def test_core_on_ray_members_equals_local(ray_members, case):
     far = method_class(remote, params_class(**fields), batch_size=2)
     assert outputs(far, REQUESTS[:3]) == outputs(near, REQUESTS[:3])
     keys = ("core_rows", "core_weights_mean", "core_mass_kept_mean")
-    assert [far.info()[k] for k in keys] == [near.info()[k] for k in keys]
+    assert [own(far)[k] for k in keys] == [own(near)[k] for k in keys]

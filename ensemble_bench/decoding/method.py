@@ -1,0 +1,337 @@
+"""What every method is: a decoding strategy over Members. Knows nothing of lm-eval."""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.stats import MethodStats, RunStats
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
+
+EQUAL_WEIGHTS_ALIAS = "average"  # recipes may say ``weights: average`` for equal weights (None)
+
+
+class MethodParams(BaseModel):
+    """A method's hyper-parameters, validated from the recipe's ``method`` block. Every float, in
+    lists too (weights, scores), must be finite: NaN and +-inf are refused (``allow_inf_nan``).
+
+    Stored (``model_dump``) by their serialization names (SweetSpan's ``lambda``); read by their
+    names or the papers' aliases (``lead_field``). The lead member's parameter remembers how the
+    recipe spelled it (``lead_spelling``), so that an error about it names the recipe's word."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+    _lead_spelling: str = PrivateAttr(default="lead")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _equal_weights_alias(cls, data: Any) -> Any:
+        """``weights: average`` (the papers' word) is equal weights, spelled None in code."""
+        if isinstance(data, dict) and "weights" in cls.model_fields and data.get("weights") == EQUAL_WEIGHTS_ALIAS:
+            return {**data, "weights": None}
+        return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_lead_spelling(cls, data: Any, handler):
+        params = handler(data)
+        lead = cls.model_fields.get("lead")
+        if isinstance(data, dict) and lead is not None and isinstance(lead.validation_alias, AliasChoices):
+            spelled = [name for name in lead.validation_alias.choices if isinstance(name, str) and name in data]
+            params._lead_spelling = spelled[0] if spelled else "lead"
+        return params
+
+    @property
+    def lead_spelling(self) -> str:
+        """The recipe's word for the lead member (``lead`` or a paper's alias such as ``primary``)."""
+        return self._lead_spelling
+
+
+def lead_field(default: int | str | None, meaning: str, *aliases: str):
+    """The lead member's parameter: ``lead`` in code, the papers' names accepted in recipes."""
+    return Field(default=default, validation_alias=AliasChoices("lead", *aliases),
+                 description=f"{meaning}; a member index or name" + (f" (recipes may also say {', '.join(aliases)})"
+                                                                     if aliases else ""))
+
+
+class WindowParams(MethodParams):
+    """The parameter shared by every method whose members take text they did not choose."""
+
+    window: int = Field(default=4, ge=0, le=64, description="look-behind tokens when a member re-tokenises "
+                        "text it did not choose (local re-tokenisation)")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: Prompt
+    until: tuple[str, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    new_tokens: int
+    finish: str  # "stop_id" | "until" | "length" | "no_continuation" (byte_level: no member can spell the text)
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    prompt: Prompt
+    continuation: str
+
+
+@dataclass
+class Timing:
+    """Wall-clock accounting of generation, the way the papers report latency.
+
+    ``decode_ms_per_token`` is decode time per decoding step (one token for every live row);
+    at batch size 1 it is the papers' ms/token. Time to first token is the prefill of a batch
+    plus the choice of its first token.
+    """
+
+    first_token_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_steps: float = 0  # whole steps, or tokens per row for span-level rounds
+    batches: int = 0
+    tokens_generated: int = 0
+    first_round_steps: float = 0  # tokens per row of the first rounds (more than one for span-level rounds)
+    _mark: float = field(default=0.0, repr=False)
+
+    def start_batch(self) -> None:
+        self.batches += 1
+        self._mark = time.perf_counter()
+
+    def first_token(self, steps: float = 1.0) -> None:
+        now = time.perf_counter()
+        self.first_token_seconds += now - self._mark
+        self.first_round_steps += steps
+        self._mark = now
+
+    def step(self, steps: float = 1.0) -> None:
+        """A decoding round: one token per live row, or (span methods) ``steps`` tokens on average."""
+        now = time.perf_counter()
+        self.decode_seconds += now - self._mark
+        self.decode_steps += steps
+        self._mark = now
+
+    def summary(self) -> dict:
+        return {
+            "decode_ms_per_token": 1000 * self.decode_seconds / self.decode_steps if self.decode_steps else None,
+            "time_to_first_token_ms": 1000 * self.first_token_seconds / self.batches if self.batches else None,
+            # a row whose requests all finish in their first round (one span) has no decode step: this is its ms/token
+            "first_round_ms_per_token": (1000 * self.first_token_seconds / self.first_round_steps
+                                         if self.first_round_steps else None),
+            "tokens_generated": self.tokens_generated,
+            "decode_steps": self.decode_steps,
+            "generation_batches": self.batches,
+        }
+
+
+NON_FINITE_CAUSES = ("a NaN or infinite score is never counted; the usual causes are NaN or infinite weights "
+                     "(the model's, or the method's) or an fp16 overflow: try dtype: float32 or bfloat16")
+
+
+class NonFiniteScore(UserError):
+    """A NaN or infinite log-likelihood or probability reached the scorer: the row stops with one
+    line naming who gave it, the request and the step (exit 2), and no score is kept.
+
+    ``row`` (set by the decoding loop: the request's row in its batch), ``prompt`` and
+    ``continuation`` let the callers up the stack name the request better (``with_``): the loop
+    knows only rows, the method its requests, lm.py the benchmark's document.
+    """
+
+    def __init__(self, who: str, value: float, step: str, excerpt: str, *, row: int | None = None,
+                 prompt: Prompt | None = None, continuation: str | None = None, where: str = ""):
+        self.parts = {"who": who, "value": value, "step": step, "excerpt": excerpt, "row": row, "prompt": prompt,
+                      "continuation": continuation, "where": where}
+        self.row, self.prompt, self.continuation = row, prompt, continuation
+        super().__init__(f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; "
+                         f"{NON_FINITE_CAUSES}")
+
+    def with_(self, **changes) -> NonFiniteScore:
+        """The same fault with some parts replaced (a better name for the request)."""
+        return NonFiniteScore(**{**self.parts, **changes})
+
+
+def excerpt(text: str, width: int = 40, end: bool = False) -> str:
+    """A short quote of a text: its first (or, ``end``, its last) ``width`` characters."""
+    if len(text) <= width:
+        return repr(text)
+    return repr("..." + text[-width:]) if end else repr(text[:width] + "...")
+
+
+def request_excerpt(prompt: Prompt, continuation: str | None = None) -> str:
+    """How a fault names a request: the end of its context, the start of its continuation."""
+    context = flatten_messages(prompt.messages) if prompt.is_chat else prompt.text
+    shown = f"context {excerpt(context, end=True)}"
+    return shown if continuation is None else f"{shown}, continuation {excerpt(continuation)}"
+
+
+def check_finite(values: Sequence[float], who: str, step: str, prompts: Sequence[Prompt],
+                 continuations: Sequence[str | None]) -> None:
+    """NonFiniteScore for the first value that is NaN or infinite (one ``isfinite`` per value,
+    over floats already on the host)."""
+    bad = next((k for k, value in enumerate(values) if not math.isfinite(value)), None)
+    if bad is not None:
+        raise NonFiniteScore(who, values[bad], step, request_excerpt(prompts[bad], continuations[bad]),
+                             prompt=prompts[bad], continuation=continuations[bad])
+
+
+def continuation_scores(member: Member, requests: Sequence[LoglikelihoodRequest],
+                        batch_size: int) -> tuple[list[Score], list[int]]:
+    """One member's score of each continuation (its own chat template and tokenisation, lm-eval's
+    split) and the continuation's length in its tokens; NonFiniteScore if one is NaN or infinite."""
+    pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
+    scores = member.score(pairs, batch_size=batch_size) if pairs else []
+    check_finite([s.logprob for s in scores], f"member '{member.name}'", "scoring a continuation",
+                 [r.prompt for r in requests], [r.continuation for r in requests])
+    return scores, [len(cont) for _, cont in pairs]
+
+
+def score_with_members(members: Sequence[Member], requests: Sequence[LoglikelihoodRequest],
+                       batch_size: int) -> list[list[Score]]:
+    """Every member's score of every continuation (members side by side): ``[member][request]``."""
+    return [scores for scores, _ in each(members, lambda m: continuation_scores(m, requests, batch_size))]
+
+
+def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_size: int) -> list[list[float]]:
+    """Every member's total log-likelihood of every whole text (perplexity tasks): ``[member][text]``;
+    NonFiniteScore if one is NaN or infinite."""
+    def totals(member: Member) -> list[float]:
+        values = [sum(s.logprob for s in member.score(member.rolling_pairs(t), batch_size=batch_size)) for t in texts]
+        check_finite(values, f"member '{member.name}'", "scoring a whole text", [Prompt(text=t) for t in texts],
+                     [None] * len(texts))
+        return values
+
+    return each(members, totals)
+
+
+def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> int:
+    """A member named by index or label in a method parameter -> its index (UserError if none)."""
+    if isinstance(value, str):
+        if value not in labels:
+            raise UserError(f"method.{field_name}: '{value}' is not a member (members: {', '.join(labels)})")
+        return list(labels).index(value)
+    if not 0 <= value < len(labels):
+        raise UserError(f"method.{field_name}: index {value} out of range for {len(labels)} members")
+    return value
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # weights become float32 tensors: a larger sum would be inf
+
+
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number
+
+
+def weights_problem(weights: Sequence[float]) -> str | None:
+    """Why per-member weights cannot be used (not finite, negative, a sum of zero, below float32's
+    smallest normal number or beyond float32), or None. Weights become float32 tensors and the
+    logarithm of their sum is taken: ``[1e-320, 1e-320]`` would reach ``log(0)`` after the members'
+    rows are computed. A single weight that underflows to 0 beside others (``[1e-300, 1]``) is a
+    zero weight, as ``[0, 1]`` is."""
+    total = math.fsum(weights)
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or not 0 < total <= FLOAT32_MAX:
+        return f"weights must be >= 0 and finite, with a positive sum of at most {FLOAT32_MAX:.3g}"
+    if total < FLOAT32_TINY:
+        return (f"their sum ({total:.3g}) must be at least {FLOAT32_TINY:.3g}, float32's smallest normal number "
+                "(smaller weights are 0 in float32): scale the weights up")
+    return None
+
+
+def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
+    """Explicit per-member weights, checked and scaled to sum to 1."""
+    if len(weights) != count:
+        raise UserError(f"method.weights: expected {count} values (one per member), got {len(weights)}")
+    if (problem := weights_problem(weights)) is not None:
+        raise UserError(f"method.weights: {problem}, got {list(weights)}")
+    return [w / sum(weights) for w in weights]
+
+
+class Method(ABC):
+    """A decoding strategy over one or more members."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    min_members: ClassVar[int] = 1
+    max_members: ClassVar[int | None] = None
+    alone: ClassVar[bool] = False  # a member alone (one row per member), not an ensemble
+    samples: ClassVar[bool] = False  # can draw at random (seeded) rather than decode greedily
+    lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
+    version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
+    lead: int = 0  # the lead member's index: its decode renders the text (set from ``lead_param``)
+
+    @classmethod
+    def takes_weights(cls) -> bool:
+        """Whether the method combines members with per-member weights (``weights`` parameter)."""
+        return "weights" in cls.Params.model_fields
+
+    @classmethod
+    def packages(cls, params: MethodParams) -> dict[str, str]:
+        """Optional packages these parameters need (import name -> what to pip install); the preflight checks them."""
+        return {}
+
+    @classmethod
+    def member_reads(cls, params: MethodParams) -> frozenset[str]:
+        """Member calls beyond stepping that these parameters need (``read_block``: draft-and-verify);
+        the preflight refuses members that cannot give them (vLLM members, docs/backends.md)."""
+        return frozenset({"read_block"}) if getattr(params, "speculative", 0) else frozenset()
+
+    @classmethod
+    def models(cls, params: MethodParams) -> tuple[str, ...]:
+        """Models these parameters load besides the members (a scorer); the preflight checks them."""
+        return ()
+
+    @classmethod  # noqa: B027 (an optional hook: most methods need no member checks)
+    def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:
+        """Checks that need the member list (counts of weights, gate names); raise UserError."""
+
+    def __init__(self, members: Sequence[Member], params: MethodParams, batch_size: int = 1):
+        self.members = list(members)
+        self.params = params
+        self.batch_size = batch_size
+        self.timing = Timing()
+        self._truncated_before = [m.contexts_truncated for m in self.members]  # members serve several rows
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Greedy generation for every request (each with its own stop strings and budget)."""
+
+    @abstractmethod
+    def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
+        """Log-likelihood of each continuation and whether it is the greedy choice."""
+
+    @abstractmethod
+    def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
+        """Total log-likelihood of each whole text (perplexity tasks)."""
+
+    def statistics(self) -> MethodStats | dict[str, Any]:
+        """The method's own statistics, a ``MethodStats`` dataclass it declares (serialised under its name;
+        ``ensembled_fraction`` and ``tokens_manipulated_per_step`` fill those fields of ``RunStats``); a
+        method with none of its own reports an empty dict."""
+        return {}
+
+    def run_stats(self) -> RunStats:
+        """Hyper-parameters, timing, the method's counters and, per member, the requests of this
+        method cut from the left to fit the member's window."""
+        truncated = {m.name: m.contexts_truncated - before for m, before in zip(self.members, self._truncated_before)}
+        shared = {"method": self.name, "params": self.params.model_dump(mode="json"), "batch_size": self.batch_size,
+                  **self.timing.summary(), "contexts_truncated": truncated}
+        return RunStats.of_method(shared, self.statistics())
+
+    def carried(self) -> dict[str, object]:
+        """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the
+        sittings of a resumed row (``sittings``): the timing, and a method's own counters where it adds them."""
+        return {"timing": self.timing}
+
+    def info(self) -> dict:
+        """The run statistics' JSON form, for the results files."""
+        return self.run_stats().to_json()

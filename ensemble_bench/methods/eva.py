@@ -1,0 +1,161 @@
+"""EVA — "Bridging the Gap between Different Vocabularies for LLM Ensemble" (Xu, Lu and Zhang,
+NAACL 2024, arXiv 2404.09492; code xydaytoy/EVA).
+
+Sec. 3.1: a map from each auxiliary member's vocabulary to the lead's (the paper's main model),
+learned from the tokens they share (vocab/eva_map.py; built once per pair and cached, eva_cache.py).
+Sec. 3.2, each step: every member's distribution keeps its top-k tokens (softmax over them); the
+auxiliary ones are projected into the lead's vocabulary (p M); the faithfulness filter leaves out a
+member whose top token is in no other member's top-n; the rest are averaged, and the lead emits
+the best token of the average. The other members take its bytes (token_level.py).
+
+The step is two methods that a plug-in (CoRE) may wrap: ``project`` (each member's probabilities in
+the lead's space) and ``fuse`` (filter and average).
+
+Where the authors' code and the paper's text part, the code's rule is taken and said so in
+docs/fidelity.md (the CSLS score without its source term, the top-k truncation); the code's
+hard-coded special ids 0-2 (Llama-2's) are replaced by the members' own stop ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.method import lead_field
+from ensemble_bench.decoding.stats import spread
+from ensemble_bench.errors import UserError
+from ensemble_bench.eva_cache import cached_projection
+from ensemble_bench.members.base import Member
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
+from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
+
+
+class EvaParams(EmitterParams):
+    lead: int | str = lead_field(0, "the main model: its vocabulary is the common space and it emits", "main")
+    top_k: int = Field(default=320, ge=1, le=1_000_000, description=(
+        "each member's distribution keeps its top-k tokens before the softmax (the authors' code: 320)"))
+    n: int | None = Field(default=5, ge=1, le=1_000_000, description=(
+        "faithfulness filter (Sec. 3.2): a member whose top token is in no other member's top-n is left out of "
+        "the step (all are kept when none would be); null: no filter, every member averaged"))
+    top_t: int = Field(default=10, ge=1, le=1000, description=(
+        "noise reduction (Sec. 3.1): each auxiliary token maps to at most its t most similar lead tokens"))
+    threshold: float = Field(default=0.1, allow_inf_nan=False, description=(
+        "noise reduction: similarity scores below it are dropped"))
+    variance: float = Field(default=0.01, ge=0.0, allow_inf_nan=False, description=(
+        "noise reduction: a token keeping more than 5 lead tokens whose scores spread (std) no more than this "
+        "maps nowhere"))
+    neighborhood: int = Field(default=1, ge=1, le=1000, description=(
+        "CSLS neighbourhood: the lead tokens' hubness is their mean similarity to this many nearest auxiliary "
+        "tokens (the authors' script: 1)"))
+    overlap: Literal["learned", "direct"] = Field(default="learned", description=(
+        "learned: shared tokens too map through the learned similarity, as the authors' code; direct: a shared "
+        "token maps to itself with weight 1 (a member ensembled with itself is then the member alone)"))
+
+    def alignment(self) -> AlignParams:
+        return AlignParams(self.top_t, self.threshold, self.variance, self.neighborhood, self.overlap)
+
+
+@dataclass
+class EvaStats:
+    steps: int = 0
+    filtered: int = 0          # member-steps left out by the filter
+    all_kept_fallback: int = 0  # steps where the filter would have left no member
+
+    def summary(self, members: int) -> dict:
+        return {"eva_steps": self.steps, "eva_filtered_fraction": (
+            self.filtered / (self.steps * members) if self.steps else None),
+                "eva_no_faithful_member_steps": self.all_kept_fallback}
+
+
+@dataclass(frozen=True)
+class EvaReport(EmitterReport):
+    eva_map_pairs: dict = field(default_factory=dict)    # member -> pairs of its map into the lead's vocabulary
+    eva_seed_tokens: dict = field(default_factory=dict)  # member -> shared tokens the map was learned from
+    filtering: dict = spread()                           # EvaStats.summary(): steps and members filtered out
+
+
+class Eva(EmitterMethod):
+    name = "eva"
+    Params = EvaParams
+
+    def __init__(self, members: Sequence[Member], params: EvaParams, batch_size: int = 1):
+        super().__init__(members, params, batch_size)
+        self.projections: dict[int, VocabProjection] = {
+            index: self._projection(index) for index in range(len(members)) if index != self.lead}
+        self.stats = EvaStats()
+
+    def _projection(self, index: int) -> VocabProjection:
+        aux, lead = self.members[index], self.members[self.lead]
+        try:
+            return cached_projection(aux.vocab, lead.vocab, sorted(aux.stop_ids), sorted(lead.stop_ids),
+                                     aux.output_embeddings(), lead.output_embeddings(), self.params.alignment(),
+                                     cache_dir() / "eva")
+        except ValueError as err:
+            raise UserError(f"eva: members '{aux.name}' and '{lead.name}': {err}") from None
+
+    # --- the step, in two parts a plug-in may wrap ----------------------------------------------
+    def project(self, logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each member's top-k probabilities in the lead's vocabulary [rows, V_lead] (Sec. 3.2: the
+        lead's own, the others' projected p M), on the lead's device, in float32."""
+        device = logprobs[self.lead].device
+        out = []
+        for index, lp in enumerate(logprobs):
+            probs = top_k_probs(lp.to(device).float(), self.params.top_k)
+            out.append(probs if index == self.lead else self.projections[index].project(probs))
+        return out
+
+    def fuse(self, projected: list[torch.Tensor]) -> torch.Tensor:
+        """The faithfulness filter, then the average of the members kept [rows, V_lead] (Sec. 3.2).
+        Summed auxiliary members first and the lead last, as the authors' code does."""
+        order = [i for i in range(len(projected)) if i != self.lead] + [self.lead]
+        kept = faithful(projected, self.params.n)
+        none_kept = ~kept.any(dim=0)
+        kept[:, none_kept] = True
+        self.stats.steps += kept.shape[1]
+        self.stats.filtered += int((~kept).sum())
+        self.stats.all_kept_fallback += int(none_kept.sum())
+        share = 1.0 / kept.sum(dim=0).to(torch.float32)
+        fused = torch.zeros_like(projected[self.lead])
+        for index in order:
+            fused += torch.where(kept[index, :, None], share[:, None] * projected[index], 0.0)
+        return fused
+
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
+        fused = self.fuse(self.project(logprobs))
+        choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
+        if targets is None:
+            return Step(choices, None)
+        rows = torch.arange(fused.shape[0], device=fused.device)
+        total = fused.sum(dim=-1)
+        chosen = fused[rows, torch.tensor(targets, device=fused.device)] / total
+        return Step(choices, [log_or_floor(p) for p in chosen.tolist()])
+
+    def statistics(self) -> EvaReport:
+        return EvaReport(**vars(super().statistics()),
+                         eva_map_pairs={self.members[i].name: len(p.src) for i, p in self.projections.items()},
+                         eva_seed_tokens={self.members[i].name: p.seeds for i, p in self.projections.items()},
+                         filtering=self.stats.summary(len(self.members)))
+
+
+def top_k_probs(logprobs: torch.Tensor, k: int) -> torch.Tensor:
+    """Softmax over each row's top-k values (ties with the k-th kept, as the authors' filter does)."""
+    k = min(k, logprobs.shape[-1])
+    kth = logprobs.topk(k, dim=-1).values[:, -1:]
+    return torch.softmax(torch.where(logprobs >= kth, logprobs, -torch.inf), dim=-1)
+
+
+def faithful(projected: list[torch.Tensor], n: int | None) -> torch.Tensor:
+    """[members, rows] whether a member's top token is in the top-n of some other member (Sec. 3.2);
+    all True without a filter or with one member."""
+    count, rows = len(projected), projected[0].shape[0]
+    if n is None or count < 2:
+        return torch.ones((count, rows), dtype=torch.bool, device=projected[0].device)
+    tops = [p.argmax(dim=-1) for p in projected]
+    best = [p.topk(min(n, p.shape[-1]), dim=-1).indices for p in projected]
+    return torch.stack([torch.stack([(best[o] == tops[m][:, None]).any(dim=-1) for o in range(count) if o != m])
+                        .any(dim=0) for m in range(count)])

@@ -1,0 +1,403 @@
+"""The recipe's schema (members, placement, method entries, tasks: strict pydantic models) and its plan:
+the rows, each with its method's validated parameters (``plan_rows``, built once as ``Recipe.plan``),
+and its benchmarks. Loading a YAML file and listing every mistake at once: recipe.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ensemble_bench.errors import UserError, several
+from ensemble_bench.methods import ALONE, get_method, is_alone
+from ensemble_bench.recipe_lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
+from ensemble_bench.tasks import Benchmark
+from ensemble_bench.tasks.recipe_tasks import task_benchmarks
+
+# every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
+STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
+LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
+class VllmArgs(BaseModel):
+    """Engine arguments of a ``backend: vllm`` member, passed to vLLM as they are (members/vllm.py);
+    the member's ``dtype`` is the engine's dtype."""
+
+    model_config = STRICT
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)  # null: the model's own window
+    enforce_eager: bool = True  # false: torch.compile and CUDA graphs (minutes of start-up on a CPU)
+    block_size: int | None = Field(default=None, gt=0)  # KV block (prefix caching only caches whole blocks)
+    max_num_seqs: int = Field(default=8, ge=1)  # rows one engine steps together: at least the batch size
+    kv_cache_gib: float | None = Field(default=None, gt=0)  # the KV cache on a CPU (null: 1 GiB)
+
+
+class MemberSpec(BaseModel):
+    model_config = STRICT
+    model: str = Field(min_length=1)
+    name: str | None = Field(default=None, pattern=LABEL, max_length=200)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
+    chat_template: bool = False  # as lm-eval: off unless asked for (--apply_chat_template)
+    kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
+    # run the Python code shipped in the model's repository (InternLM3, DeciLM, ...); off: only transformers' own
+    trust_remote_code: bool = False
+    weight: float | None = Field(default=None, gt=0)
+    paper_row: str | None = None  # the row of a paper's table this member alone fills (`ensbench table --layout`)
+    # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
+    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
+    max_memory: dict[str, int | str] | None = None  # e.g. {0: 20GiB, cpu: 64GiB}; needs device_map
+    quantization: Literal["8bit", "4bit"] | None = None
+    # the Ray actor of this member (placement kind ray; not used with local placement)
+    num_gpus: float = Field(default=0, ge=0)
+    num_cpus: float | None = Field(default=None, ge=0)
+    resources: dict[str, float] | None = None  # custom Ray resources, e.g. {node_a100: 1}
+    # what steps the model: transformers in this process, or an in-process vLLM engine (docs/backends.md)
+    backend: Literal["transformers", "vllm"] = "transformers"
+    vllm: VllmArgs | None = None
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _device_keys_as_text(cls, value):  # YAML reads `0: 20GiB` with an int key
+        return {str(k) if isinstance(k, int) else k: v for k, v in value.items()} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _placement_consistent(self):
+        if self.device_map is not None and self.device != "cpu":  # cpu: the default, as a run folder stores it
+            raise ValueError("set device or device_map, not both (device_map places the layers itself)")
+        if self.max_memory is not None and self.device_map is None:
+            raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
+        if self.vllm is not None and self.backend != "vllm":
+            raise ValueError("vllm: engine arguments need backend: vllm")
+        if self.backend == "vllm":
+            other = [name for name, value in (("device_map", self.device_map), ("max_memory", self.max_memory),
+                                              ("quantization", self.quantization)) if value is not None]
+            if other or self.kind == "seq2seq":
+                raise ValueError(f"backend vllm: {(other or ['kind: seq2seq'])[0]} is a transformers setting "
+                                 "(vLLM places and loads the model itself; tensor_parallel_size under vllm:)")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.model.rstrip("/").split("/")[-1].removesuffix(".gguf")
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of members.load_member."""
+        return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
+                "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
+                "kind": self.kind, "trust_remote_code": self.trust_remote_code, "backend": self.backend,
+                "vllm": self.vllm.model_dump() if self.vllm is not None else None,
+                "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
+                if self.max_memory else None}
+
+    def actor_options(self) -> dict[str, Any]:
+        """Ray actor options (placement kind ray)."""
+        return {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "resources": self.resources}
+
+
+DEFAULT_SCHEDULE_TIMEOUT_S = 600.0
+
+
+class PlacementSpec(BaseModel):
+    """Where members run: in this process (local), or each in a Ray actor (ray)."""
+
+    model_config = STRICT
+    kind: Literal["local", "ray"] = "local"
+    address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
+    num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
+    num_gpus: int | None = Field(default=None, ge=0)
+    # an actor Ray cannot place by then ends the run (null: DEFAULT_SCHEDULE_TIMEOUT_S)
+    schedule_timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
+            raise ValueError("address, num_cpus and num_gpus need kind: ray")
+        if self.kind == "local" and self.schedule_timeout_s is not None:
+            raise ValueError("schedule_timeout_s needs kind: ray")
+        if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
+            raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
+        return self
+
+    @property
+    def schedule_timeout(self) -> float:
+        """Seconds to wait for Ray to place every member."""
+        return DEFAULT_SCHEDULE_TIMEOUT_S if self.schedule_timeout_s is None else self.schedule_timeout_s
+
+
+def check_placement(recipe: Recipe, source: str) -> list[str]:
+    """A line per member whose device does not fit the placement (packages: ``preflight.preflight``)."""
+    lines = []
+    for i, member in enumerate(recipe.members):
+        device = member.device
+        if recipe.placement.kind == "ray" and device.startswith("cuda") and member.device_map is None:
+            index = int(device.partition(":")[2] or 0)
+            if index >= member.num_gpus:
+                lines.append(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
+                             f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
+    return lines
+
+
+class MethodSpec(BaseModel):
+    """One ensemble row: a method, its parameters (the other keys) and optionally a row label and
+    the members it ensembles (by name; default all)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    name: str = Field(min_length=1)
+    label: str | None = Field(default=None, pattern=LABEL)
+    members: list[str] | None = Field(default=None, min_length=1)
+    paper_row: str | None = None  # the row of a paper's table this entry fills (`ensbench table --layout`)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+# a task or group name as lm-eval writes them (it names files after it): no path separators, no spaces
+TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+:()=-]*$"
+IncludePath = Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None
+
+
+class GenKwargs(BaseModel):
+    """A task's generation settings, named as lm-eval's ``--gen_kwargs`` names them. They update the
+    task's own ``generation_kwargs`` in the task config the run writes."""
+
+    model_config = STRICT
+    until: Annotated[str, Field(min_length=1)] | list[Annotated[str, Field(min_length=1)]] | None = None
+    max_gen_toks: int | None = Field(default=None, gt=0)
+    do_sample: bool | None = None
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+
+    def given(self) -> dict[str, Any]:
+        """The settings the recipe gives (lm-eval's names)."""
+        return self.model_dump(exclude_none=True)
+
+    def sampling(self) -> list[str]:
+        """The settings that ask for sampling rather than greedy decoding."""
+        asked = {"do_sample": self.do_sample, "temperature": (self.temperature or 0) > 0,
+                 "top_p": self.top_p is not None and self.top_p < 1, "top_k": bool(self.top_k)}
+        return [name for name, on in asked.items() if on]
+
+
+class TaskSpec(BaseModel):
+    """A recipe task: a built-in benchmark, or any lm-eval task or group (``include_path``: folders
+    with task YAML of one's own)."""
+
+    model_config = STRICT
+    name: str = Field(pattern=TASK_NAME, max_length=200)
+    variant: str | None = None
+    shots: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("shots", "num_fewshot"))
+    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
+    gen_kwargs: GenKwargs | None = None
+    include_path: IncludePath = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shot_count(cls, value):
+        if isinstance(value, dict) and "shots" in value and "num_fewshot" in value:
+            raise ValueError("give shots or num_fewshot (two names of one field), not both")
+        return value
+
+
+class Recipe(BaseModel):
+    model_config = STRICT
+    _plan: tuple | None = PrivateAttr(default=None)  # the rows, once planned (``plan``)
+    name: str = Field(pattern=LABEL, max_length=200)
+    description: str = ""
+    members: list[MemberSpec] = Field(min_length=1)
+    method: MethodSpec | None = None  # one ensemble row; or
+    methods: list[MethodSpec] | None = Field(default=None, min_length=1)  # several (e.g. a paper table)
+    singles: bool = False
+    tasks: list[TaskSpec] = Field(min_length=1)
+    include_path: IncludePath = None  # folders of lm-eval task YAML, for every task (tasks[i].include_path: one)
+    limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
+    batch_size: int = Field(default=1, gt=0)
+    seed: int = Field(default=1234, ge=0, le=SEED_MAX)
+    output: str = "results"
+    data: Literal["hub", "offline"] = "hub"
+    fewshot_as_multiturn: bool = False
+    allow_code_execution: bool = False  # MBPP / HumanEval run generated programs (sandboxed subprocesses)
+    allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
+    allow_task_code: bool = False  # include_path tasks may import their own Python (!function), unsandboxed
+    placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
+    sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
+
+    @field_validator("sweep")
+    @classmethod
+    def _one_parameter(cls, value):
+        if value is not None and (len(value) != 1 or not next(iter(value.values()))):
+            raise ValueError("sweep names exactly one method parameter with a non-empty list of values")
+        return value
+
+    def sweep_points(self) -> list[dict[str, Any]]:
+        """The method-parameter overrides of each ensemble row ([{}] without a sweep)."""
+        if not self.sweep:
+            return [{}]
+        (name, values), = self.sweep.items()
+        return [{name: value} for value in values]
+
+    @field_validator("method", "methods", "tasks", mode="before")
+    @classmethod
+    def _names_as_mappings(cls, value):
+        """`gac` is short for `{name: gac}`, alone or in a list."""
+        if isinstance(value, list):
+            return [{"name": v} if isinstance(v, str) else v for v in value]
+        return {"name": value} if isinstance(value, str) else value
+
+    @property
+    def plan(self) -> list[Row]:
+        """The recipe's rows with their validated parameters (``plan_rows``), built on first use and kept:
+        every part of a command reads this one plan."""
+        if self._plan is None:
+            self._plan = tuple(plan_rows(self))
+        return list(self._plan)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Recipe:
+        """A copy; with ``update`` its plan is built anew from the updated fields."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._plan = None
+        return copied
+
+    @property
+    def ensembles(self) -> list[MethodSpec]:
+        """The recipe's method entries: ``methods``, or ``method`` alone."""
+        return list(self.methods) if self.methods is not None else [self.method]
+
+    def ensemble_members(self, spec: MethodSpec) -> tuple[int, ...]:
+        """Indices (into ``members``) of the members one method entry ensembles."""
+        labels = [m.label for m in self.members]
+        return tuple(labels.index(n) for n in spec.members) if spec.members else tuple(range(len(labels)))
+
+    @model_validator(mode="after")
+    def _labels_unique(self):
+        labels = [m.label for m in self.members]
+        unsafe = next((label for label in labels if not is_safe_label(label)), None)
+        if unsafe is not None:
+            raise ValueError(f"the model name gives the label {unsafe!r}, not a safe folder name: set 'name' "
+                             f"({SAFE_NAME})")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"member names must be unique (got {labels}); set 'name' on each member")
+        if (self.method is None) == (self.methods is None):
+            raise ValueError("give either 'method' (one ensemble) or 'methods' (a list of them), not both or neither")
+        if self.sweep and len(self.ensembles) > 1:
+            raise ValueError("sweep needs a single method entry")
+        for spec in self.ensembles:
+            unknown = [n for n in spec.members or [] if n not in labels]
+            if unknown:
+                raise ValueError(f"method '{spec.name}' names unknown member '{unknown[0]}' (members: {labels})")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_in_process(self):
+        if self.placement.kind == "ray" and any(m.backend == "vllm" for m in self.members):
+            raise ValueError("backend vllm members run in this process (vLLM places them itself): use placement "
+                             "local, or tensor_parallel_size under the member's vllm:")
+        return self
+
+    def task_limit(self, task: TaskSpec) -> int | None:
+        return task.limit if task.limit is not None else self.limit
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes results (not the output folder); fields left at their
+        defaults are left out, so adding a field later keeps old runs resumable."""
+        content = self.model_dump(exclude={"output", "description"}, exclude_defaults=True)
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# --- the plan of a recipe: its rows and benchmarks ---------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One evaluated model of a run."""
+
+    label: str
+    method: str
+    members: tuple[int, ...]  # indices into recipe.members
+    overrides: tuple[tuple[str, Any], ...] = ()  # method parameters set by the recipe's sweep
+    spec: int | None = None  # index into recipe.ensembles (None: a member alone)
+    params: Any = field(default=None, compare=False)  # the method's validated parameters, defaults filled in
+
+
+def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
+    """A row per member alone (``singles``, or a ``single`` method), then a row per method entry
+    and sweep point, each with its validated parameters. Labels are unique (a recipe that repeats one
+    is refused). Built once per recipe: read it as ``recipe.plan`` (``with_params=False``: the rows
+    alone, to check their labels beside other mistakes)."""
+    singles = [Row(m.label, ALONE, (i,), params=get_method(ALONE).Params()) for i, m in enumerate(recipe.members)]
+    ensembles = []
+    for index, spec in enumerate(recipe.ensembles):
+        if is_alone(spec.name):
+            continue
+        for point in recipe.sweep_points():
+            label = spec.label or spec.name + "".join(f"-{k}={v}" for k, v in point.items())
+            params = validate_method(recipe, spec, "recipe", overrides=point)[1] if with_params else None
+            ensembles.append(Row(label, spec.name, recipe.ensemble_members(spec), tuple(point.items()), index, params))
+    rows = (singles if recipe.singles or not ensembles else []) + ensembles
+    labels = [row.label for row in rows]
+    unsafe = next((label for label in labels if not is_safe_label(label)), None)
+    if unsafe is not None:
+        raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
+                        "give the method entry a 'label'")
+    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    if repeated:
+        raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
+    return rows
+
+
+def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
+    """(benchmark, shots, limit) per recipe task; refuses built-in benchmarks that cannot run yet. A task
+    that is not built in is looked up in lm-eval's task index (seconds, once a process: tasks.lm_eval_tasks)."""
+    chosen = []
+    for task, bench in zip(recipe.tasks, task_benchmarks(recipe)):
+        if bench.needs:
+            raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
+        if recipe.data == "offline" and bench.builtin and not bench.offline:
+            raise UserError(f"benchmark '{task.name}' has no offline data; use data: hub")
+        chosen.append((bench, task.shots, recipe.task_limit(task)))
+    return chosen
+
+
+def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = "method",
+                    overrides: dict[str, Any] | None = None):
+    """The method class and its validated parameters for one method entry, or a one-line UserError."""
+    try:
+        method = get_method(spec.name)
+    except UserError as err:
+        raise UserError(f"{source}: {field}.name: {err}") from None
+    members = [recipe.members[i] for i in recipe.ensemble_members(spec)]
+    given = {**spec.params, **(overrides or {})}
+    weighted = [m.label for m in members if m.weight is not None]
+    if weighted and "weights" not in method.Params.model_fields:
+        raise UserError(f"{source}: members: '{weighted[0]}' sets weight, but method '{method.name}' takes no "
+                        "member weights: remove weight (or give it only to members of a weighted method)")
+    if weighted and "weights" not in given:
+        given = {**given, "weights": [m.weight if m.weight is not None else 1.0 for m in members]}
+    try:
+        params = method.Params.model_validate(given)
+    except ValidationError as err:
+        raise several(UserError, pydantic_lines(source, err, prefix=field, model=method.Params)) from None
+    try:
+        method.check_members(params, [m.label for m in members])
+    except UserError as err:
+        raise UserError(f"{source}: {err}") from None
+    count = len(members)
+    if not method.alone and (count < method.min_members or
+                             (method.max_members is not None and count > method.max_members)):
+        raise UserError(f"{source}: members: method '{method.name}' takes {method.min_members}"
+                        f"{'+' if method.max_members is None else f'-{method.max_members}'} members, got {count}")
+    return method, params

@@ -1,0 +1,144 @@
+"""Draft and verify (decoding/speculative.py): speculative decoding gives exactly the every-token
+outputs of the same method and settings, on tiny models whose members disagree often (many
+rejected drafts) and on a member ensembled with itself (every draft taken)."""
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+
+from ensemble_bench.decoding.speculative import Costs, Speculation
+from ensemble_bench.errors import UserError
+from ensemble_bench.methods.deepen import Deepen, DeepenParams
+from ensemble_bench.methods.eva import Eva, EvaParams
+from ensemble_bench.methods.gac import Gac, GacParams
+from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
+from ensemble_bench.methods.single import Single
+from ensemble_bench.methods.unite import Unite, UniteParams
+from tests.tiny import REQUESTS, outputs
+
+LONG = [r.__class__(r.prompt, r.until, 24) for r in REQUESTS]
+
+
+
+CASES = {
+    "gac": (Gac, GacParams, {}),
+    "gac-canonical": (Gac, GacParams, {"retokenize": "canonical"}),
+    "gac-gated": (Gac, GacParams, {"threshold": 0.5}),
+    "gac-weighted": (Gac, GacParams, {"weights": [1.0, 3.0]}),
+    "unite": (Unite, UniteParams, {"k": 5}),
+    "unite-local": (Unite, UniteParams, {"retokenize": "local"}),
+    "deepen": (Deepen, DeepenParams, {}),
+    "packllm-union": (PackLLM, PackLLMParams, {"alignment": "union"}),
+    "packllm-mined": (PackLLM, PackLLMParams, {}),
+    "eva": (Eva, EvaParams, {"top_k": 20}),
+    "eva-local-direct": (Eva, EvaParams, {"retokenize": "local", "overlap": "direct", "n": 2}),
+}
+
+
+def run(method_class, params_class, members, fields, batch_size=2, requests=LONG):
+    method = method_class(members, params_class(**fields), batch_size=batch_size)
+    return outputs(method, requests), method
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("proposer", [0, 1])
+def test_speculative_equals_every_token(pair, case, proposer):
+    method_class, params_class, fields = CASES[case]
+    expected, _ = run(method_class, params_class, pair("bpe", "sp"), fields)
+    got, method = run(method_class, params_class, pair("bpe", "sp"), {**fields, "speculative": 4, "proposer": proposer})
+    assert got == expected
+    info = method.info()[method.name]  # the method's own statistics
+    assert info["speculative_proposer"] == ["bpe", "sp"][proposer]
+    assert len(info["speculative_rows"]) == len(LONG)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
+    expected, _ = run(Gac, GacParams, pair("bpe", "sp"), {}, batch_size)
+    got, method = run(Gac, GacParams, pair("bpe", "sp"), {"speculative": 6, "proposer": "auto"}, batch_size)
+    assert got == expected
+    assert method.info()[method.name]["speculative_proposer"] == "auto"
+
+
+class IdleMachineCosts(Costs):
+    """Costs fixed as an idle machine measures them (a proposer step a tenth of a one-token block, a
+    block 10% dearer per token): the draft lengths they give do not depend on the machine's load."""
+
+    def __init__(self):
+        super().__init__(step=0.01, blocks={1: 0.1})
+
+    @contextmanager
+    def timing(self, *members, name):
+        yield
+
+
+def test_member_with_itself_takes_every_draft(same_model):
+    alone = outputs(Single([same_model("a")], Single.Params()), LONG)
+    method = Gac([same_model("a"), same_model("b")], GacParams(speculative=4), batch_size=2)
+    method.speculation.costs = IdleMachineCosts()
+    assert outputs(method, LONG) == alone
+    info = method.info()[method.name]  # the method's own statistics
+    assert info["speculative_acceptance_rate"] == 1.0
+    assert info["speculative_tokens_per_round"] > 2
+    # the second member reads each round's draft in one forward: fewer forwards than tokens
+    assert info["speculative_forwards_per_token"]["b"] < 0.6
+
+
+def test_unite_with_itself_equals_the_member(same_model):  # exact under local feeding (test_method_contract)
+    alone = outputs(Single([same_model("a")], Single.Params()), LONG)
+    got, _ = run(Unite, UniteParams, [same_model("a"), same_model("b")],
+                 {"speculative": 3, "retokenize": "local", "proposer": 1})
+    assert got == alone
+
+
+def test_draft_length_adapts_down_when_drafts_fail(pair):
+    _, method = run(Gac, GacParams, pair("bpe", "sp"), {"speculative": 8, "proposer": 0})
+    info = method.info()[method.name]  # the method's own statistics
+    assert info["speculative_draft_length_mean"] < 8
+    rows = info["speculative_rows"]
+    assert all(r["tokens"] >= r["rounds"] for r in rows)
+
+
+def test_sampling_is_every_token_only():
+    with pytest.raises(ValueError, match="greedy only"):
+        GacParams(speculative=2, temperature=0.7)
+
+
+def test_unknown_proposer_is_one_line():
+    with pytest.raises(UserError, match="method.proposer: 'nobody' is not a member"):
+        Gac.check_members(GacParams(speculative=2, proposer="nobody"), ["a", "b"])
+
+
+def test_speculative_on_ray_members_equals_local_every_token(ray_members):
+    """Remote members read drafts with read_block too: the outputs stay the local every-token ones."""
+    local, remote = ray_members
+    expected = outputs(Gac(local, GacParams(), batch_size=2), REQUESTS[:3])
+    assert outputs(Gac(remote, GacParams(speculative=3, proposer=1), batch_size=2), REQUESTS[:3]) == expected
+
+
+def test_block_cost_grows_with_width_from_what_was_measured():
+    costs = Costs()
+    costs.blocks = {1: 0.1}
+    assert costs.block(1) == 0.1 and costs.block(11) == pytest.approx(0.2)  # the prior slope, 0.1 per token
+    costs.blocks = {1: 0.1, 5: 0.2}
+    assert costs.block(9) == pytest.approx(0.3)  # the line through the measured widths
+
+
+def test_draft_length_follows_acceptance_and_costs():
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
+    assert speculation._next_length(4, 0, False, rate=0.1) == 0  # drafts fail: plain every-token rounds
+    assert speculation._next_length(4, 4, True, rate=0.95) >= 4
+    speculation.costs.step = 1.0  # a proposer as costly as the verifier's block: drafting barely pays
+    assert speculation._next_length(4, 4, True, rate=0.5) == 0
+
+
+def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
+    class Unrehearsed(Gac):
+        def rehearse(self, states): ...
+
+    refused = r"^Unrehearsed cannot decode speculatively: it lacks rehearse\(states, advances\) "
+    with pytest.raises(TypeError, match=refused):
+        Unrehearsed(pair(), GacParams(speculative=2))
+    assert Unrehearsed(pair(), GacParams()).speculation is None  # every-token decoding asks nothing of it
