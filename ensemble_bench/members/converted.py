@@ -48,13 +48,15 @@ def _marker(folder: Path) -> dict | None:
     return marker if isinstance(marker, dict) and isinstance(marker.get("files"), dict) else None
 
 
-def usable(folder: Path, model: PackagedModel) -> bool:
-    """Whether ``folder`` holds this packaged model converted by this transformers version, every file
-    with the SHA-256 its marker recorded."""
+def usable(folder: Path, model: PackagedModel, any_transformers: bool = False) -> bool:
+    """Whether ``folder`` holds this packaged model converted by this transformers version (by any, for
+    a reader of the files alone: a vLLM member), every file with the SHA-256 its marker recorded."""
     marker = _marker(folder)
     if marker is None:
         return False
-    wanted = {"format": FORMAT, "source_sha256": model.sha256, "transformers": _transformers_version()}
+    wanted = {"format": FORMAT, "source_sha256": model.sha256}
+    if not any_transformers:
+        wanted["transformers"] = _transformers_version()
     if any(marker.get(key) != value for key, value in wanted.items()) or "config.json" not in marker["files"]:
         return False
     for name, sha256 in marker["files"].items():
@@ -87,13 +89,20 @@ def _write(folder: Path, model: PackagedModel, source: ModelSource, tokenizer) -
             record_stamp(staging / name, sha256)  # renaming the folder keeps the files' stat
 
 
-def converted_source(model: PackagedModel, source: ModelSource, tokenizer, converting=lambda: None) -> ModelSource:
+def converted_source(model: PackagedModel, source: ModelSource, tokenizer, converting=lambda: None,
+                     any_transformers: bool = False) -> ModelSource:
     """The de-quantised folder of a packaged model (``tokenizer``: its converted tokenizer, saved beside
     the weights), converted on first use (``converting()`` is called first); the GGUF source itself
-    when the folder cannot be written (a read-only or full cache: said in the log)."""
+    when the folder cannot be written (a read-only or full cache: said in the log). ``any_transformers``:
+    a folder another transformers version converted will do (a vLLM member reads only the files)."""
     folder = converted_folder(model)
-    if usable(folder, model):
+    if usable(folder, model, any_transformers):
         return ModelSource(str(folder))
+    other = (_marker(folder) or {}).get("transformers")
+    if other not in (None, _transformers_version()):  # another environment's conversion (.venv-vllm): it keeps it
+        folder = folder.with_name(f"{folder.name}-transformers-{_transformers_version()}")
+        if usable(folder, model):
+            return ModelSource(str(folder))
     if folder.exists():
         log.warning("%s: not the packaged model's converted weights (damaged, or another transformers); "
                     "converting it again", folder)

@@ -70,19 +70,32 @@ def test_the_recipe_dtype_applies_to_the_converted_weights(fake_gguf, tmp_path):
     assert torch.equal(_logits(half.model, tokenizer), _logits(direct, tokenizer))
 
 
-@pytest.mark.parametrize("damage", ["same-size bytes", "marker of another transformers", "missing file"])
-def test_a_damaged_or_foreign_converted_folder_is_converted_again(fake_gguf, caplog, damage):
+def test_another_transformers_conversion_stays_and_this_one_goes_beside_it(fake_gguf):
+    """Two environments (the main one, .venv-vllm with transformers <5.20) each keep their own
+    conversion: neither overwrites the other's folder on every load."""
+    model, conversions, tokenizer = fake_gguf
+    members.load_member(model.name)
+    folder = converted.converted_folder(model)
+    marker = json.loads((folder / converted.MARKER).read_text())
+    (folder / converted.MARKER).write_text(json.dumps({**marker, "transformers": "0.0.1"}))
+    members.load_member(model.name)
+    members.load_member(model.name)
+    assert conversions == [torch.float32, torch.float32]
+    assert json.loads((folder / converted.MARKER).read_text())["transformers"] == "0.0.1"
+    beside = folder.with_name(f"{folder.name}-transformers-{converted._transformers_version()}")
+    assert converted.usable(beside, model) and converted.usable(folder, model, any_transformers=True)
+
+
+@pytest.mark.parametrize("damage", ["same-size bytes", "missing file"])
+def test_a_damaged_converted_folder_is_converted_again(fake_gguf, caplog, damage):
     model, conversions, tokenizer = fake_gguf
     members.load_member(model.name)
     folder = converted.converted_folder(model)
     weights = folder / "model.safetensors"
     if damage == "same-size bytes":
         weights.write_bytes(os.urandom(weights.stat().st_size))
-    elif damage == "missing file":
-        (folder / "config.json").unlink()
     else:
-        marker = json.loads((folder / converted.MARKER).read_text())
-        (folder / converted.MARKER).write_text(json.dumps({**marker, "transformers": "0.0.1"}))
+        (folder / "config.json").unlink()
     again = members.load_member(model.name)
     assert conversions == [torch.float32, torch.float32]
     assert f"{folder}: not the packaged model's converted weights" in caplog.text

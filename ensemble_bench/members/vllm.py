@@ -1,0 +1,306 @@
+"""VllmMember: a member whose model an in-process vLLM engine steps (recipe: ``backend: vllm``).
+
+The engine decodes in its own thread and ensbench chooses every token (members/vllm_engine.py). How
+the Member calls map onto it (docs/backends.md):
+- ``prefill``: one request per row; each publishes its distribution after its prompt.
+- ``extend``: rows that append the batch's usual number of tokens (most rows take one) have them
+  forced in place, one engine step each; every other row (more or fewer tokens, or cropped) is
+  finished and submitted again with its prefix and new tokens as the prompt (prefix caching keeps its
+  full KV blocks), timed to publish at the same step as the rest.
+- ``crop`` marks rows for re-submission; ``keep`` finishes the rows that leave.
+- ``extend_scored``: as ``extend``, every row forced token by token after its first token.
+- ``score``: vLLM's prompt log-probs (``prompt_logprobs=0``: each given token's log-prob and rank).
+- ``read_block`` / ``read_tree``: not given (one forward pass over a block has no per-position hook
+  here): speculative decoding and SAFE refuse vLLM members before a run (preflight).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+from collections import Counter, deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ensemble_bench.batching import in_batches
+from ensemble_bench.errors import UserError
+from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.rows import RowBatch
+from ensemble_bench.members.tokenizer_side import TokenizerSide
+from ensemble_bench.members.vllm_engine import EXTRA_KEY, Command, EngineThread, SteeredRow, Steering, processor_class
+from ensemble_bench.vocab import build_vocab_view
+
+CPU_KV_CACHE_GIB = 1  # the KV cache of a CPU engine when neither kv_cache_gib nor VLLM_CPU_KVCACHE_SPACE says
+CPU_BLOCK_SIZE = 32   # CPU default 128 caches no prefix shorter than 128 tokens
+DEFAULT_WINDOW = 4096  # max_model_len when the recipe gives none: at most the model's own window
+
+
+class VllmMember(TokenizerSide, Member):
+    reads_trees = False
+
+    def __init__(self, engine, tokenizer, generation_config, config, name: str, chat_template: bool,
+                 max_model_len: int, max_num_seqs: int, folder: Path):
+        from ensemble_bench.members.local import stop_ids_of
+
+        self.engine, self.tokenizer, self.name, self.folder = engine, tokenizer, name, folder
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.vocab = build_vocab_view(tokenizer, config.get_text_config().vocab_size)
+        self.stop_ids = stop_ids_of(tokenizer, generation_config, self.vocab)
+        self.uses_chat_template = bool(chat_template and tokenizer.chat_template)
+        self.max_length, self.max_num_seqs = max_model_len, max_num_seqs
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.prefix_token_id = bos
+        self._bos_text = tokenizer.decode([bos]) if bos is not None else None
+        self.clock = ForwardClock()
+        self.batch = RowBatch(self.vocab.size, self.device)
+        self.handles: list[SteeredRow | None] = []  # per batch row: its live request, None when parked
+        self.stale: list[bool] = []                 # per batch row: cropped since its request published
+        self.steering = Steering()
+        self.thread = EngineThread(engine, self.steering)
+        self.thread.start()
+        self.resubmitted = 0  # rows finished and submitted again (crops, odd token counts)
+        self._keys = itertools.count()
+        atexit.register(self.close)
+
+    # --- the engine thread's commands --------------------------------------------------------------
+    def _params(self, key: str, prompt_len: int, scoring: bool = False):
+        from vllm import SamplingParams
+
+        return SamplingParams(temperature=0.0, max_tokens=max(1, self.max_length - prompt_len), ignore_eos=True,
+                              detokenize=False, extra_args={EXTRA_KEY: (self.steering.id, key)})
+
+    def _submit(self, ids: Sequence[int], queue: Sequence[int] = (), at: int | None = None,
+                scoring: bool = False) -> SteeredRow:
+        """A new steered request for ``ids`` (the lock is held), added before engine step ``at`` (default:
+        the next); ``queue`` is forced after its prompt, one token a step."""
+        key = f"{self.name}-{next(self._keys)}"
+        row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False)
+        self.steering.rows[key] = row
+        at = self.steering.steps if at is None else at
+        self.steering.commands.append(Command("add", key, list(ids), at, self._params(key, len(ids))))
+        return row
+
+    def _drop(self, row: SteeredRow) -> None:
+        """Finish a live request (the lock is held): its pending step forces a throwaway token."""
+        row.dropped, row.waiting = True, False
+        self.steering.rows.pop(row.key, None)
+        self.steering.commands.append(Command("abort", row.key, at=self.steering.steps))
+
+    def _collect(self, rows: list[SteeredRow]) -> list[torch.Tensor]:
+        """Wait (the lock is held) until every row published; their distributions."""
+        self.steering.cond.notify_all()
+        self.steering.wait(lambda: all(r.waiting for r in rows))
+        return [r.dist for r in rows]
+
+    # --- batched stepping ----------------------------------------------------------------------------
+    def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        if len(rows) > self.max_num_seqs:
+            raise UserError(f"member '{self.name}': a batch of {len(rows)} rows exceeds its vllm.max_num_seqs "
+                            f"({self.max_num_seqs}): lower batch_size or raise max_num_seqs")
+        with self.steering.cond, self.clock.timed("prefill"):
+            for handle in self.handles:
+                if handle is not None:
+                    self._drop(handle)
+            self.batch.start(len(rows))
+            self.handles = [self._submit(ids) for ids in rows]
+            self.stale = [False] * len(rows)
+            dists = self._collect(self.handles)
+        self.batch.take(rows)
+        return self.batch.set_last(range(len(rows)), torch.stack(dists))
+
+    def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        return self._extend(tokens, scoring=False)[0]
+
+    def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
+        return self._extend(tokens, scoring=True)
+
+    def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool) -> tuple[torch.Tensor, list[list[float]]]:
+        self.batch.check(tokens)
+        steps = self._steps(tokens, scoring)
+        forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
+        held = self.batch.row_ids()
+        moved = [r for r, row in enumerate(tokens) if row]
+        with self.steering.cond, self.clock.timed("decode", calls=steps):
+            publish = self._publish_step(tokens, steps if any(forced) else None, scoring)
+            for r, row in enumerate(tokens):
+                handle = self.handles[r]
+                if forced[r]:
+                    handle.queue.extend(row)
+                    handle.scoring, handle.first, handle.scored, handle.waiting = scoring, True, [], False
+                    continue
+                if handle is not None:  # cropped, or a count the batch does not step: finished here
+                    self._drop(handle)
+                    self.handles[r] = None
+                if row:
+                    self.handles[r] = self._resubmit(held[r], row, publish, scoring)
+                    self.stale[r] = False
+            dists = self._collect([self.handles[r] for r in moved])
+        scored = [list(self.handles[r].scored) if scoring and r in moved else [] for r in range(len(tokens))]
+        self.batch.take(tokens)
+        if moved:
+            self.batch.set_last(moved, torch.stack(dists))
+        return self.batch.last, scored
+
+    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, scoring: bool) -> int:
+        """The engine step at which every row that moves publishes (the lock is held). Live rows wait
+        inside step ``steering.steps``, which forces their first tokens: rows forced in place publish
+        ``forced_steps`` later. Without them, a request added now is first computed in the next step
+        (the step itself on an idle engine), and the row forcing the most tokens after its prompt sets
+        the pace."""
+        now = self.steering.steps
+        if forced_steps is not None:
+            return now + forced_steps
+        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if scoring else 0
+        return now + any(h is not None for h in self.handles) + after_prompt
+
+    @staticmethod
+    def _steps(tokens: Sequence[Sequence[int]], scoring: bool) -> int:
+        """How many tokens a row takes in place (one engine step each): the longest row's count when
+        every token is scored (a re-submitted row forces all but its first, so none may force more);
+        else the most common count (re-submitting the fewest rows)."""
+        if scoring:
+            return max((len(row) for row in tokens), default=0)
+        counts = Counter(len(row) for row in tokens if row)
+        return min(counts.items(), key=lambda pair: (-pair[1], pair[0]))[0] if counts else 0
+
+    def _resubmit(self, held: list[int], row: Sequence[int], publish: int, scoring: bool) -> SteeredRow:
+        """A row again as a new request: its prompt the held ids and new tokens (all of them, or only
+        the first when each later one is scored as it is forced), added so that it publishes at engine
+        step ``publish`` with the rest of the batch."""
+        self.resubmitted += 1
+        in_prompt = 1 if scoring else len(row)
+        forced = list(row[in_prompt:])
+        return self._submit(held + list(row[:in_prompt]), forced, at=publish - len(forced), scoring=scoring)
+
+    def read_block(self, tokens, at):
+        raise NotImplementedError(f"vLLM member '{self.name}' does not read blocks (speculative decoding, SAFE)")
+
+    def crop(self, lengths: Sequence[int]) -> None:
+        for r, dropped in enumerate(self.batch.crop(lengths)):
+            self.stale[r] = self.stale[r] or dropped > 0
+
+    def keep(self, rows: Sequence[int]) -> None:
+        rows = [int(r) for r in rows]
+        with self.steering.cond:
+            for r, handle in enumerate(self.handles):
+                if handle is not None and r not in rows:
+                    self._drop(handle)
+            handles = []
+            for k, r in enumerate(rows):  # a row named twice: its copy is parked (submitted when it moves)
+                handles.append(self.handles[r] if r not in rows[:k] else None)
+            self.handles, self.stale = handles, [self.stale[r] for r in rows]
+            self.steering.cond.notify_all()
+        self.batch.keep(rows)
+
+    def row_ids(self) -> list[list[int]]:
+        return self.batch.row_ids()
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The embedding matrix, read from the weights folder (the engine's copy stays in the engine)."""
+        from safetensors import safe_open
+
+        for path in sorted(self.folder.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as weights:
+                name = next((k for k in weights.keys() if k.endswith("embed_tokens.weight")), None)  # noqa: SIM118
+                if name is not None:
+                    return weights.get_tensor(name).float()[:self.vocab.size].to(self.device)
+        raise UserError(f"vLLM member '{self.name}': no embed_tokens weights in {self.folder}")
+
+    # --- scoring ---------------------------------------------------------------------------------------
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
+        """Each continuation's summed log-prob and greedy flag from vLLM's prompt log-probs (HFLM's window)."""
+        pairs = self.fit_pairs(pairs)
+        lengths = [len(c) + len(x) for c, x in pairs]
+        return in_batches(lengths, batch_size, lambda batch: self._score_chunk([pairs[i] for i in batch]))
+
+    def _score_chunk(self, pairs) -> list[Score]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        outputs = self._unsteered([list(context) + list(continuation) for context, continuation in pairs], params)
+        return [score_of(output, len(continuation)) for output, (_, continuation) in zip(outputs, pairs)]
+
+    def generate_plain(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+        """vLLM's own greedy decoding of each prompt, ``max_tokens`` new ids each (no stop): the
+        baseline the steered loop is measured and tested against."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        return [list(output.outputs[0].token_ids) for output in self._unsteered(prompts, params)]
+
+    def _unsteered(self, prompts: Sequence[Sequence[int]], params) -> list:
+        """Plain requests run to their end (decoding rows are parked first: the engine must be free)."""
+        with self.steering.cond:
+            for r, handle in enumerate(self.handles):
+                if handle is not None:
+                    self._drop(handle)
+                    self.handles[r] = None
+            keys = [f"{self.name}-plain-{next(self._keys)}" for _ in prompts]
+            for key, prompt in zip(keys, prompts):
+                self.steering.results[key] = None
+                self.steering.commands.append(Command("add", key, list(prompt), 0, params))
+            self.steering.cond.notify_all()
+            self.steering.wait(lambda: all(self.steering.results[k] is not None for k in keys))
+            return [self.steering.results.pop(k) for k in keys]
+
+    def close(self) -> None:
+        with self.steering.cond:
+            self.steering.closed = True
+            self.steering.cond.notify_all()
+
+
+def score_of(output, count: int) -> Score:
+    """A continuation's Score from a request's prompt log-probs (its last ``count`` prompt tokens)."""
+    ids = output.prompt_token_ids[len(output.prompt_token_ids) - count:]
+    entries = output.prompt_logprobs[len(output.prompt_logprobs) - count:]
+    picked = [entry[token] for entry, token in zip(entries, ids)]
+    return Score(sum(p.logprob for p in picked), all(p.rank == 1 for p in picked))
+
+
+def engine_arguments(folder: Path, dtype: str, device: str, args: dict, window: int) -> dict:
+    """vLLM's ``LLM`` arguments for a member (recipe ``vllm:`` pass-through, CPU defaults)."""
+    max_model_len = args.get("max_model_len") or min(window, DEFAULT_WINDOW)
+    max_num_seqs = args.get("max_num_seqs") or 8
+    arguments = {"model": str(folder), "tokenizer": str(folder), "dtype": dtype, "seed": 0,
+                 "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                 "max_num_batched_tokens": max_model_len * max_num_seqs,  # a whole batch's prompts in one step
+                 "enable_chunked_prefill": False, "enable_prefix_caching": True,
+                 "enforce_eager": args.get("enforce_eager", True), "skip_tokenizer_init": True,
+                 "tensor_parallel_size": args.get("tensor_parallel_size", 1),
+                 "logits_processors": [processor_class()]}
+    if args.get("gpu_memory_utilization") is not None:
+        arguments["gpu_memory_utilization"] = args["gpu_memory_utilization"]
+    if device == "cpu":
+        arguments["block_size"] = args.get("block_size") or CPU_BLOCK_SIZE
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            arguments["kv_cache_memory_bytes"] = int((args.get("kv_cache_gib") or CPU_KV_CACHE_GIB) * (1 << 30))
+    elif args.get("block_size"):
+        arguments["block_size"] = args["block_size"]
+    return arguments
+
+
+def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_template: bool, name: str, args: dict,
+                     trust_remote_code: bool) -> VllmMember:
+    """A member on an in-process vLLM engine over the HF folder ``folder`` (its engine thread starts)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from ensemble_bench.members.local import max_length_of
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: the processor meets it
+    try:
+        import vllm
+    except ImportError as err:
+        raise UserError(f"member '{name}': backend vllm needs the vllm package ({err}): pip install "
+                        "'ensemble-bench[vllm]' on a GPU machine, or make install-vllm for the CPU build") from None
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        generation = GenerationConfig()
+    arguments = engine_arguments(folder, dtype, device, args, max_length_of(config, tokenizer))
+    llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
+    return VllmMember(llm.llm_engine, tokenizer, generation, config, name, chat_template,
+                      arguments["max_model_len"], arguments["max_num_seqs"], folder)

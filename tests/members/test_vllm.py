@@ -1,0 +1,145 @@
+"""vLLM members (``backend: vllm``) on the packaged models: the equalities docs/backends.md states.
+
+Run by ``make test-vllm`` in the ``.venv-vllm`` environment; skipped where ``import vllm`` fails (the
+main environment has no vllm). Engines are small: 512-token windows, a 256 MiB KV cache, one thread.
+"""
+
+import pytest
+
+try:
+    import vllm  # noqa: F401
+except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) raises RuntimeError, not ImportError
+    pytest.skip(f"vllm does not import here ({type(err).__name__}); make test-vllm runs these", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
+from ensemble_bench.members import Prompt, load_member  # noqa: E402
+from ensemble_bench.methods import GenerationRequest  # noqa: E402
+from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
+from ensemble_bench.methods.single import Single  # noqa: E402
+from ensemble_bench.methods.unite import Unite, UniteParams  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+
+ENGINE = {"max_model_len": 512, "max_num_seqs": 8, "kv_cache_gib": 0.25}
+QUESTIONS = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京.",
+             "def fibonacci(n):"]
+TEXTS = ["The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Multi-tasking means"]
+
+
+def chat_requests(tokens: int) -> list[GenerationRequest]:
+    return [GenerationRequest(Prompt(messages=(("user", q),)), ("\n\n",), tokens) for q in QUESTIONS]
+
+
+def text_requests(tokens: int) -> list[GenerationRequest]:
+    return [GenerationRequest(Prompt(text=t), ("\n\n",), tokens) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def smollm_vllm():
+    return load_member("smollm2-135m", name="smollm-vllm", chat_template=True, backend="vllm", vllm=ENGINE)
+
+
+@pytest.fixture(scope="module")
+def smollm_twin():
+    return load_member("smollm2-135m", name="smollm-twin", chat_template=True, backend="vllm", vllm=ENGINE)
+
+
+@pytest.fixture(scope="module")
+def qwen_vllm():
+    return load_member("qwen2.5-0.5b", name="qwen-vllm", chat_template=True, backend="vllm", vllm=ENGINE)
+
+
+@pytest.fixture(scope="module")
+def transformers_pair():
+    return [load_member("smollm2-135m", name="smollm", chat_template=True),
+            load_member("qwen2.5-0.5b", name="qwen", chat_template=True)]
+
+
+def texts(method, requests) -> list[str]:
+    return [g.text for g in method.generate(requests)]
+
+
+def test_single_equals_vllms_own_greedy_generate(smollm_vllm):
+    """``single`` steered token by token == vLLM's own greedy generation of the same prompts, cut at
+    the first stop id and at ``until`` as the decode loop cuts."""
+    requests = text_requests(24)
+    plain = smollm_vllm.generate_plain([smollm_vllm.render(r.prompt) for r in requests], 24)
+    expected = [cut_at_until(smollm_vllm.decode(cut_at_stop(ids, smollm_vllm.stop_ids)), r.until)
+                for ids, r in zip(plain, requests)]
+    assert texts(Single([smollm_vllm], Single.Params(), batch_size=3), requests) == expected
+
+
+def cut_at_stop(ids: list[int], stops) -> list[int]:
+    return next((ids[:k] for k, token in enumerate(ids) if token in stops), ids)
+
+
+def test_member_with_itself_equals_the_member_alone(smollm_vllm, smollm_twin):
+    requests = chat_requests(24)
+    alone = texts(Single([smollm_vllm], Single.Params(), batch_size=4), requests)
+    assert texts(Gac([smollm_vllm, smollm_twin], GacParams(), batch_size=4), requests) == alone
+    assert texts(Unite([smollm_vllm, smollm_twin], UniteParams(), batch_size=4), requests) == alone
+
+
+@pytest.mark.parametrize("method", ["gac", "unite"])
+def test_vllm_members_equal_transformers_members(method, smollm_vllm, qwen_vllm, transformers_pair):
+    """The same weights on both backends give the same text (a float near-tie would show as a first
+    differing token whose two candidates' log-probs nearly meet: reported in the failure)."""
+    build = {"gac": lambda ms: Gac(ms, GacParams(), batch_size=4),
+             "unite": lambda ms: Unite(ms, UniteParams(), batch_size=4)}[method]
+    requests = chat_requests(24)
+    assert texts(build([smollm_vllm, qwen_vllm]), requests) == texts(build(transformers_pair), requests)
+
+
+def test_distributions_match_transformers(smollm_vllm, transformers_pair):
+    """Prefill and a few steps: vLLM's float32 log-probs equal transformers' within 1e-3, same argmax."""
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    ours, theirs = smollm_vllm.prefill(rows), transformers_pair[0].prefill(rows)
+    for _ in range(4):
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+        assert float((ours - theirs).abs().max()) < 1e-3
+        chosen = [[t] for t in ours.argmax(-1).tolist()]
+        ours, theirs = smollm_vllm.extend(chosen), transformers_pair[0].extend(chosen)
+
+
+def test_crops_several_tokens_and_empty_rows(smollm_vllm, transformers_pair):
+    """Rows cropped, given several tokens, or nothing (re-submitted with prefix caching) hold the
+    same distributions as a transformers member given the same calls."""
+    local = transformers_pair[0]
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    smollm_vllm.prefill(rows)
+    local.prefill(rows)
+    calls = [("extend", [[11], [12], [13]]), ("extend", [[5, 6], [7], []]), ("crop", [len(rows[0]), None, None]),
+             ("extend", [[21, 22, 23], [24], [25]]), ("extend", [[1], [2], [3]])]
+    for kind, arg in calls:
+        if kind == "crop":
+            held = [len(r) for r in local.row_ids()]
+            lengths = [n if n is not None else h for n, h in zip(arg, held)]
+            smollm_vllm.crop(lengths)
+            local.crop(lengths)
+            continue
+        ours, theirs = smollm_vllm.extend(arg), local.extend(arg)
+        assert float((ours - theirs).abs().max()) < 1e-3
+    assert smollm_vllm.row_ids() == local.row_ids()
+
+
+def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pair):
+    local = transformers_pair[0]
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    smollm_vllm.prefill(rows)
+    local.prefill(rows)
+    feed = [[11, 12, 13], [14], [15, 16]]
+    (_, ours), (_, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
+    assert [len(s) for s in ours] == [2, 0, 1]
+    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    lengths = [len(r) for r in local.row_ids()]
+    smollm_vllm.crop([n - 1 for n in lengths])  # every row re-submitted: the longest forces two tokens
+    local.crop([n - 1 for n in lengths])
+    feed = [[17, 18], [19], [20, 21, 22]]
+    (ours_dist, ours), (theirs_dist, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
+    assert [len(s) for s in ours] == [1, 0, 2] and float((ours_dist - theirs_dist).abs().max()) < 1e-3
+    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    pairs = [(rows[0], smollm_vllm.encode(" Paris", add_special_tokens=False)), (rows[1], [220, 20])]
+    for mine, other in zip(smollm_vllm.score(pairs), local.score(pairs)):
+        assert abs(mine.logprob - other.logprob) < 1e-3 and mine.is_greedy == other.is_greedy
