@@ -186,7 +186,7 @@ def test_cached_batched_path_equals_naive_reference(bpe_tokenizer, bpe_model, sp
     assert [(g.text, rounds[r.prompt.text]) for g, r in zip(fast, REQUESTS)] == [naive.generate(r) for r in REQUESTS]
     if threshold == "median" and pairing == "twins":  # a word after the first is explored
         assert max(forced) > 1
-    info = method.info()
+    info = {**method.info(), **method.info()[method.name]}  # the shared fields and AdaFuse's own
     assert info["member_states"] > 0 and 0 <= info["ensembled_fraction"] <= 1
     if threshold == "always":  # every state uncertain: every member explores, every round is scored
         assert info["uncertain_states"] == info["member_states"] and info["ensembled_fraction"] == 1

@@ -129,3 +129,5 @@ def test_the_token_level_example_decodes_speculatively_with_its_every_token_outp
         assert outputs(cls(twins, cls.Params())) == outputs(Single(twins[:1], Single.Params()))
     finally:
         METHODS.pop(cls.name)
+        if (lm := sys.modules.get("ensemble_bench.lm")) is not None:  # its lm-eval model goes with it
+            lm.LM_CLASSES.pop(cls.name, None)

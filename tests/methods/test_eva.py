@@ -120,7 +120,7 @@ def test_fuse_averages_the_faithful_members_and_keeps_all_when_none_is(pair):
     assert method.fuse([lead, aux])[0].tolist() == pytest.approx([0.45, 0.15, 0.4])  # neither top in the other's top-1
     agree = torch.tensor([[0.6, 0.0, 0.4]])
     assert method.fuse([lead, agree])[0].tolist() == pytest.approx([0.65, 0.15, 0.2])
-    assert method.info()["eva_no_faithful_member_steps"] == 1
+    assert method.info()["eva"]["eva_no_faithful_member_steps"] == 1
 
 
 def test_the_projection_is_built_once_and_cached(pair, tmp_path, monkeypatch):

@@ -123,7 +123,7 @@ def pair():
 def test_common_vocabulary_and_statistics_are_reported(pair):
     method = Lvr(pair, LvrParams(), batch_size=3)
     tiny.outputs(method)
-    info = method.info()
+    info = method.info()[method.name]
     shared = {p for p in pair[0].vocab.pieces if p} & {p for p in pair[1].vocab.pieces if p}
     assert 0 < info["common_vocabulary"] <= len(shared)
     assert info["common_token_steps"] > 0 and info["covering_tree_branches_max"] >= 2

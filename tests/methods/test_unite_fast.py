@@ -85,6 +85,7 @@ def bare_unite(aligners, k, emitter, weights):
     method.tables = AlignmentTables(method.aligners)
     method.stats = UniteStats()
     method._stops = {}
+    method.core = None  # no CoRE (methods/core.py)
     return method
 
 
