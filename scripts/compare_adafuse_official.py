@@ -40,11 +40,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MIRROR = "/work/.mirror/CCM0111+AdaFuse/repo"
-TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
-          "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
-          "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
+from fidelity_prompts import SUMS, TOPICS  # noqa: E402  (scripts/, on the path when run)
+
 QUESTIONS = ([f"What is one fact about {t}?" for t in TOPICS]
-             + [f"What is {a} plus {b}?" for a, b in zip(range(3, 23), range(17, 57, 2))])
+             + [f"What is {a} plus {b}?" for a, b in SUMS])
 
 
 def load_official(repo: str, into: Path):

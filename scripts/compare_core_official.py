@@ -36,11 +36,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MIRROR = "/work/.mirror/zhichenz98+CoRE-EACL26/repo"
 RULES = ("official", "paper")  # ensbench's core_rules, each compared with the official run
-TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
-          "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
-          "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
+from fidelity_prompts import SUMS, TOPICS  # noqa: E402  (scripts/, on the path when run)
+
 QUESTIONS = ([f"Tell me one fact about {t}." for t in TOPICS]
-             + [f"What is {a} plus {b}? Answer with the number." for a, b in zip(range(3, 23), range(17, 57, 2))])
+             + [f"What is {a} plus {b}? Answer with the number." for a, b in SUMS])
 
 
 def unpack_official(repo: str, into: Path) -> Path:

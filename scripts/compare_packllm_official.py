@@ -47,11 +47,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 OFFICIAL_FILE = "downstream_tasks/modeling_llm_fusion.py"
-TOPICS = ["the moon", "photosynthesis", "the Roman Empire", "volcanoes", "the piano", "honey bees", "Paris",
-          "the internet", "rainbows", "the Nile", "penguins", "chess", "electricity", "the heart", "glaciers",
-          "coffee", "Mount Everest", "the printing press", "sharks", "the Olympic Games"]
+from fidelity_prompts import SUMS, TOPICS  # noqa: E402  (scripts/, on the path when run)
+
 QUESTIONS = ([f"Question: Tell me one fact about {t}.\nAnswer:" for t in TOPICS]
-             + [f"Question: What is {a} plus {b}?\nAnswer:" for a, b in zip(range(3, 23), range(17, 57, 2))])
+             + [f"Question: What is {a} plus {b}?\nAnswer:" for a, b in SUMS])
 
 
 def import_official(repo: str, into: Path):
