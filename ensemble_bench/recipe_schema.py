@@ -26,23 +26,12 @@ from ensemble_bench.methods import ALONE, get_method, is_alone
 from ensemble_bench.recipe_lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
 from ensemble_bench.tasks import Benchmark
 from ensemble_bench.tasks.recipe_tasks import task_benchmarks
+from ensemble_bench.vllm_args import VllmArgs
 
 # every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
 LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
-class VllmArgs(BaseModel):
-    """Engine arguments of a ``backend: vllm`` member, passed to vLLM as they are (members/vllm.py);
-    the member's ``dtype`` is the engine's dtype."""
-
-    model_config = STRICT
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
-    max_model_len: int | None = Field(default=None, gt=0)  # null: the model's own window
-    enforce_eager: bool = True  # false: torch.compile and CUDA graphs (minutes of start-up on a CPU)
-    block_size: int | None = Field(default=None, gt=0)  # KV block (prefix caching only caches whole blocks)
-    max_num_seqs: int = Field(default=8, ge=1)  # rows one engine steps together: at least the batch size
-    kv_cache_gib: float | None = Field(default=None, gt=0)  # the KV cache on a CPU (null: 1 GiB)
 
 
 class MemberSpec(BaseModel):
