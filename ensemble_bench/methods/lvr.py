@@ -40,7 +40,7 @@ from ensemble_bench.decoding.decode import decode_batch
 from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams, CoveringReport
+from ensemble_bench.methods.byte_level import ByteLevel, CoveringParams, CoveringReport
 from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
 from ensemble_bench.vocab.common import CommonSpeller, common_vocabulary
 from ensemble_bench.vocab.covering import SortedVocab
@@ -51,7 +51,7 @@ class LvrReport(CoveringReport):
     common_vocabulary: int = 0  # the members' common tokens
 
 
-class LvrParams(ByteLevelParams):
+class LvrParams(CoveringParams):
     pass
 
 
@@ -73,6 +73,9 @@ class Lvr(ByteLevel):
     def statistics(self) -> LvrReport:
         return LvrReport(lead_index=self.lead, common_vocabulary=len(self.speller.common),
                          steps=self.stats.summary(len(self.members), "common_token"))
+
+    def reads_prompt_as_bytes(self) -> bool:
+        return False  # the prompt keeps its tokens (byte_level's prompt_rule is not offered)
 
     def symbol_bytes(self, symbol: int) -> bytes:
         return self.speller.common[symbol]
