@@ -96,39 +96,55 @@ def run_ours(args, out: Path) -> dict:
     found = {"folders": [str(converted_folder(PACKAGED[name])) for name in MEMBERS], "check_ids": check,
              "check": [last_logprobs(m.model, ids).tolist() for m, ids in zip(members, check)],
              "prompt_rule": rule, "tokens": args.tokens, "torch": torch.__version__, "rows": []}
-    for prompt in PROMPTS[:args.prompts]:
+    prompts = PROMPTS[:args.prompts]
+    for first in range(0, len(prompts), args.batch):
+        if args.stop_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_at:
+            print(f"{args.stop_at} UTC: no further batch started", flush=True)
+            break
         started = time.perf_counter()
-        method = ByteLevel(members, ByteLevelParams(prompt_rule=rule), batch_size=1)
-        steps = record_ours(method)
-        request = GenerationRequest(Prompt(text=prompt), (), args.tokens)
-        generation = method.generate([request])[0]
-        read = len(method.start(request).read_first)
-        found["rows"].append({"prompt": prompt, "text": generation.text.encode().hex(), "finish": generation.finish,
-                              "prompt_ids": [method.render(i, Prompt(text=prompt)) for i in range(len(members))],
-                              "steps": steps[read:], "seconds": time.perf_counter() - started})
-        out.write_text(json.dumps(found))  # after every prompt: a stopped run keeps its finished rows
-        print(json.dumps({"prompt": prompt, "ours": generation.text}, ensure_ascii=False), flush=True)
+        method = ByteLevel(members, ByteLevelParams(prompt_rule=rule), batch_size=args.batch)
+        steps, reads = record_ours(method)
+        requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts[first:first + args.batch]]
+        generations = method.generate(requests)
+        seconds = (time.perf_counter() - started) / len(requests)
+        for request, generation in zip(requests, generations):
+            text = request.prompt.text
+            found["rows"].append({"prompt": text, "text": generation.text.encode().hex(), "finish": generation.finish,
+                                  "prompt_ids": [method.render(i, request.prompt) for i in range(len(members))],
+                                  "steps": steps[text][reads[text]:], "seconds": seconds})
+            print(json.dumps({"prompt": text, "ours": generation.text}, ensure_ascii=False), flush=True)
+        out.write_text(json.dumps(found))  # after every batch: a stopped run keeps its finished rows
     return found
 
 
-def record_ours(method) -> list[dict]:
-    """Each step's member distributions and mixture (row 0: batch size 1)."""
-    steps: list[dict] = []
-    member_distributions, mixed_rows = method.member_distributions, method.mixed_rows
-    current: dict = {}
+def record_ours(method) -> tuple[dict[str, list[dict]], dict[str, int]]:
+    """Per prompt, each step's member distributions and mixture, and how many steps read the prompt."""
+    steps: dict[str, list[dict]] = {}
+    reads: dict[str, int] = {}
+    prompts: dict[int, str] = {}  # id of a row's state -> its prompt
+    start, member_distributions, mixed_rows = method.start, method.member_distributions, method.mixed_rows
+    current: dict[int, list[dict]] = {}
+
+    def starting(request):
+        state = start(request)
+        prompts[id(state)] = request.prompt.text
+        steps[request.prompt.text], reads[request.prompt.text] = [], len(state.read_first)
+        return state
 
     def members(i, states):
         dist = member_distributions(i, states)
-        current[i] = top_of(dist[0]) if float(dist[0].sum()) > 0 else {}
+        current[i] = [top_of(row) if float(row.sum()) > 0 else {} for row in dist]
         return dist
 
     def mixed(states):
         mix, alive = mixed_rows(states)
-        steps.append({"mix": top_of(mix[0]), "members": [current[i] for i in range(len(method.members))]})
+        for k, state in enumerate(states):
+            steps[prompts[id(state)]].append({"mix": top_of(mix[k]) if bool(alive[k]) else {},
+                                              "members": [current[i][k] for i in range(len(method.members))]})
         return mix, alive
 
-    method.member_distributions, method.mixed_rows = members, mixed
-    return steps
+    method.start, method.member_distributions, method.mixed_rows = starting, members, mixed
+    return steps, reads
 
 
 # ------------------------------------------------------------------ the official side (transformers 4.53)
@@ -271,8 +287,10 @@ def main(argv=None) -> int:
     parser.add_argument("--deps", help="pip --target folder: transformers 4.53.1 and the official code's dependencies")
     parser.add_argument("--prompts", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=1, help="the ensbench side's batch size (same outputs)")
     parser.add_argument("--conventions", choices=["official", "ensbench"], default="official")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stop-at", help="HH:MM (UTC): the ensbench side starts no prompt after it (shared machines)")
     parser.add_argument("--work", help="folder for the sides' files (ours.json, official.json); default: a new one")
     parser.add_argument("--json", help="the comparison's file")
     args = parser.parse_args(argv)
