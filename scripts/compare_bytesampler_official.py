@@ -13,8 +13,9 @@ transformers 5) names RoPE's theta under ``rope_parameters``, which 4.53 reads a
 from it. Both processes score the same prompt ids with each model and report the largest difference of
 the last position's log-probabilities (``logit_check``).
 
-Sides, one prompt at a time (``--tokens`` of byte_level's lead tokens; its bytes set the official run's
-``max_new_bytes``):
+Sides (``--tokens`` of byte_level's lead tokens; its bytes set the official run's ``max_new_bytes``, one
+byte more where byte_level stopped on its own, so that an official run that does not stop there shows
+as "prefix"); ``--side`` runs one of them, or the report, on the files in ``--work``:
 - ensbench: ``byte_level``, ``prompt_rule`` by ``--conventions``;
 - official: ``EnsembleBytewiseSampler`` (mode "mix": the average of the two members' byte
   distributions), greedy (``do_sample=False``).
@@ -203,7 +204,7 @@ def run_official(args, ours: dict, out: Path) -> dict:
         else:
             prompt = row["prompt"]
         steps = record_official(sampler)
-        length = len(bytes.fromhex(row["text"]))
+        length = len(bytes.fromhex(row["text"])) + (row["finish"] == "stop_id")  # one more byte: does it stop too?
         text = bsm.generate_batched(sampler, [prompt], max_new_bytes=length, do_sample=False)[0]
         found["rows"].append({"text": text.encode().hex(), "steps": steps, "seconds": time.perf_counter() - started})
         out.write_text(json.dumps(found))
