@@ -48,7 +48,7 @@ from ensemble_bench.run_folder import (  # noqa: E402
     read_json,
     results_files,
     write_recipe,
-    write_timing,
+    write_row_timing,
 )
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
 
@@ -279,10 +279,8 @@ def write_run(plan: Plan) -> None:
     newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
-    timing = {"label": plan.row.label, "method": plan.row.method,
-              "members": [plan.recipe.members[i].label for i in plan.row.members],
-              **{key: value for key, value in info.items() if key not in ("label", "members")}}
-    write_timing(row_dir, timing)
+    write_row_timing(row_dir, plan.recipe, plan.row,
+                     {key: value for key, value in info.items() if key not in ("label", "members")})
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:
