@@ -8,7 +8,7 @@ import pytest
 
 from ensemble_bench.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from ensemble_bench.errors import UserError
-from tests.run.test_faults import one_line, run_cli
+from tests.cli_helpers import one_line, run_cli
 
 
 def members(tiny_dirs, **extra) -> list[dict]:
