@@ -21,10 +21,12 @@ writes the run in ensbench's layout:
 from __future__ import annotations
 
 import hashlib
+import io
+import logging
 import re
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +101,8 @@ def run_cli() -> None:
         return parser.execute(args)
     threads = vars(args).pop("threads", 0)  # ensbench's flag: lm-eval's config does not take it
     check_limit(getattr(args, "limit", None))
-    config = lm_eval_step(EvaluatorConfig.from_cli, args)
+    with quiet_lm_eval():  # lm-eval reads args again when it runs, and warns (--limit) or prints (--config) then
+        config = lm_eval_step(EvaluatorConfig.from_cli, args)
     if config.model not in LM_CLASSES:
         set_threads(threads)
         return parser.execute(args)
@@ -150,6 +153,20 @@ def request_progress(write=None):
         yield plain
     finally:
         EnsembleLM.default_progress = None
+
+
+@contextmanager
+def quiet_lm_eval():
+    """lm-eval's warnings and printed lines held back: for ensbench's own reading of the command line, so that
+    lm-eval's reading says them once."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def lm_eval_step(step, *args):
