@@ -113,6 +113,15 @@ def test_every_expected_fault_is_one_line_and_its_exit_code(case, monkeypatch, c
     assert got == code and expected in one_line(out)
 
 
+def test_the_damaged_cache_line_names_the_file_the_runner_writes(tmp_path):
+    from ensemble_bench.errors import environment_fault
+    from ensemble_bench.run_folder import cache_db
+
+    written = cache_db(tmp_path, "gac").relative_to(tmp_path).as_posix().replace("gac", "<row>")
+    line = str(environment_fault(sqlite3.DatabaseError("file is not a database")))
+    assert f"remove the run's {written} (its answers are recomputed)" in line
+
+
 def test_a_network_fault_inside_a_library_error_is_found_through_the_chain(monkeypatch, capsys):
     try:
         try:
