@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ensemble_bench.decoding.stand_ins import StandIn
+from ensemble_bench.decoding.stats import per_sitting
 
 AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
@@ -101,7 +102,7 @@ class SpeculationStats:
     forwards: list[int] = field(default_factory=list)  # per member: forward passes taken part in
     agreed: list[int] = field(default_factory=list)    # per member: positions where its argmax was the choice
     positions: int = 0
-    rows: list[RowRecord] = field(default_factory=list)
+    rows: list[RowRecord] = per_sitting()
 
     def add(self, records: Sequence[RowRecord]) -> None:
         """Finished requests into the counters and the records."""

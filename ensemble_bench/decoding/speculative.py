@@ -143,10 +143,10 @@ class SpeculativeSteps:
     speculation: Speculation | None
 
     def carried(self) -> dict[str, object]:
-        """The method's accumulators (``Method.carried``, next in the method's bases), the re-tokenisation
-        counters and the speculation's: a resumed row's statistics count every sitting (sittings.py)."""
+        """The method's accumulators (``Method.carried``, next in the method's bases) and the speculation's:
+        a resumed row's statistics count every sitting (sittings.py)."""
         speculation = {"speculation": self.speculation.stats} if self.speculation else {}
-        return {**super().carried(), "feed": self.feed_stats, **speculation}  # type: ignore[misc]
+        return {**super().carried(), **speculation}  # type: ignore[misc]
 
     def speaking_to(self, members: Sequence[Member], counted: bool = True):
         view = copy.copy(self)  # a shallow view: tables, caches and statistics objects are shared

@@ -300,6 +300,7 @@ def test_a_row_resumed_from_its_cache_keeps_the_statistics_of_its_first_sitting(
 def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_dropped(tmp_path):
     from dataclasses import dataclass, field
 
+    from ensemble_bench.decoding.stats import peak, per_sitting
     from ensemble_bench.run_folder import sittings_file
     from ensemble_bench.sittings import resume_counts, save_counts
 
@@ -310,13 +311,19 @@ def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_
         deciles: list = field(default_factory=lambda: [0, 0])
         flag: bool = False
         _mark: float = 0.0
+        widest: int = peak()
+        records: list = per_sitting()
 
     db = tmp_path / "gac_rank0.db"
     db.write_bytes(b"")
-    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0)}, db)
+    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0, 4, [7, 8])}, db)
     fresh = Counts()
     resume_counts({"stats": fresh}, db)
-    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0)  # counters added; flags and private marks are no counters
+    # counters added, a peak kept; flags, private marks and a sitting's records are not carried
+    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0, 4, [])
+    wider = Counts(widest=6)
+    resume_counts({"stats": wider}, db)
+    assert wider.widest == 6  # the larger, not the sum
     db.unlink()  # the answers are gone: so are the statistics that counted them
     other = Counts()
     resume_counts({"stats": other}, db)
