@@ -28,9 +28,11 @@ Exactness (tests/methods/test_lvr.py): for a model that gives mass only to canon
 tokenisations, the product of the reduced steps of a text's common tokens and the end equals the
 model's probability of the text.
 
-Log-likelihood: the continuation's bytes spelled in common tokens, longest first (vocab/common.py),
-teacher-forced through the same loop (log q of each forced common token); a continuation with a
-byte no common token starts scores -inf. ``loglikelihood_rolling`` averages the members' own
+Log-likelihood: the continuation in common tokens, teacher-forced through the same loop (log q of
+each forced common token): the lead's canonical tokens of the continuation, each nested (the lead's
+reduced model then reads its own segmentation), or, when those do not spell its bytes, the bytes
+spelled longest common token first (vocab/common.py); a continuation no common tokens spell scores
+-inf. ``loglikelihood_rolling`` averages the members' own
 whole-text probabilities, as ``byte_level`` does.
 """
 
@@ -98,8 +100,8 @@ class Lvr(ByteLevel):
         return self.speller.spells(self.spellings[i], trunk, state.symbols)
 
     def _score_batch(self, splits: list[tuple[list[list[int]], bytes]]) -> list[Score]:
-        """The loop, teacher-forced over the continuation's common tokens (longest first)."""
-        forced = [self.speller.spell(data) for _, data in splits]
+        """The loop, teacher-forced over the continuation's common tokens (``_forced``)."""
+        forced = [self._forced(data) for _, data in splits]
         live = [k for k, symbols in enumerate(forced) if symbols]
         states = [ScoringState(StopRule((), len(forced[k])), forced=forced[k]) for k in live]
         if states:
@@ -109,3 +111,12 @@ class Lvr(ByteLevel):
         for k, state in zip(live, states):
             scores[k] = Score(state.total, state.greedy)
         return scores
+
+    def _forced(self, data: bytes) -> tuple[int, ...] | None:
+        """The continuation's common tokens: the lead's canonical tokens of it, each nested; else longest first."""
+        lead = self.members[self.lead]
+        ids = lead.encode(data.decode("utf-8"), add_special_tokens=False)
+        spelled = [self.spellings[self.lead][token] for token in ids]
+        if ids and None not in spelled and lead.vocab.join(ids) == data:
+            return tuple(symbol for symbols in spelled for symbol in symbols)
+        return self.speller.spell(data)

@@ -80,3 +80,16 @@ def test_tiny_members_reduce_to_a_merge_closed_vocabulary(pair):  # noqa: F811
 
 def test_member_merges_reads_ids_as_bytes():
     assert member_merges([b"a", b"b", b"ab", None], [(0, 1, 2), (0, 3, 2)]) == [(b"a", b"b")]
+
+
+def test_a_continuation_is_forced_as_the_leads_nested_canonical_tokens(pair):  # noqa: F811
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import LoglikelihoodRequest
+
+    method, lead = Lvr(pair, LvrParams(), batch_size=2), pair[0]
+    text = " Answer: 42.answer"  # the lead writes "a" "nswer"; longest common token first: "an" "s" "wer"
+    ids = lead.encode(text, add_special_tokens=False)
+    nested = tuple(s for token in ids for s in method.spellings[0][token])
+    assert method._forced(text.encode()) == nested != method.speller.spell(text.encode())
+    scores = method.loglikelihood([LoglikelihoodRequest(Prompt(text="Question: a fox?\nAnswer:"), text)])
+    assert -1e9 < scores[0].logprob < 0
