@@ -201,10 +201,9 @@ class Gac(SpeculativeSteps, DecodingMethod):
         resolve_proposer(params, labels, resolve_lead(params, labels))
 
     def carried(self) -> dict[str, object]:
-        """The timing, the ensembled steps and the retokenization counters (speculation's per-request
-        records are not carried: its statistics are those of the last sitting)."""
-        return {**super().carried(), "stats": self.stats, "feed": self.feed_stats,
-                **(self.core.carried() if self.core else {})}
+        """Besides the timing, re-tokenisation and speculation counters (``SpeculativeSteps.carried``): the
+        ensembled steps and CoRE's counters."""
+        return {**super().carried(), "stats": self.stats, **(self.core.carried() if self.core else {})}
 
     def statistics(self) -> GacReport:
         decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None

@@ -142,3 +142,33 @@ def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
     with pytest.raises(TypeError, match=refused):
         Unrehearsed(pair(), GacParams(speculative=2))
     assert Unrehearsed(pair(), GacParams()).speculation is None  # every-token decoding asks nothing of it
+
+
+@pytest.mark.parametrize("case", ["gac", "unite-local", "packllm-union"])
+def test_a_resumed_rows_speculation_counts_every_sitting(pair, case, tmp_path):
+    """The first sitting's drafts and re-tokenisation were lost on resume (sittings.py carries counters)."""
+    from ensemble_bench.sittings import resume_counts, save_counts
+
+    method_class, params_class, fields = CASES[case]
+
+    def sitting(requests, earlier=None):
+        method = method_class(pair("bpe", "sp"), params_class(**fields, speculative=4, proposer=0), batch_size=1)
+        method.speculation.costs = IdleMachineCosts()  # draft lengths that do not depend on the machine's load
+        if earlier is not None:
+            resume_counts(method.carried(), earlier)
+        outputs(method, requests)
+        return method
+
+    def counted(method) -> dict:
+        own = method.info()[method.name]
+        return {key: value for key, value in own.items() if key.startswith(("speculative_", "retokenize_"))
+                and key != "speculative_rows"}
+
+    whole = sitting(LONG)
+    db = tmp_path / "row_rank0.db"
+    db.write_bytes(b"")  # the response cache the statistics file belongs to
+    save_counts(sitting(LONG[:2]).carried(), db)
+    resumed = sitting(LONG[2:], earlier=db)
+    assert counted(whole)["speculative_acceptance_rate"] is not None
+    assert counted(resumed) == counted(whole)
+    assert len(resumed.info()[resumed.name]["speculative_rows"]) == len(LONG) - 2  # this sitting's requests
