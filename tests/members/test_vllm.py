@@ -171,7 +171,7 @@ def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
                        ([[15, 16], [17, 18, 19, 20], [21, 22, 23]], [[0, 1], [1, 3], [2]])]:
         ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
         assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
-        assert all(float((a - b).abs().max(initial=0)) < 1e-3 for a, b in zip(ours, theirs))
+        assert all(a.numel() == 0 or float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
         lengths = [len(r) - 1 for r in local.row_ids()]
         smollm_vllm.crop(lengths)
         local.crop(lengths)
