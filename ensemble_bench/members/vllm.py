@@ -160,8 +160,7 @@ class VllmMember(TokenizerSide, Member):
                     self.stale[r] = False
             dists = self._collect([self.handles[r] for r in moved])
         scored = [list(self.handles[r].scored) if scoring and r in moved else [] for r in range(len(tokens))]
-        blocks = [self._block(self.handles[r], len(row), wanted[r]) if row else self._block(None, 0, [])
-                  for r, row in enumerate(tokens)]
+        blocks = [self._block(self.handles[r] if row else None, len(row), wanted[r]) for r, row in enumerate(tokens)]
         self.batch.take(tokens)
         if moved:
             self.batch.set_last(moved, torch.stack(dists))
@@ -170,10 +169,12 @@ class VllmMember(TokenizerSide, Member):
     def _block(self, handle: SteeredRow | None, length: int, wanted: list[int]) -> torch.Tensor:
         """A block read's answer for one row: what its steps kept, and the published distribution when
         the position after its last token is wanted; [0, V] when nothing is."""
-        kept = list(handle.captured) + ([handle.dist] if wanted and wanted[-1] == length - 1 else []) if handle else []
+        kept = []
+        if handle is not None:
+            kept = list(handle.captured) + ([handle.dist] if wanted and wanted[-1] == length - 1 else [])
         return torch.stack(kept) if kept else torch.empty((0, self.vocab.size), device=self.device)
 
-    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, scoring: bool) -> int:
+    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, by_token: bool) -> int:
         """The engine step at which every row that moves publishes (the lock is held). Live rows wait
         inside step ``steering.steps``, which forces their first tokens: rows forced in place publish
         ``forced_steps`` later. Without them, a request added now is first computed in the next step
@@ -182,7 +183,7 @@ class VllmMember(TokenizerSide, Member):
         now = self.steering.steps
         if forced_steps is not None:
             return now + forced_steps
-        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if scoring else 0
+        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if by_token else 0
         return now + any(h is not None for h in self.handles) + after_prompt
 
     def _check_room(self, tokens: Sequence[Sequence[int]], held: Sequence[int]) -> None:
@@ -198,11 +199,11 @@ class VllmMember(TokenizerSide, Member):
                             "batch_size or max_gen_toks")
 
     @staticmethod
-    def _steps(tokens: Sequence[Sequence[int]], scoring: bool) -> int:
+    def _steps(tokens: Sequence[Sequence[int]], by_token: bool) -> int:
         """How many tokens a row takes in place (one engine step each): the longest row's count when
-        every token is scored (a re-submitted row forces all but its first, so none may force more);
-        else the most common count (re-submitting the fewest rows)."""
-        if scoring:
+        every token is computed in a step of its own (scoring, block reads: a re-submitted row forces all
+        but its first, so none may force more); else the most common count (re-submitting the fewest)."""
+        if by_token:
             return max((len(row) for row in tokens), default=0)
         counts = Counter(len(row) for row in tokens if row)
         return min(counts.items(), key=lambda pair: (-pair[1], pair[0]))[0] if counts else 0
