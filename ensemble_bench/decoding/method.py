@@ -282,12 +282,6 @@ class Method(ABC):
         return {}
 
     @classmethod
-    def member_reads(cls, params: MethodParams) -> frozenset[str]:
-        """Member calls beyond stepping that these parameters need (``read_block``: draft-and-verify);
-        the preflight refuses members that cannot give them (vLLM members, docs/backends.md)."""
-        return frozenset({"read_block"}) if getattr(params, "speculative", 0) else frozenset()
-
-    @classmethod
     def models(cls, params: MethodParams) -> tuple[str, ...]:
         """Models these parameters load besides the members (a scorer); the preflight checks them."""
         return ()
