@@ -263,15 +263,55 @@ def member_probs(members, feeding: list[list[int]], k: int = 320) -> list[torch.
     return out
 
 
-def fused_with(probs: list[torch.Tensor], projector, n: int = 5) -> torch.Tensor:
-    """EVA's fused vector [V_main] from the main model's and the projected auxiliary's probabilities."""
+def fused_with(probs: list[torch.Tensor], projector, n: int = 5) -> tuple[torch.Tensor, list[bool], int]:
+    """EVA's fused vector [V_main] from the main model's and the projected auxiliary's probabilities;
+    which of the two the filter kept; the projected auxiliary's top token."""
     from ensemble_bench.methods.eva import faithful
     dists = [probs[0], projector(probs[1])]
     kept = faithful(dists, n)
     if not kept.any():
         kept[:] = True
     share = 1.0 / kept.sum(dim=0).float()
-    return sum(torch.where(kept[i, :, None], share[:, None] * dists[i], 0.0) for i in (1, 0))[0]
+    fused = sum(torch.where(kept[i, :, None], share[:, None] * dists[i], 0.0) for i in (1, 0))[0]
+    return fused, kept[:, 0].tolist(), int(dists[1][0].argmax())
+
+
+class MapPair:
+    """Both maps as [V_aux, V_main] CSR matrices, and the rows whose targets differ, each under the
+    code's rule that parts them (docs/fidelity.md, EVA):
+    ``zero_two``: one of the auxiliary's ids 0-2, or a row either map sends to the main model's ids 0-2;
+    ``special``: (else) an auxiliary special token, or a target among the main model's special or padded ids;
+    ``rest``: (else) the other rows whose targets differ."""
+
+    def __init__(self, ours, theirs, aux_special: frozenset[int], lead_text: list[int]):
+        self.ours = scipy.sparse.csr_matrix((ours.weight.numpy(), (ours.src.numpy(), ours.dst.numpy())),
+                                            shape=theirs.shape)
+        self.theirs = theirs.tocsr()
+        mine, other = (abs(m).sign() for m in (self.ours, self.theirs))
+        differ = np.asarray(abs(mine - other).sum(axis=1)).ravel() > 0
+        nontext = np.ones(theirs.shape[1], dtype=np.float32)
+        nontext[lead_text] = 0
+        rows = np.arange(theirs.shape[0])
+        to_zero_two = np.asarray((mine[:, :3] + other[:, :3]).sum(axis=1)).ravel() > 0
+        to_special = (mine @ nontext + other @ nontext) > 0
+        zero_two = differ & ((rows < 3) | to_zero_two)
+        special = differ & ~zero_two & (np.isin(rows, sorted(aux_special)) | to_special)
+        self.classes = {"zero_two": zero_two, "special": special, "rest": differ & ~zero_two & ~special}
+
+    def with_theirs(self, rows: np.ndarray):
+        """Our map with their rows where ``rows`` is set, as a projector."""
+        swap = scipy.sparse.diags(rows.astype(np.float32))
+        return projector((self.ours - swap @ self.ours + swap @ self.theirs).tocsr())
+
+    def counts(self) -> dict:
+        return {name: int(rows.sum()) for name, rows in self.classes.items()}
+
+
+def projector(matrix):
+    """p -> p M for a [V_aux, V_main] scipy matrix (their ``spmm`` on the transposed matrix)."""
+    coo = matrix.tocoo()
+    transposed = torch.sparse_coo_tensor(np.array([coo.row, coo.col]), coo.data, matrix.shape).t().float().coalesce()
+    return lambda probs: torch.spmm(transposed, probs.t()).t()
 
 
 def first_difference(ours: dict, theirs: dict, tokens: int) -> int | None:
@@ -286,11 +326,12 @@ def first_difference(ours: dict, theirs: dict, tokens: int) -> int | None:
     return None
 
 
-def explain(members, ours_map, matrix, ours: dict, theirs: dict, tokens: int) -> dict:
-    """At the first differing step: each side's choice, runner-up and top-2 margin as recorded, each
-    model's input on both sides (the same ids, or where they part), and the four recomputed cells
-    {our map, their map} x {our feeding, their feeding}, which tell a map difference from a
-    feeding one; ``special`` when a choice is one of the main model's ids 0-2 or special tokens."""
+def explain(members, pair: MapPair, ours_map, ours: dict, theirs: dict, tokens: int) -> dict:
+    """At the first differing step: each side's choice, runner-up and top-2 margin as recorded; each
+    model's input on both sides (the same ids, or where they part); the four recomputed cells
+    {our map, their map} x {our feeding, their feeding} (which tell a map difference from a feeding
+    one), each with the members the filter kept and the projected auxiliary's top token; and, on
+    their feeding, our map with their rows of one class at a time (which of the code's rules decides)."""
     step = first_difference(ours, theirs, tokens)
     if step is None:
         return {"step": None}
@@ -305,6 +346,12 @@ def explain(members, ours_map, matrix, ours: dict, theirs: dict, tokens: int) ->
         (first, second), (best, runner_up) = side["top"][step]
         return {"choice": name(first), "second": name(second), "margin": best - runner_up}
 
+    def cell(probs, project) -> dict:
+        fused, kept, aux_top = fused_with(probs, project)
+        top = fused.topk(2)
+        return {"choice": name(top.indices[0]), "second": name(top.indices[1]),
+                "margin": float(top.values[0] - top.values[1]), "kept": kept, "aux_top": name(aux_top)}
+
     out = {"step": step, "ours": recorded(ours), "official": recorded(theirs)}
     if step >= len(ours["top"]) or step >= len(theirs["top"]):
         return out
@@ -318,30 +365,33 @@ def explain(members, ours_map, matrix, ours: dict, theirs: dict, tokens: int) ->
             names = members[index].tokenizer.convert_ids_to_tokens
             out.setdefault("input_parts", {})[members[index].name] = {
                 "ours": names(a[cut:]), "official": names(b[cut:])}
-    theirs_t = torch.sparse_coo_tensor(np.array(matrix.nonzero()), matrix.data, matrix.shape).t().float()
-    maps = {"our_map": ours_map.project, "their_map": lambda p: torch.spmm(theirs_t, p.t()).t()}
-    for feeding, ids in feedings.items():
-        probs = member_probs(members, ids)
-        for map_name, projector in maps.items():
-            top = fused_with(probs, projector).topk(2)
-            out[f"{map_name}+{feeding}"] = {"choice": name(top.indices[0]), "second": name(top.indices[1]),
-                                           "margin": float(top.values[0] - top.values[1])}
-    specials = {0, 1, 2, *members[0].vocab.special_ids}
-    out["special"] = any(side["top"][step][0][0] in specials for side in (ours, theirs))
-    out["cause"] = cause(out)
+    maps = {"our_map": ours_map.project, "their_map": projector(pair.theirs)}
+    probs = {feeding: member_probs(members, ids) for feeding, ids in feedings.items()}
+    for feeding in feedings:
+        for map_name, project in maps.items():
+            out[f"{map_name}+{feeding}"] = cell(probs[feeding], project)
+    for rows, chosen in pair.classes.items():
+        out[f"our_map_with_their_{rows}_rows"] = cell(probs["their_feeding"], pair.with_theirs(chosen))
+    out["special"] = any(side["top"][step][0][0] in {0, 1, 2, *members[0].vocab.special_ids}
+                         for side in (ours, theirs))
+    out["cause"] = cause(out, list(pair.classes))
     return out
 
 
-def cause(out: dict) -> str:
-    """The cells' verdict: which of map and feeding turns our choice into theirs."""
+def cause(out: dict, classes: list[str]) -> str:
+    """The cells' verdict: which of map and feeding turns our choice into theirs, and for the map,
+    which class of rows does it alone."""
     ours, theirs = out["ours"]["choice"], out["official"]["choice"]
     if out["our_map+our_feeding"]["choice"] != ours or out["their_map+their_feeding"]["choice"] != theirs:
         return "float: the full forward does not repeat a recorded choice (near-tie)"
     map_alone = out["their_map+our_feeding"]["choice"] == theirs
     feeding_alone = out["our_map+their_feeding"]["choice"] == theirs
-    what = ("map" if map_alone and not feeding_alone else "feeding" if feeding_alone and not map_alone
-            else "map or feeding, each alone" if map_alone else "map and feeding together")
-    return ("special ids 0-2 / stop ids: " if out["special"] else "") + what
+    if feeding_alone and not map_alone:
+        return "feeding"
+    deciding = [c for c in classes if out[f"our_map_with_their_{c}_rows"]["choice"] == theirs]
+    rows = "+".join(deciding) if deciding else "no class alone"
+    return f"map ({rows})" if map_alone and not feeding_alone else f"map ({rows}) or feeding" if map_alone \
+        else f"map ({rows}) and feeding together"
 
 
 def main() -> None:
@@ -386,6 +436,8 @@ def main() -> None:
         started = time.perf_counter()
         ours, method = ours_decoder(members, args.tokens)
         agreement = map_agreement(method.projections[1], matrix)
+        pair = MapPair(method.projections[1], matrix, members[1].vocab.special_ids, members[0].vocab.text_ids())
+        agreement["rows_differing_by_class"] = pair.counts()
         print(f"our map: {len(method.projections[1].src)} pairs from {method.projections[1].seeds} shared tokens, "
               f"{time.perf_counter() - started:.0f} s; map agreement: {json.dumps(agreement)}", flush=True)
         theirs = official_decoder(folder, members[0], members[1], matrix, args.tokens)
@@ -399,7 +451,7 @@ def main() -> None:
             kind = "equal" if a == b else "prefix" if (a and b.startswith(a)) or (b and a.startswith(b)) else "diverge"
             record = {"prompt": index, "kind": kind, "ours": mine, "official": other}
             if kind != "equal":
-                record["why"] = explain(members, method.projections[1], matrix, mine_trace, other_trace, args.tokens)
+                record["why"] = explain(members, pair, method.projections[1], mine_trace, other_trace, args.tokens)
             record["seconds"] = round(time.perf_counter() - started, 1)
             records.append(record)
             print(json.dumps(record, ensure_ascii=False), flush=True)
