@@ -18,11 +18,14 @@ What runs of it, and how:
   task_info.py that defines neither; both are unused for NQ and given as None).
 
 Ours: ``Eva`` with the same settings (overlap learned, canonical feeding). Each prompt is reported
-equal, a prefix (one side stopped), or divergent; at a divergence both sides' fused distributions
-are recomputed on the shared text with each side's map, to tell a map difference from a float
-near-tie (its margin) or a feeding difference.
+equal, a prefix (one side stopped), or divergent. Both loops are traced (per step: the fused top two
+and each model's input ids); at the first step where they chose differently the step is recomputed
+without a cache with each map on each side's input, and with our map given the code's rows of one
+class at a time (``MapPair``: ids 0-2, other special tokens, the rest), which names the rule that
+decides (``cause``) with each side's top-2 margin.
 
     python scripts/compare_eva_official.py [--prompts 40] [--tokens 20] [--reference DIR] [--threads 1]
+        [--official-map FILE.npz] [--out FILE.json [--resume]] [--start N | --only 1,12-39]
 """
 
 from __future__ import annotations
