@@ -32,6 +32,7 @@ from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps
 from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.decoding.method import GenerationRequest, normalised_weights, resolve_member
+from ensemble_bench.decoding.stats import peak
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.covering import Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
@@ -71,7 +72,7 @@ class ScoringState(CoverState):
 class TreeStats:
     steps: int = 0
     branches: int = 0      # live branches summed over steps and members
-    widest: int = 0        # most live branches of one member at one step
+    widest: int = peak()   # most live branches of one member at one step
     tokens: int = 0        # tokens under the live branches, summed
 
     def add(self, trees: Sequence[Tree]) -> None:
