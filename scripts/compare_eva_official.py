@@ -310,6 +310,34 @@ class MapPair:
         return {name: int(rows.sum()) for name, rows in self.classes.items()}
 
 
+def crowding_check(members, pair: MapPair) -> dict:
+    """For the ``rest`` rows where the code keeps a subset of our ten targets: does its top 10 (our ten
+    scores with the main model's ids 0-2 scored as it scores them, 2 cos: their hubness is never
+    computed) hold exactly as many of ids 0-2 as the places it lost?"""
+    from ensemble_bench.vocab.eva_map import seed_pairs, supervised_mapping
+    aux, main = members[1], members[0]
+    x = aux.model.get_output_embeddings().weight.detach().float().numpy()[:aux.vocab.size]
+    z = main.model.get_output_embeddings().weight.detach().float().numpy()[:main.vocab.size]
+    xw, zw = supervised_mapping(x, z, *seed_pairs(aux.vocab, main.vocab))
+    zero_two = 2 * unit_rows(xw) @ unit_rows(zw[:3]).T
+    verdict = {"lost == ids 0-2 in its top 10": 0, "otherwise": 0, "ours keeps < 10: not checked": 0}
+    for row in np.flatnonzero(pair.classes["rest"]):
+        mine, other = pair.ours.getrow(row), pair.theirs.getrow(row)
+        if not other.nnz or not set(other.indices) < set(mine.indices):
+            continue
+        if mine.nnz != 10:
+            verdict["ours keeps < 10: not checked"] += 1
+            continue
+        scores = [(float(v), False) for v in mine.data] + [(float(c), True) for c in zero_two[row]]
+        taken = sum(is_zero_two for _, is_zero_two in sorted(scores, reverse=True)[:10])
+        verdict["lost == ids 0-2 in its top 10" if taken == 10 - other.nnz else "otherwise"] += 1
+    return verdict
+
+
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
 def projector(matrix):
     """p -> p M for a [V_aux, V_main] scipy matrix (their ``spmm`` on the transposed matrix)."""
     coo = matrix.tocoo()
@@ -406,6 +434,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the per-prompt record here (JSON)")
     parser.add_argument("--official-map", type=Path, default=None, help="keep the official matrix here (.npz) "
                         "and read it back on the next run")
+    parser.add_argument("--check-crowding", action="store_true", help="recompute the mapped embeddings and "
+                        "check that the rows the code keeps fewer targets in lost them to ids 0-2")
     parser.add_argument("--start", type=int, default=0, help="the first prompt run (an earlier run ended before it)")
     parser.add_argument("--only", type=indices, default=None, help="run these prompts only, e.g. 1,12-39")
     parser.add_argument("--resume", action="store_true", help="keep the records already in --out and run the "
@@ -441,6 +471,8 @@ def main() -> None:
         agreement = map_agreement(method.projections[1], matrix)
         pair = MapPair(method.projections[1], matrix, members[1].vocab.special_ids, members[0].vocab.text_ids())
         agreement["rows_differing_by_class"] = pair.counts()
+        if args.check_crowding:
+            agreement["crowding_check"] = crowding_check(members, pair)
         print(f"our map: {len(method.projections[1].src)} pairs from {method.projections[1].seeds} shared tokens, "
               f"{time.perf_counter() - started:.0f} s; map agreement: {json.dumps(agreement)}", flush=True)
         theirs = official_decoder(folder, members[0], members[1], matrix, args.tokens)
