@@ -49,7 +49,7 @@ from ensemble_bench.decoding.decode import decode_batch
 from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams, CoveringReport
+from ensemble_bench.methods.byte_level import ByteLevel, CoveringParams, CoveringReport
 from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
 from ensemble_bench.vocab.common import BpeSpeller, CommonSpeller, common_vocabulary, member_merges
 from ensemble_bench.vocab.covering import SortedVocab
@@ -60,7 +60,7 @@ class LvrReport(CoveringReport):
     common_vocabulary: int = 0  # the members' common tokens
 
 
-class LvrParams(ByteLevelParams):
+class LvrParams(CoveringParams):
     vocabulary: Literal["merges", "intersection"] = Field(default="merges", description=(
         "merges: the maximal common vocabulary, shared tokens closed under the members' BPE merges, each token "
         "re-tokenised by its member's BPE restricted to it; intersection: every shared token, each token spelled "
@@ -88,6 +88,9 @@ class Lvr(ByteLevel):
     def statistics(self) -> LvrReport:
         return LvrReport(lead_index=self.lead, common_vocabulary=len(self.speller.common),
                          steps=self.stats.summary(len(self.members), "common_token"))
+
+    def reads_prompt_as_bytes(self) -> bool:
+        return False  # the prompt keeps its tokens (byte_level's prompt_rule is not offered)
 
     def symbol_bytes(self, symbol: int) -> bytes:
         return self.speller.common[symbol]
