@@ -563,10 +563,10 @@ def naive_span(members, models, request, segment_end, choose, main=0):
                     logprobs = []
                     for t in range(len(ids)):
                         logprobs.append(float(next_logprobs(models[v], seqs[v] + ids[:t])[ids[t]]))
-                    if key[1] is not None:
+                    if key[1] == "stop_id":  # a stop id ended the segment
                         end = next_logprobs(models[v], seqs[v] + ids)
                         logprobs.append(max(float(end[s]) for s in member.stop_ids))
-                    row.append(math.exp(-sum(logprobs) / len(logprobs)))
+                    row.append(math.exp(-sum(logprobs) / len(logprobs)) if logprobs else math.inf)  # nothing to score
                 table.append(row)
             winner = choose(table)
         text, finish = keys[winner]

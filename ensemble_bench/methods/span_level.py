@@ -10,9 +10,8 @@ A round, batched over requests, with every member's KV cache kept at the committ
    segment;
 2. score: each member feeds every other distinct segment from the prefix (its own tokenisation
    of the text) and reads the perplexity of its tokens off the forward pass (the prefix is never
-   recomputed). A final segment also scores the member's most probable stop id at its end (an
-   ``until`` or ``length`` segment is scored by a forward pass, its last token not being fed while
-   proposing). A round with one distinct segment skips scoring;
+   recomputed). A segment ended by a stop id also scores the member's best stop id at its end; one
+   cut by ``until`` or the budget, its own tokens only (by a forward pass: its last token unfed). A round with one distinct segment skips scoring;
 3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean; AdaFuse scores
    by mean negative log-likelihood, ``_span_score``);
 4. commit: a member whose cache already ends with the winner (the last segment it fed) keeps it;
@@ -124,6 +123,7 @@ class SpanMethod(DecodingMethod):
     min_members = 2
     lead_param = "lead"
     score_name = "perplexity"  # what the trace's table holds (``_span_score``)
+    version = 2  # 2: a segment cut by ``until`` or the budget is not scored with a stop at its end
 
     def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -341,7 +341,7 @@ class SpanMethod(DecodingMethod):
                 j, tokens = todo[k][step], feed[k]
                 logprobs = ([float(dist[k, tokens[0]])] + scored[k]) if tokens else []
                 end = after[k] if tokens else dist[k]
-                if rounds[k]["keys"][j][1] is not None:  # a final segment: the member's stop at its end
+                if rounds[k]["keys"][j][1] == "stop_id":  # the segment ended the text: the member's stop
                     logprobs.append(max(float(end[s]) for s in member.stop_ids) if member.stop_ids else -1e30)
                 scores[k][j] = self._span_score(logprobs)
                 held[k] = Held(j, end)

@@ -124,7 +124,7 @@ class Naive:
 
     def nll(self, v, seq, ids, final):
         logprobs = [float(self.after(v, seq + ids[:t])[ids[t]]) for t in range(len(ids))]
-        if final is not None:
+        if final == "stop_id":
             logprobs.append(max(float(self.after(v, seq + ids)[s]) for s in self.members[v].stop_ids))
         return mean_nll(logprobs)
 
