@@ -20,6 +20,18 @@ prompt whose words differ, the official round holding the first differing word s
 words were among its candidates (the scores differ) or not (the candidates differ); docs/fidelity.md.
 ``--analyse FILE.jsonl`` classifies the lines of a run again (partial runs too) without the models.
 
+Two official variants run on every prompt: ``as_is`` (the script's own scoring: a proposer's
+candidate by all the ids it generated, the other model by ``tokenizer(span)`` without the space the
+prefix then gets) and ``fixed``, the same code with only that scoring replaced at run time: each
+model scores the ids its tokenizer gives the candidate's text ``" " + span`` after the prefix
+(``ids_after``). Each divergence is written out with the first differing round on both sides: the
+candidates, each model's mean NLL and the margin of the winner (``divergences`` in the output).
+
+Faithful speed-ups only: ``model.generate`` and ``compute_span_perplexity`` are memoised per prompt
+on their exact inputs (ids, attention mask, generation config), so a call repeated with the same
+inputs (the next round often re-asks what the last one asked; the two variants share rounds until
+they part) returns the first call's result instead of recomputing it. Nothing they compute changes.
+
     python scripts/compare_adafuse_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
 """
 
@@ -32,6 +44,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from collections import Counter
 from pathlib import Path
@@ -73,8 +86,38 @@ def differs(official: list[str], ours: list[str]) -> bool:
     return official[:n - 1] != whole[:n - 1] if n > 1 else False
 
 
+def memoise_generate(model, calls: Counter) -> dict:
+    """Makes ``model.generate`` return the stored result of an earlier call with the same ids, mask
+    and generation config (greedy and beam search on CPU are deterministic). Returns the store."""
+    plain, store = model.generate, {}
+
+    def generate(input_ids, attention_mask, generation_config, **kwargs):
+        key = (tuple(input_ids.shape), tuple(input_ids.flatten().tolist()), tuple(attention_mask.flatten().tolist()),
+               generation_config.to_json_string(), tuple(sorted(kwargs.items())))
+        calls["generate"] += 1
+        if key not in store:
+            calls["generate_run"] += 1
+            store[key] = plain(input_ids=input_ids, attention_mask=attention_mask,
+                               generation_config=generation_config, **kwargs)
+        return store[key]
+
+    model.generate = generate
+    return store
+
+
+def ids_after(tok, prefix: str, text: str) -> list[int]:
+    """The ids the tokenizer gives ``text`` after ``prefix`` (the tail of the joint encoding, where
+    it keeps the prefix's ids; else ``text`` encoded alone)."""
+    head = tok(prefix)["input_ids"]
+    joint = tok(prefix + text)["input_ids"]
+    if joint[:len(head)] == head:
+        return joint[len(head):]
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 class Official:
-    """The official round loop over two (model, tokenizer) pairs; records each round."""
+    """The official round loop over two (model, tokenizer) pairs; records each round. ``scoring``:
+    ``as_is`` (the script's ids) or ``fixed`` (each model's ids of ``" " + span`` after the prefix)."""
 
     def __init__(self, module, pairs, theta: float, beam: int, span_length: int):
         from transformers import GenerationConfig
@@ -83,32 +126,61 @@ class Official:
         self.configs = [GenerationConfig(num_beams=beam, num_return_sequences=beam, do_sample=False,
                                          pad_token_id=tok.eos_token_id, max_new_tokens=10, use_cache=True)
                         for _, tok in pairs]
+        self.calls = Counter()
+        self.stores = [memoise_generate(model, self.calls) for model, _ in pairs]
+        self.scores: dict = {}
 
-    def generate(self, prompt: str, tokens: int, against: list[list[str]] = ()) -> tuple[str, list[dict]]:
+    def new_prompt(self) -> None:
+        for store in self.stores:
+            store.clear()
+        self.scores.clear()
+
+    def _candidates(self, prefix: str) -> tuple[list, dict]:
+        found = []
+        for (model, tok), config in zip(self.pairs, self.configs):
+            found.append(self.m.generate_candidate_spans(model, tok, prefix, self.span_length, config, self.beam,
+                                                         self.theta, 3))
+        candidates: dict[str, list] = {}
+        for v, spans in enumerate(found):
+            for span, ids in spans:
+                candidates.setdefault(span, [None, None])[v] = ids
+        return found, candidates
+
+    def _nll(self, v: int, prefix: str, ids: list[int]) -> float:
+        key = (v, prefix, tuple(ids))
+        self.calls["nll"] += 1
+        if key not in self.scores:
+            model, tok = self.pairs[v]
+            self.scores[key] = self.m.compute_span_perplexity(model, tok, prefix, ids)
+            self.calls["nll_run"] += 1
+        return self.scores[key]
+
+    def _scored_ids(self, scoring: str, v: int, prefix: str, span: str, own) -> list[int]:
+        tok = self.pairs[v][1]
+        if scoring == "fixed":
+            return ids_after(tok, prefix, " " + span)
+        return own if own is not None else tok(span, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompt: str, tokens: int, against: list[list[str]] = (),
+                 scoring: str = "as_is") -> tuple[str, list[dict]]:
         """The official text and rounds; stops early once its words differ from every word list in
         ``against`` (the verdict cannot change after that)."""
         prefix, rounds = prompt, []
         lead_tok = self.pairs[0][1]
         while len(lead_tok(prefix[len(prompt):], add_special_tokens=False)["input_ids"]) < tokens:
-            found = [self.m.generate_candidate_spans(model, tok, prefix, self.span_length, config, self.beam,
-                                                         self.theta, 3)
-                     for (model, tok), config in zip(self.pairs, self.configs)]
-            candidates: dict[str, list] = {}
-            for v, spans in enumerate(found):
-                for span, ids in spans:
-                    candidates.setdefault(span, [None, None])[v] = ids
+            found, candidates = self._candidates(prefix)
             scored = []
             for span, own in candidates.items():
-                nll = [self.m.compute_span_perplexity(model, tok, prefix, own[v] if own[v] is not None
-                                                      else tok(span, add_special_tokens=False)["input_ids"])
-                       for v, (model, tok) in enumerate(self.pairs)]
+                nll = [self._nll(v, prefix, self._scored_ids(scoring, v, prefix, span, own[v]))
+                       for v in range(len(self.pairs))]
                 valid = [x for x in nll if x == x]  # the official skips a NaN score (an empty span)
                 if valid:
                     scored.append((span, sum(valid) / len(valid), nll))
             if not scored:
                 break
             span = min(scored, key=lambda s: s[1])[0]
-            rounds.append({"candidates": [(s, round(a, 4)) for s, a, _ in scored], "selected": span,
+            rounds.append({"at": len(prefix) - len(prompt), "selected": span,
+                           "candidates": [(s, round(a, 4), [round(x, 4) for x in nll]) for s, a, nll in scored],
                            "per_model": [[s for s, _ in spans] for spans in found]})
             if self._stops(span):
                 kept = self._kept(span)
@@ -133,48 +205,117 @@ class Official:
         return self.m.clean_text_before_question(span)
 
 
-SCORING = "scoring rule (both had the word; the official scores its own candidate by all its generated ids)"
-CANDIDATES = "candidate set (the official never proposed ensbench's word: whitespace words, 7-12 token chunks)"
+def trace_offsets(method) -> None:
+    """Marks each traced ensbench round with ``at``, the committed text's length in bytes before it."""
+    plain = method.choose
+
+    def choose(dists, states):
+        before = [(len(state.rounds), len(state.data)) for state in states]
+        out = plain(dists, states)
+        for state, (n, at) in zip(states, before):
+            for round_ in state.rounds[n:]:
+                round_["at"] = at
+        return out
+
+    method.choose = choose
+
+
+SCORING = "scores (both sides had both words)"
+CANDIDATES = "candidate set (one side never proposed the other's word)"
 STOPPED = "the official stopped (a stop marker or its EOS text in a span)"
 PLACEMENT = "exploration placement (Figure 1 vs the script: commit_rule code agrees)"
+VARIANTS = ("as_is", "fixed")
 
 
-def classify(their_rounds: list[dict], ours_words: list[str], their_words: list[str]) -> str:
-    """The cause of a divergence, read off the official round that holds the first differing word:
-    whether ensbench's words there were among that round's official candidates."""
-    first = next((i for i, (a, b) in enumerate(zip(ours_words, their_words)) if a != b), None)
-    if first is None:
-        return STOPPED
+def first_difference(ours: list[str], theirs: list[str]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+
+
+def their_round(rounds: list[dict], first: int) -> tuple[dict | None, int]:
+    """The official round holding word ``first`` and the word index it starts at."""
     done = 0
-    for round_ in their_rounds:
+    for round_ in rounds:
         span = words(round_["selected"])
         if done + len(span) > first:
-            ours_here = ours_words[done:first + 1]
-            proposed = [words(c) for c, _ in round_["candidates"]]
-            if any(c[:len(ours_here)] == ours_here for c in proposed):
-                return SCORING
-            return CANDIDATES
+            return round_, done
         done += len(span)
-    return STOPPED
+    return None, done
+
+
+def our_round(text: str, rounds: list[dict], first: int) -> dict | None:
+    """The traced ensbench round whose winner holds word ``first`` of ``text`` (None: that round had
+    one candidate, so it was not scored)."""
+    import re
+    starts = [m.start() for m in re.finditer(r"\S+", text)]
+    if first >= len(starts):
+        return None
+    at = len(text[:starts[first]].encode("utf-8"))
+    for round_ in rounds:
+        if "at" in round_:
+            winner = round_["candidates"][round_["winner"]].encode("utf-8")
+            if round_["at"] <= at < round_["at"] + len(winner):
+                return round_
+    return None
+
+
+def margin(means: list[float]) -> float | None:
+    ordered = sorted(means)
+    return round(ordered[1] - ordered[0], 4) if len(ordered) > 1 else None
+
+
+def divergence(ours_text: str, ours_rounds: list[dict], theirs: list[dict], ours: list[str],
+               their_words: list[str]) -> dict:
+    """The first differing word, both sides' rounds there (candidates, each model's score, the mean
+    and the winner's margin) and the cause."""
+    first = first_difference(ours, their_words)
+    if first is None:
+        return {"cause": STOPPED, "word": None}
+    official, start = their_round(theirs, first)
+    if official is None:
+        return {"cause": STOPPED, "word": first}
+    mine = our_round(ours_text, ours_rounds, first)
+    ours_here = ours[start:first + 1]
+    proposed = [words(c[0]) for c in official["candidates"]]
+    theirs_word = their_words[first]
+    ours_cands = [words(c) for c in mine["candidates"]] if mine else []
+    both = (any(c[:len(ours_here)] == ours_here for c in proposed)
+            and (mine is not None and any(theirs_word in c for c in ours_cands)))
+    record = {"cause": SCORING if both else CANDIDATES, "word": first, "ours_word": ours[first],
+              "official_word": theirs_word,
+              "official": {"at": official.get("at"), "selected": official["selected"],
+                           "candidates": official["candidates"],
+                           "margin": margin([c[1] for c in official["candidates"]])}}
+    if mine is not None:
+        means = [sum(row) / len(row) for row in mine["nll"]]
+        record["ours"] = {"at": mine["at"], "winner": mine["candidates"][mine["winner"]],
+                          "candidates": list(zip(mine["candidates"], mine["nll"], [round(m, 4) for m in means])),
+                          "margin": margin(means)}
+    return record
 
 
 def analyse(rows: list[dict]) -> dict:
-    """Agreement per commit rule, and the cause of each divergence."""
+    """Agreement of each commit rule with each official variant, and each divergence."""
     tally: dict = {}
     for row in rows:
-        their_words = words(row["official"])
-        for rule in ("paper", "code"):
-            mine = words(row[rule]["text"])
-            whole = mine[:-1] if len(mine) > 1 else mine  # the token budget may cut the last word
-            n = min(len(whole), len(their_words))
-            same = n > 0 and whole[:n] == their_words[:n]
-            row[rule]["agree"] = same
-            row[rule]["cause"] = None if same else classify(row["official_rounds"], whole, their_words)
-        if not row["paper"]["agree"] and row["code"]["agree"]:
-            row["paper"]["cause"] = PLACEMENT
-        for rule in ("paper", "code"):
-            tally.setdefault(rule, Counter())["agree" if row[rule]["agree"] else row[rule]["cause"]] += 1
-    return {rule: dict(counts) for rule, counts in tally.items()}
+        for variant in VARIANTS:
+            if variant not in row:
+                continue
+            their_words = words(row[variant]["text"])
+            for rule in ("paper", "code"):
+                mine = words(row[rule]["text"])
+                whole = mine[:-1] if len(mine) > 1 else mine  # the token budget may cut the last word
+                n = min(len(whole), len(their_words))
+                same = n > 0 and whole[:n] == their_words[:n]
+                found = None if same else divergence(row[rule]["text"], row[rule]["rounds"], row[variant]["rounds"],
+                                                     whole, their_words)
+                row.setdefault("verdicts", {})[f"{rule} vs {variant}"] = {"agree": same, "divergence": found}
+            paper, code = (row["verdicts"][f"{rule} vs {variant}"] for rule in ("paper", "code"))
+            if code["agree"] and not paper["agree"]:
+                paper["divergence"]["cause"] = PLACEMENT
+            for rule, verdict in (("paper", paper), ("code", code)):
+                cause = "agree" if verdict["agree"] else verdict["divergence"]["cause"]
+                tally.setdefault(f"{rule} vs {variant}", Counter())[cause] += 1
+    return {key: dict(counts) for key, counts in tally.items()}
 
 
 def main() -> None:
@@ -189,11 +330,13 @@ def main() -> None:
     parser.add_argument("--span-length", type=int, default=1,
                         help="the official --span_length (its default 4 makes its first 'word' up to 4 words)")
     parser.add_argument("--out", default="adafuse_official.json")
-    parser.add_argument("--analyse", metavar="JSONL",
-                        help="classify a finished (or partial) run's lines again; no model runs")
+    parser.add_argument("--reuse", metavar="JSONL", nargs="+", default=[],
+                        help="earlier runs' lines: a prompt's official variants found there are not run again")
+    parser.add_argument("--analyse", metavar="JSONL", nargs="+",
+                        help="classify finished (or partial) runs' lines again (one row per prompt); no model runs")
     args = parser.parse_args()
     if args.analyse:
-        report([json.loads(line) for line in Path(args.analyse).read_text().splitlines() if line.strip()], args.out)
+        report(merged(args.analyse), args.out)
         return
 
     import torch
@@ -211,33 +354,61 @@ def main() -> None:
     requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
     methods = {rule: AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule))
                for rule in ("paper", "code")}
+    for method in methods.values():
+        trace_offsets(method)
     reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam,
                          args.span_length)
+    earlier = {row["prompt"]: row for row in merged(args.reuse)}
     rows = []
     with open(args.out + "l", "w") as log:  # one line per prompt as it finishes
         for i, (prompt, request) in enumerate(zip(prompts, requests)):
             if i < args.start:
                 continue
-            row = {"prompt": prompt}
+            row, clock = {"prompt": prompt, "index": i}, time.perf_counter()
             for rule, method in methods.items():
                 mine = method.generate([request])[0].text
                 row[rule] = {"text": mine, "rounds": method.traces[-1]["rounds"]}
-            text, rounds = reference.generate(prompt, args.tokens, [words(row[r]["text"]) for r in methods])
-            row.update({"official": text, "official_rounds": rounds})
+            row["seconds"] = {"ensbench": round(time.perf_counter() - clock, 1)}
+            reference.new_prompt()
+            for variant in VARIANTS:
+                if variant in earlier.get(prompt, {}):
+                    row[variant] = earlier[prompt][variant]
+                    continue
+                clock = time.perf_counter()
+                text, rounds = reference.generate(prompt, args.tokens, [words(row[r]["text"]) for r in methods],
+                                                  variant)
+                row[variant] = {"text": text, "rounds": rounds}
+                row["seconds"][variant] = round(time.perf_counter() - clock, 1)
+            row["official_calls"] = dict(reference.calls)
+            reference.calls.clear()
             analyse([row])
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
-            print(f"p{i}: paper {row['paper']['agree']} code {row['code']['agree']} | ours {row['paper']['text']!r} | "
-                  f"official {text!r}", flush=True)
+            verdicts = " ".join(f"{key}={v['agree']}" for key, v in row["verdicts"].items())
+            texts = " | ".join(f"{key} {row[key]['text']!r}" for key in ("paper", "code", *VARIANTS))
+            print(f"p{i}: {verdicts} | {row['seconds']} | {texts}", flush=True)
     report(rows, args.out)
+
+
+def merged(paths: list[str]) -> list[dict]:
+    """The lines of several runs, one row per prompt (a later line's variants join an earlier one's)."""
+    rows: dict[str, dict] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "official" in row:  # a line of the first runs: the as-is variant only, mean scores only
+                    row["as_is"] = {"text": row.pop("official"), "rounds": row.pop("official_rounds")}
+                rows.setdefault(row["prompt"], {}).update(row)
+    return list(rows.values())
 
 
 def report(rows: list[dict], out: str) -> None:
     tally = analyse(rows)
     Path(out).write_text(json.dumps({"rows": rows, "tally": tally}, indent=1))
-    for rule, counts in tally.items():
-        print(f"commit_rule {rule}: {counts.get('agree', 0)}/{len(rows)} agree; " +
+    for key, counts in tally.items():
+        print(f"ensbench {key}: {counts.get('agree', 0)}/{len(rows)} agree; " +
               "; ".join(f"{n} {cause}" for cause, n in counts.items() if cause != "agree"))
 
 
