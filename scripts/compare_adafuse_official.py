@@ -193,7 +193,8 @@ class Official:
                 break
         return prefix[len(prompt):], rounds
 
-    def _stops(self, span: str) -> bool:
+    @staticmethod
+    def _stops(span: str) -> bool:
         import re
         return bool(re.search(r"\\?boxed\s*\{", span, flags=re.IGNORECASE)) or "<" in span or any(
             marker in span.lower() for marker in ("question:", "note:"))
@@ -222,39 +223,66 @@ def trace_offsets(method) -> None:
 
 SCORING = "scores (both sides had both words)"
 CANDIDATES = "candidate set (one side never proposed the other's word)"
-STOPPED = "the official stopped (a stop marker or its EOS text in a span)"
+STOPPED = "the official stopped (a stop marker or its EOS text in its span) where ensbench went on"
+WE_STOPPED = "ensbench stopped (its stop id won) where the official went on"
 PLACEMENT = "exploration placement (Figure 1 vs the script: commit_rule code agrees)"
 VARIANTS = ("as_is", "fixed")
 
 
-def first_difference(ours: list[str], theirs: list[str]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+def parting(ours: list[str], ours_ended: bool, theirs: list[str], theirs_ended: bool) -> int | None:
+    """The index of the first word where two texts part (None: they agree). A text that ended (a
+    stop, not the token budget) parts from a longer one at its end."""
+    n = min(len(ours), len(theirs))
+    first = next((i for i in range(n) if ours[i] != theirs[i]), None)
+    if first is None and ((ours_ended and len(theirs) > n) or (theirs_ended and len(ours) > n)):
+        return n
+    return first
 
 
-def their_round(rounds: list[dict], first: int) -> tuple[dict | None, int]:
-    """The official round holding word ``first`` and the word index it starts at."""
-    done = 0
+def parting_char(ours: list[str], theirs: list[str]) -> int:
+    """Where the texts ``" ".join(words)`` first differ (or the shorter one ends)."""
+    a, b = " ".join(ours), " ".join(theirs)
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def raw_offset(text: str, char: int) -> int:
+    """The offset in ``text`` of character ``char`` of ``" ".join(text.split())`` (a collapsed space:
+    the last whitespace before the word; past the end: the end)."""
+    seen, started = 0, False
+    for i, ch in enumerate(text):
+        if ch.isspace():
+            continue
+        if started and i > 0 and text[i - 1].isspace():
+            if seen == char:
+                return i - 1
+            seen += 1
+        if seen == char:
+            return i
+        seen, started = seen + 1, True
+    return len(text)
+
+
+def their_round(rounds: list[dict], char: int) -> dict | None:
+    """The official round that wrote character ``char`` of its space-joined text (its text is
+    ``" " + span`` per round: offset ``char + 1``)."""
+    found = None
     for round_ in rounds:
-        span = words(round_["selected"])
-        if done + len(span) > first:
-            return round_, done
-        done += len(span)
-    return None, done
+        if round_["at"] <= char + 1:
+            found = round_
+    return found
 
 
-def our_round(text: str, rounds: list[dict], first: int) -> dict | None:
-    """The traced ensbench round whose winner holds word ``first`` of ``text`` (None: that round had
-    one candidate, so it was not scored)."""
-    import re
-    starts = [m.start() for m in re.finditer(r"\S+", text)]
-    if first >= len(starts):
-        return None
-    at = len(text[:starts[first]].encode("utf-8"))
-    for round_ in rounds:
+def our_round(text: str, rounds: list[dict], char: int) -> dict | None:
+    """The traced ensbench round that wrote character ``char`` of ``text``'s space-joined words
+    (past the end: the round that ended it); None: that round had one candidate, not scored."""
+    at = len(text[:raw_offset(text, char)].encode("utf-8"))
+    for round_ in reversed(rounds):
         if "at" in round_:
             winner = round_["candidates"][round_["winner"]].encode("utf-8")
-            if round_["at"] <= at < round_["at"] + len(winner):
+            if round_["at"] <= at < round_["at"] + len(winner) or round_["at"] == at == len(text.encode("utf-8")):
                 return round_
+            if round_["at"] <= at:
+                return round_ if round_["at"] + len(winner) == len(text.encode("utf-8")) == at else None
     return None
 
 
@@ -263,28 +291,28 @@ def margin(means: list[float]) -> float | None:
     return round(ordered[1] - ordered[0], 4) if len(ordered) > 1 else None
 
 
-def divergence(ours_text: str, ours_rounds: list[dict], theirs: list[dict], ours: list[str],
+def divergence(first: int, ours_text: str, ours_rounds: list[dict], ours: list[str], theirs: list[dict],
                their_words: list[str]) -> dict:
-    """The first differing word, both sides' rounds there (candidates, each model's score, the mean
-    and the winner's margin) and the cause."""
-    first = first_difference(ours, their_words)
-    if first is None:
-        return {"cause": STOPPED, "word": None}
-    official, start = their_round(theirs, first)
-    if official is None:
-        return {"cause": STOPPED, "word": first}
-    mine = our_round(ours_text, ours_rounds, first)
-    ours_here = ours[start:first + 1]
-    proposed = [words(c[0]) for c in official["candidates"]]
-    theirs_word = their_words[first]
-    ours_cands = [words(c) for c in mine["candidates"]] if mine else []
-    both = (any(c[:len(ours_here)] == ours_here for c in proposed)
-            and (mine is not None and any(theirs_word in c for c in ours_cands)))
-    record = {"cause": SCORING if both else CANDIDATES, "word": first, "ours_word": ours[first],
-              "official_word": theirs_word,
-              "official": {"at": official.get("at"), "selected": official["selected"],
-                           "candidates": official["candidates"],
-                           "margin": margin([c[1] for c in official["candidates"]])}}
+    """Both sides' rounds at the first differing word (candidates, each model's score, the mean and
+    the winner's margin) and the cause."""
+    char = parting_char(ours, their_words)
+    official = their_round(theirs, char)
+    mine = our_round(ours_text, ours_rounds, char)
+    record = {"word": first, "ours_word": ours[first] if first < len(ours) else None,
+              "official_word": their_words[first] if first < len(their_words) else None}
+    if first >= len(their_words):
+        record["cause"] = STOPPED
+    elif first >= len(ours):
+        record["cause"] = WE_STOPPED
+    else:
+        both = (official is not None and mine is not None  # each side's winner among the other's candidates
+                and mine["candidates"][mine["winner"]].strip() in {c[0].strip() for c in official["candidates"]}
+                and official["selected"].strip() in {c.strip() for c in mine["candidates"]})
+        record["cause"] = SCORING if both else CANDIDATES
+    if official is not None:
+        record["official"] = {"at": official.get("at"), "selected": official["selected"],
+                              "candidates": official["candidates"],
+                              "margin": margin([c[1] for c in official["candidates"]])}
     if mine is not None:
         means = [sum(row) / len(row) for row in mine["nll"]]
         record["ours"] = {"at": mine["at"], "winner": mine["candidates"][mine["winner"]],
@@ -293,22 +321,62 @@ def divergence(ours_text: str, ours_rounds: list[dict], theirs: list[dict], ours
     return record
 
 
-def analyse(rows: list[dict]) -> dict:
-    """Agreement of each commit rule with each official variant, and each divergence."""
+def joined_index(text: str, at: int) -> int:
+    """The index in ``" ".join(text.split())`` where the text from byte ``at`` of ``text`` goes on."""
+    head = text.encode("utf-8")[:at].decode("utf-8", errors="ignore")
+    joined = " ".join(head.split())
+    return len(joined) + 1 if joined and head[-1:].isspace() else len(joined)
+
+
+def same_scores(ours_text: str, ours_rounds: list[dict], theirs: list[dict], before: int) -> list[float]:
+    """For each candidate both sides scored at the same point before character ``before`` (same text
+    up to the leading space), the largest difference between the two sides' per-model NLLs."""
+    mine = {}
+    for round_ in ours_rounds:
+        if "at" in round_:
+            at = joined_index(ours_text, round_["at"])
+            for text, nll in zip(round_["candidates"], round_["nll"]):  # a leading space: the word starts after it
+                mine.setdefault((at + (at > 0 and text[:1].isspace()), text.strip()), nll)
+    gaps = []
+    for round_ in theirs:
+        if round_["at"] < before:
+            for candidate in round_["candidates"]:
+                key = (round_["at"], candidate[0].strip())
+                if len(candidate) > 2 and key in mine:
+                    gaps.append(max(abs(a - b) for a, b in zip(candidate[2], mine[key])))
+    return gaps
+
+
+def official_ended(rounds: list[dict]) -> bool:
+    """Whether the official text ended by its own stop (a stop marker, or EOS text: both members'
+    EOS strings hold "<"), not the token budget."""
+    return not rounds or Official._stops(rounds[-1]["selected"])
+
+
+def analyse(rows: list[dict], count, tokens: int = 20) -> dict:
+    """Agreement of each commit rule with each official variant, and each divergence. ``count``:
+    the lead member's token count of a text (ensbench stopped by its stop id under ``tokens``)."""
     tally: dict = {}
     for row in rows:
+        for rule in ("paper", "code"):
+            row[rule].setdefault("budget", count(row[rule]["text"]) >= tokens)
         for variant in VARIANTS:
             if variant not in row:
                 continue
             their_words = words(row[variant]["text"])
+            theirs_ended = official_ended(row[variant]["rounds"])
             for rule in ("paper", "code"):
                 mine = words(row[rule]["text"])
-                whole = mine[:-1] if len(mine) > 1 else mine  # the token budget may cut the last word
-                n = min(len(whole), len(their_words))
-                same = n > 0 and whole[:n] == their_words[:n]
-                found = None if same else divergence(row[rule]["text"], row[rule]["rounds"], row[variant]["rounds"],
-                                                     whole, their_words)
-                row.setdefault("verdicts", {})[f"{rule} vs {variant}"] = {"agree": same, "divergence": found}
+                budget = row[rule]["budget"]
+                whole = mine[:-1] if budget and len(mine) > 1 else mine  # the budget may cut the last word
+                first = parting(whole, not budget, their_words, theirs_ended)
+                found = None if first is None else divergence(first, row[rule]["text"], row[rule]["rounds"], whole,
+                                                              row[variant]["rounds"], their_words)
+                before = parting_char(whole, their_words) if first is not None else len(row[variant]["text"])
+                gaps = same_scores(row[rule]["text"], row[rule]["rounds"], row[variant]["rounds"], before)
+                row.setdefault("verdicts", {})[f"{rule} vs {variant}"] = {
+                    "agree": first is None, "divergence": found,
+                    "same_candidates": len(gaps), "largest_nll_gap": max(gaps, default=None)}
             paper, code = (row["verdicts"][f"{rule} vs {variant}"] for rule in ("paper", "code"))
             if code["agree"] and not paper["agree"]:
                 paper["divergence"]["cause"] = PLACEMENT
@@ -336,7 +404,12 @@ def main() -> None:
                         help="classify finished (or partial) runs' lines again (one row per prompt); no model runs")
     args = parser.parse_args()
     if args.analyse:
-        report(merged(args.analyse), args.out)
+        from ensemble_bench.members.loading import load_tokenizer
+        from ensemble_bench.members.sources import resolve
+
+        lead = load_tokenizer(resolve("smollm2-135m"))
+        report(merged(args.analyse), args.out, lambda text: len(lead(text, add_special_tokens=False)["input_ids"]),
+               args.tokens)
         return
 
     import torch
@@ -358,6 +431,7 @@ def main() -> None:
         trace_offsets(method)
     reference = Official(official, [(m.model, m.tokenizer) for m in members], args.theta, args.beam,
                          args.span_length)
+    count = lambda text: len(members[0].tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     earlier = {row["prompt"]: row for row in merged(args.reuse)}
     rows = []
     with open(args.out + "l", "w") as log:  # one line per prompt as it finishes
@@ -381,14 +455,14 @@ def main() -> None:
                 row["seconds"][variant] = round(time.perf_counter() - clock, 1)
             row["official_calls"] = dict(reference.calls)
             reference.calls.clear()
-            analyse([row])
+            analyse([row], count, args.tokens)
             rows.append(row)
             log.write(json.dumps(row) + "\n")
             log.flush()
             verdicts = " ".join(f"{key}={v['agree']}" for key, v in row["verdicts"].items())
             texts = " | ".join(f"{key} {row[key]['text']!r}" for key in ("paper", "code", *VARIANTS))
             print(f"p{i}: {verdicts} | {row['seconds']} | {texts}", flush=True)
-    report(rows, args.out)
+    report(rows, args.out, count, args.tokens)
 
 
 def merged(paths: list[str]) -> list[dict]:
@@ -400,15 +474,19 @@ def merged(paths: list[str]) -> list[dict]:
                 row = json.loads(line)
                 if "official" in row:  # a line of the first runs: the as-is variant only, mean scores only
                     row["as_is"] = {"text": row.pop("official"), "rounds": row.pop("official_rounds")}
+                for variant in VARIANTS:  # the first runs' rounds have no offsets: the text grows by " " + span
+                    at = 0
+                    for round_ in row.get(variant, {}).get("rounds", []):
+                        at = round_.setdefault("at", at) + 1 + len(round_["selected"])
                 rows.setdefault(row["prompt"], {}).update(row)
     return list(rows.values())
 
 
-def report(rows: list[dict], out: str) -> None:
-    tally = analyse(rows)
+def report(rows: list[dict], out: str, count, tokens: int) -> None:
+    tally = analyse(rows, count, tokens)
     Path(out).write_text(json.dumps({"rows": rows, "tally": tally}, indent=1))
     for key, counts in tally.items():
-        print(f"ensbench {key}: {counts.get('agree', 0)}/{len(rows)} agree; " +
+        print(f"ensbench {key}: {counts.get('agree', 0)}/{sum(counts.values())} agree; " +
               "; ".join(f"{n} {cause}" for cause, n in counts.items() if cause != "agree"))
 
 
