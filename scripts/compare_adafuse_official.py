@@ -14,23 +14,28 @@ Both run on the packaged SmolLM2-135M (first, the lead) + Qwen2.5-0.5B, plain-te
 ("Question: ...\\nAnswer:"), theta_delta 0.7, B = 3 (the official ``--beam_size``; its default 1
 takes a branch without exploration), the official ``--span_length`` 1 (``--span-length``; its
 default 4 makes the "first word" of a span up to four words), ensbench with ``commit_rule: paper``
-and ``code``, 20 new tokens. Texts are compared with whitespace collapsed (the official spans are words joined by single
-spaces), over the words both have (ensbench's last word may be cut by the token budget). For each
-prompt whose words differ, the official round holding the first differing word says why: ensbench's
-words were among its candidates (the scores differ) or not (the candidates differ); docs/fidelity.md.
-``--analyse FILE.jsonl`` classifies the lines of a run again (partial runs too) without the models.
+and ``code``, 20 new tokens.
 
 Two official variants run on every prompt: ``as_is`` (the script's own scoring: a proposer's
 candidate by all the ids it generated, the other model by ``tokenizer(span)`` without the space the
 prefix then gets) and ``fixed``, the same code with only that scoring replaced at run time: each
 model scores the ids its tokenizer gives the candidate's text ``" " + span`` after the prefix
-(``ids_after``). Each divergence is written out with the first differing round on both sides: the
-candidates, each model's mean NLL and the margin of the winner (``divergences`` in the output).
+(``ids_after``).
+
+Texts are compared word by word, whitespace collapsed (the official spans are words joined by single
+spaces). ensbench's last word is left out when it reached the token budget (it may be cut); a text
+that ended by a stop parts from a longer one where it ends (``parting``). For each divergence, both
+sides' rounds at the first differing character: the candidates, each model's mean NLL, the mean and
+the winner's margin (``verdicts`` in the output); "scores" when each side's winner was among the
+other's candidates, else "candidate set". ``same_candidates`` / ``largest_nll_gap``: how many
+candidates both sides scored at the same point before they part, and the largest difference in a
+model's NLL of one. ``--analyse RUN.jsonl ...`` redoes this without the models (lines of one prompt
+from several runs merged); ``--reuse RUN.jsonl ...`` keeps the official variants an earlier run has.
 
 Faithful speed-ups only: ``model.generate`` and ``compute_span_perplexity`` are memoised per prompt
 on their exact inputs (ids, attention mask, generation config), so a call repeated with the same
-inputs (the next round often re-asks what the last one asked; the two variants share rounds until
-they part) returns the first call's result instead of recomputing it. Nothing they compute changes.
+inputs (the two variants share rounds until they part) returns the first call's result instead of
+recomputing it. Nothing they compute changes. docs/fidelity.md has the figures.
 
     python scripts/compare_adafuse_official.py [--prompts 40] [--tokens 20] [--threads 1] [--out FILE]
 """
@@ -77,13 +82,6 @@ def load_official(repo: str, into: Path):
 
 def words(text: str) -> list[str]:
     return text.split()
-
-
-def differs(official: list[str], ours: list[str]) -> bool:
-    """Whether two word lists differ where both have words (ours without its last, maybe cut, word)."""
-    whole = ours[:-1] if len(ours) > 1 else ours
-    n = min(len(whole), len(official))
-    return official[:n - 1] != whole[:n - 1] if n > 1 else False
 
 
 def memoise_generate(model, calls: Counter) -> dict:
@@ -161,10 +159,11 @@ class Official:
             return ids_after(tok, prefix, " " + span)
         return own if own is not None else tok(span, add_special_tokens=False)["input_ids"]
 
-    def generate(self, prompt: str, tokens: int, against: list[list[str]] = (),
+    def generate(self, prompt: str, tokens: int, against: list[tuple[list[str], bool]] = (),
                  scoring: str = "as_is") -> tuple[str, list[dict]]:
         """The official text and rounds; stops early once its words differ from every word list in
-        ``against`` (the verdict cannot change after that)."""
+        ``against`` (ensbench's words, and whether its text ended by a stop): the verdict cannot
+        change after that."""
         prefix, rounds = prompt, []
         lead_tok = self.pairs[0][1]
         while len(lead_tok(prefix[len(prompt):], add_special_tokens=False)["input_ids"]) < tokens:
@@ -189,7 +188,8 @@ class Official:
             prefix += " " + span
             if any(tok.eos_token and tok.eos_token in span for _, tok in self.pairs):
                 break
-            if against and all(differs(words(prefix[len(prompt):]), theirs) for theirs in against):
+            if against and all(parting(theirs, ended, words(prefix[len(prompt):]), False) is not None
+                               for theirs, ended in against):
                 break
         return prefix[len(prompt):], rounds
 
@@ -353,23 +353,27 @@ def official_ended(rounds: list[dict]) -> bool:
     return not rounds or Official._stops(rounds[-1]["selected"])
 
 
+def compared(ours: dict, count, tokens: int) -> tuple[list[str], bool]:
+    """ensbench's words as compared (the last left out where the token budget may have cut it) and
+    whether its text ended by a stop."""
+    mine = words(ours["text"])
+    budget = ours.setdefault("budget", count(ours["text"]) >= tokens)
+    return (mine[:-1] if budget and len(mine) > 1 else mine), not budget
+
+
 def analyse(rows: list[dict], count, tokens: int = 20) -> dict:
     """Agreement of each commit rule with each official variant, and each divergence. ``count``:
     the lead member's token count of a text (ensbench stopped by its stop id under ``tokens``)."""
     tally: dict = {}
     for row in rows:
-        for rule in ("paper", "code"):
-            row[rule].setdefault("budget", count(row[rule]["text"]) >= tokens)
         for variant in VARIANTS:
             if variant not in row:
                 continue
             their_words = words(row[variant]["text"])
             theirs_ended = official_ended(row[variant]["rounds"])
             for rule in ("paper", "code"):
-                mine = words(row[rule]["text"])
-                budget = row[rule]["budget"]
-                whole = mine[:-1] if budget and len(mine) > 1 else mine  # the budget may cut the last word
-                first = parting(whole, not budget, their_words, theirs_ended)
+                whole, ended = compared(row[rule], count, tokens)
+                first = parting(whole, ended, their_words, theirs_ended)
                 found = None if first is None else divergence(first, row[rule]["text"], row[rule]["rounds"], whole,
                                                               row[variant]["rounds"], their_words)
                 before = parting_char(whole, their_words) if first is not None else len(row[variant]["text"])
@@ -449,8 +453,8 @@ def main() -> None:
                     row[variant] = earlier[prompt][variant]
                     continue
                 clock = time.perf_counter()
-                text, rounds = reference.generate(prompt, args.tokens, [words(row[r]["text"]) for r in methods],
-                                                  variant)
+                text, rounds = reference.generate(prompt, args.tokens, [compared(row[r], count, args.tokens)
+                                                                        for r in methods], variant)
                 row[variant] = {"text": text, "rounds": rounds}
                 row["seconds"][variant] = round(time.perf_counter() - clock, 1)
             row["official_calls"] = dict(reference.calls)
