@@ -357,8 +357,9 @@ def compared(ours: dict, count, tokens: int) -> tuple[list[str], bool]:
     """ensbench's words as compared (the last left out where the token budget may have cut it) and
     whether its text ended by a stop."""
     mine = words(ours["text"])
-    budget = ours.setdefault("budget", count(ours["text"]) >= tokens)
-    return (mine[:-1] if budget and len(mine) > 1 else mine), not budget
+    if "budget" not in ours:
+        ours["budget"] = count(ours["text"]) >= tokens
+    return (mine[:-1] if ours["budget"] and len(mine) > 1 else mine), not ours["budget"]
 
 
 def analyse(rows: list[dict], count, tokens: int = 20) -> dict:
