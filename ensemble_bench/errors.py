@@ -45,8 +45,12 @@ NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this 
                 "output: (results) or ENSBENCH_CACHE (models and data) to a writable folder")
 # sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
 DAMAGED_SQLITE = ("file is not a database", "database disk image is malformed")
-DAMAGED_CACHE = ("a response cache database of the run is damaged ({why}): remove the run's cache/<row>_rank0.db "
-                 "(its answers are recomputed) and run the same command again")
+# A row's response cache is CACHE/<row>CACHE_DB_SUFFIX in its run folder (lm-eval appends _rank<n>.db to the name it
+# is given): defined here, below every other module, so that run_folder.cache_db and DAMAGED_CACHE read one name.
+CACHE = "cache"
+CACHE_DB_SUFFIX = "_rank0.db"
+DAMAGED_CACHE = ("a response cache database of the run is damaged ({why}): remove the run's "
+                 f"{CACHE}/<row>{CACHE_DB_SUFFIX} (its answers are recomputed) and run the same command again")
 READ_ONLY_SQLITE = ("readonly database", "unable to open database file")
 CACHE_NOT_WRITABLE = ("cannot write a response cache database of the run ({why}): its file or folder is read-only "
                       "or not writable by this user: make the run folder writable and run the same command again")

@@ -21,10 +21,12 @@ writes the run in ensbench's layout:
 from __future__ import annotations
 
 import hashlib
+import io
+import logging
 import re
 import sys
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +50,7 @@ from ensemble_bench.run_folder import (  # noqa: E402
     read_json,
     results_files,
     write_recipe,
-    write_timing,
+    write_row_timing,
 )
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
 
@@ -99,7 +101,8 @@ def run_cli() -> None:
         return parser.execute(args)
     threads = vars(args).pop("threads", 0)  # ensbench's flag: lm-eval's config does not take it
     check_limit(getattr(args, "limit", None))
-    config = lm_eval_step(EvaluatorConfig.from_cli, args)
+    with quiet_lm_eval():  # lm-eval reads args again when it runs, and warns (--limit) or prints (--config) then
+        config = lm_eval_step(EvaluatorConfig.from_cli, args)
     if config.model not in LM_CLASSES:
         set_threads(threads)
         return parser.execute(args)
@@ -150,6 +153,20 @@ def request_progress(write=None):
         yield plain
     finally:
         EnsembleLM.default_progress = None
+
+
+@contextmanager
+def quiet_lm_eval():
+    """lm-eval's warnings and printed lines held back: for ensbench's own reading of the command line, so that
+    lm-eval's reading says them once."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def lm_eval_step(step, *args):
@@ -279,10 +296,8 @@ def write_run(plan: Plan) -> None:
     newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
-    timing = {"label": plan.row.label, "method": plan.row.method,
-              "members": [plan.recipe.members[i].label for i in plan.row.members],
-              **{key: value for key, value in info.items() if key not in ("label", "members")}}
-    write_timing(row_dir, timing)
+    write_row_timing(row_dir, plan.recipe, plan.row,
+                     {key: value for key, value in info.items() if key not in ("label", "members")})
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:

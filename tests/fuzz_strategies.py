@@ -31,8 +31,7 @@ from hypothesis import strategies as st
 from ensemble_bench import cli
 from ensemble_bench.methods import METHODS
 from ensemble_bench.recipe import MemberSpec, MethodSpec, PlacementSpec, Recipe, TaskSpec
-from tests.fake_runs import fake_run
-from tests.run.test_faults import BASE_RECIPE, ROWS
+from tests.fake_runs import BASE_RECIPE, ROWS, fake_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()) for p in sorted((ROOT / "recipes").rglob("*.yaml"))}

@@ -450,12 +450,19 @@ def naive_next_byte(member, model, prompt, tail, x):
     return [v / sum(total) for v in total]
 
 
-def naive_byte_level(members, models, request, weights, main=0):
+def naive_byte_level(members, models, request, weights, main=0, official=False):
+    """Greedy byte-level decoding from scratch; ``official`` (prompt_rule official): every member
+    reads its prefix token (BOS) alone, and the prompt's bytes start the covered text x; the budget
+    counts the main member's canonical tokens past the most the prompt's prefixes had."""
     tails = [CanonicalTail.from_view(m.vocab,
                                      continuation_encoder(lambda t, m=m: m.encode(t, add_special_tokens=False)))
              for m in members]
     prompts = [m.render(request.prompt) for m in members]
     x, budget = b"", 0
+    if official:
+        prompts, x = [[m.prefix_token_id] for m in members], request.prompt.text.encode()
+        budget = max(len(tails[main].canonical(x[:n])[0]) for n in range(len(x) + 1))
+    start, base = len(x), budget
     while True:
         dists = [naive_next_byte(m, model, p, tail, x) for m, model, p, tail in zip(members, models, prompts, tails)]
         mixed = [sum(w * d[b] for w, d in zip(weights, dists)) / sum(weights) for b in range(257)]
@@ -464,21 +471,24 @@ def naive_byte_level(members, models, request, weights, main=0):
             break
         x += bytes([byte])
         budget = max(budget, len(tails[main].canonical(x)[0]))
-        text = x.decode("utf-8", "replace")
-        if any(u in text for u in request.until) or budget >= request.max_new_tokens:
+        text = x[start:].decode("utf-8", "replace")
+        if any(u in text for u in request.until) or budget - base >= request.max_new_tokens:
             break
-    text = x.decode("utf-8", "replace")
+    text = x[start:].decode("utf-8", "replace")
     return text[1:] if members[main].vocab.strips_leading_space and text.startswith(" ") else text
 
 
-def naive_byte_score(members, models, context, continuation, weights):
+def naive_byte_score(members, models, context, continuation, weights, bos=False):
     """log q(continuation | context) and is_greedy: for every byte, every member's M(. | x) from
-    scratch (naive_next_byte), the weighted average, the forced byte's log-probability."""
+    scratch (naive_next_byte), the weighted average, the forced byte's log-probability. ``bos``: every
+    context starts with the member's prefix token (prompt_rule official)."""
     tails = [CanonicalTail.from_view(m.vocab, continuation_encoder(
         lambda t, m=m: m.encode(t, add_special_tokens=False))) for m in members]
     spaces = len(context) - len(context.rstrip())
     context, forced = context[:len(context) - spaces], (context[len(context) - spaces:] + continuation).encode()
     prompts = [m.encode(context) if context else [m.prefix_token_id] for m in members]
+    if bos:
+        prompts = [p if p[:1] == [m.prefix_token_id] else [m.prefix_token_id, *p] for m, p in zip(members, prompts)]
     total, greedy = 0.0, True
     for i, byte in enumerate(forced):
         dists = [naive_next_byte(m, model, p, tail, forced[:i])

@@ -48,7 +48,7 @@ from ensemble_bench.decoding.method import (
     request_excerpt,
 )
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
-from ensemble_bench.members.base import Member
+from ensemble_bench.members.base import Member, Prompt
 
 
 @dataclass(frozen=True)
@@ -291,10 +291,14 @@ class DecodingMethod(Method, Steps):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Each request rendered by each member's own template; batches longest prompts first."""
-        prompts = [[m.render(r.prompt) for r in requests] for m in self.members]
+        prompts = [[self.render(i, r.prompt) for r in requests] for i in range(len(self.members))]
         lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
         return in_batches(lengths, self.batch_size, lambda batch: self._generate_batch(
             [[p[i] for i in batch] for p in prompts], [requests[i] for i in batch]))
+
+    def render(self, index: int, prompt: Prompt) -> list[int]:
+        """Member ``index``'s ids of a prompt: its own template (a method may read prompts otherwise)."""
+        return self.members[index].render(prompt)
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
         states = [self.start(r) for r in requests]

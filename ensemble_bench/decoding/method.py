@@ -268,6 +268,8 @@ class Method(ABC):
     lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
     version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
     lead: int = 0  # the lead member's index: its decode renders the text (set from ``lead_param``)
+    stats: Any = None       # the method's own counters (a dataclass), where it keeps some: ``carried``
+    feed_stats: Any = None  # the re-tokenisation counters (decoding/feeding.FeedStats) where members take text
 
     @classmethod
     def takes_weights(cls) -> bool:
@@ -278,12 +280,6 @@ class Method(ABC):
     def packages(cls, params: MethodParams) -> dict[str, str]:
         """Optional packages these parameters need (import name -> what to pip install); the preflight checks them."""
         return {}
-
-    @classmethod
-    def member_reads(cls, params: MethodParams) -> frozenset[str]:
-        """Member calls beyond stepping that these parameters need (``read_block``: draft-and-verify);
-        the preflight refuses members that cannot give them (vLLM members, docs/backends.md)."""
-        return frozenset({"read_block"}) if getattr(params, "speculative", 0) else frozenset()
 
     @classmethod
     def models(cls, params: MethodParams) -> tuple[str, ...]:
@@ -329,8 +325,11 @@ class Method(ABC):
 
     def carried(self) -> dict[str, object]:
         """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the
-        sittings of a resumed row (``sittings``): the timing, and a method's own counters where it adds them."""
-        return {"timing": self.timing}
+        sittings of a resumed row (``sittings``): the timing, the method's ``stats`` and ``feed_stats`` where
+        it has them; a method adds the accumulators its parts keep (speculation, CoRE). How each field joins
+        the earlier sittings' its dataclass declares (decoding/stats.py: added unless ``peak`` or ``per_sitting``)."""
+        held = {"timing": self.timing, "stats": self.stats, "feed": self.feed_stats}
+        return {key: holder for key, holder in held.items() if holder is not None}
 
     def info(self) -> dict:
         """The run statistics' JSON form, for the results files."""

@@ -55,6 +55,11 @@ def mean_perplexity(logprob: float, tokens: int) -> float:
     return math.exp(-logprob / tokens) if tokens else math.inf
 
 
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp(-(1/n) sum log p) over a segment's tokens (Cool-Fusion Eq. 1-2, SweetSpan Sec. 2.2)."""
+    return mean_perplexity(sum(logprobs), len(logprobs))
+
+
 @dataclass(frozen=True)
 class PerplexityScorer:
     members: Sequence[Member]

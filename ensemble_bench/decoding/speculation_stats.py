@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ensemble_bench.decoding.stand_ins import StandIn
+from ensemble_bench.decoding.stats import per_sitting
 
 AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
@@ -90,22 +91,36 @@ class RowRecord:
 
 @dataclass
 class SpeculationStats:
-    rows: list[RowRecord] = field(default_factory=list)
-    agreed: list[int] = field(default_factory=list)   # per member: positions where its argmax was the choice
+    """The row's speculative decoding: counters summed over its requests (numbers and per-member lists, so
+    that a resumed row carries them across its sittings: ``Method.carried``, sittings.py), and the records of
+    the requests this sitting computed (``speculative_rows``; a resumed row's cached answers have none)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    forwards: list[int] = field(default_factory=list)  # per member: forward passes taken part in
+    agreed: list[int] = field(default_factory=list)    # per member: positions where its argmax was the choice
     positions: int = 0
+    rows: list[RowRecord] = per_sitting()
+
+    def add(self, records: Sequence[RowRecord]) -> None:
+        """Finished requests into the counters and the records."""
+        for record in records:
+            self.rounds += record.rounds
+            self.drafted += record.drafted
+            self.accepted += record.accepted
+            self.tokens += record.tokens
+            self.forwards = [total + own for total, own in zip(self.forwards, record.forwards)]
+        self.rows.extend(records)
 
     def summary(self, names: Sequence[str], proposer: int | None) -> dict:
-        drafted = sum(r.drafted for r in self.rows)
-        rounds = sum(r.rounds for r in self.rows)
-        tokens = sum(r.tokens for r in self.rows)
-        forwards = [sum(r.forwards[m] for r in self.rows if r.forwards) for m in range(len(names))]
         return {"speculative_proposer": AUTO if proposer is None else names[proposer],
-                "speculative_acceptance_rate": sum(r.accepted for r in self.rows) / drafted if drafted else None,
-                "speculative_tokens_per_round": tokens / rounds if rounds else None,
-                "speculative_draft_length_mean": drafted / rounds if rounds else None,
-                "speculative_forwards_per_token": {n: f / tokens if tokens else None for n, f in zip(names, forwards)},
+                "speculative_acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+                "speculative_tokens_per_round": self.tokens / self.rounds if self.rounds else None,
+                "speculative_draft_length_mean": self.drafted / self.rounds if self.rounds else None,
+                "speculative_forwards_per_token": {n: f / self.tokens if self.tokens else None
+                                                   for n, f in zip(names, self.forwards)},
                 "speculative_agreement": {n: a / self.positions if self.positions and proposer in (None, m) else None
                                           for m, (n, a) in enumerate(zip(names, self.agreed))},  # counted members
                 "speculative_rows": [r.summary() for r in self.rows]}
-
-

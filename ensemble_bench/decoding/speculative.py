@@ -140,6 +140,13 @@ class SpeculativeSteps:
     members: list[Member]
     feeders: list[Feeder | None]
     feed_stats: FeedStats
+    speculation: Speculation | None
+
+    def carried(self) -> dict[str, object]:
+        """The method's accumulators (``Method.carried``, next in the method's bases) and the speculation's:
+        a resumed row's statistics count every sitting (sittings.py)."""
+        speculation = {"speculation": self.speculation.stats} if self.speculation else {}
+        return {**super().carried(), **speculation}  # type: ignore[misc]
 
     def speaking_to(self, members: Sequence[Member], counted: bool = True):
         view = copy.copy(self)  # a shallow view: tables, caches and statistics objects are shared
@@ -173,7 +180,7 @@ class Speculation(Rounds):
     def __init__(self, method: Speculable, longest: int, proposer: int | None):
         self.method, self.longest, self.proposer = method, longest, proposer
         self._members = list(method.members)
-        self.stats = SpeculationStats(agreed=[0] * len(method.members))
+        self.stats = SpeculationStats(forwards=[0] * len(method.members), agreed=[0] * len(method.members))
         self.costs = Costs()
 
     @classmethod
@@ -229,7 +236,7 @@ class Speculation(Rounds):
 
     def end(self) -> None:
         """The batch's rows into the statistics; its stand-ins (and their distributions) let go."""
-        self.stats.rows.extend(self.records)
+        self.stats.add(self.records)
         self.stand_ins, self.records = [], []
 
     def _next_length(self, drafted: int, accepted: int, agreed_after: bool, rate: float) -> int:

@@ -35,6 +35,22 @@ def spread() -> Any:
     """A ``MethodStats`` field holding a shared part's statistics (a dict), written out key by key."""
     return field(default_factory=dict, metadata={"spread": True})
 
+
+# The accumulators a method's statistics are made from (``Method.carried``) are dataclasses of counters:
+# across the sittings of a resumed row (sittings.py) a counter field adds to the earlier sittings' unless
+# it is marked as one of these.
+JOINED = "joined"  # the field metadata naming how a counter joins the earlier sittings' (None: it does not)
+
+
+def peak(default: int = 0) -> Any:
+    """A counter that is the largest value seen: the earlier sittings' and this one's larger."""
+    return field(default=default, metadata={JOINED: max})
+
+
+def per_sitting() -> Any:
+    """A list of this sitting's requests (their records): not carried, a resumed row reports its last sitting's."""
+    return field(default_factory=list, metadata={JOINED: None})
+
 OPTIONAL = ("ensembled_fraction", "tokens_manipulated_per_step", "label", "members", "requests_computed",
             "loglikelihood_ms_per_request", "loglikelihood_ms_per_token", "requests_scored", "tokens_scored")
 

@@ -10,8 +10,12 @@ the Member calls map onto it (docs/backends.md):
 - ``crop`` marks rows for re-submission; ``keep`` finishes the rows that leave.
 - ``extend_scored``: as ``extend``, every row forced token by token after its first token.
 - ``score``: vLLM's prompt log-probs (``prompt_logprobs=0``: each given token's log-prob and rank).
-- ``read_block`` / ``read_tree``: not given (one forward pass over a block has no per-position hook
-  here): speculative decoding and SAFE refuse vLLM members before a run (preflight).
+- ``read_block``: as ``extend_scored``, each wanted position's full log-probs kept as the step that
+  computes it passes the hook (no forward pass reads several positions through it): a block of k
+  tokens is k engine steps, and a crop is a re-submission. ``read_tree``: not given (``reads_trees``
+  False: byte_level takes its byte-by-byte loop).
+- Before each call the rows' KV blocks are counted against the engine's cache (a row vLLM preempted
+  would never publish): a batch that outgrows it is a UserError.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class VllmMember(TokenizerSide, Member):
         bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         self.prefix_token_id = bos
         self._bos_text = tokenizer.decode([bos]) if bos is not None else None
+        cache = engine.vllm_config.cache_config
+        self.kv_blocks, self.block_size = cache.num_gpu_blocks - 1, cache.block_size  # less the null block
         self.clock = ForwardClock()
         self.batch = RowBatch(self.vocab.size, self.device)
         self.handles: list[SteeredRow | None] = []  # per batch row: its live request, None when parked
@@ -73,11 +79,11 @@ class VllmMember(TokenizerSide, Member):
                               detokenize=False, extra_args={EXTRA_KEY: (self.steering.id, key)})
 
     def _submit(self, ids: Sequence[int], queue: Sequence[int] = (), at: int | None = None,
-                scoring: bool = False) -> SteeredRow:
+                scoring: bool = False, wanted: frozenset = frozenset()) -> SteeredRow:
         """A new steered request for ``ids`` (the lock is held), added before engine step ``at`` (default:
         the next); ``queue`` is forced after its prompt, one token a step."""
         key = f"{self.name}-{next(self._keys)}"
-        row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False)
+        row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False, wanted=wanted)
         self.steering.rows[key] = row
         at = self.steering.steps if at is None else at
         self.steering.commands.append(Command("add", key, list(ids), at, self._params(key, len(ids))))
@@ -100,6 +106,7 @@ class VllmMember(TokenizerSide, Member):
         if len(rows) > self.max_num_seqs:
             raise UserError(f"member '{self.name}': a batch of {len(rows)} rows exceeds its vllm.max_num_seqs "
                             f"({self.max_num_seqs}): lower batch_size or raise max_num_seqs")
+        self._check_room([[]] * len(rows), [len(ids) for ids in rows])
         with self.steering.cond, self.clock.timed("prefill"):
             for handle in self.handles:
                 if handle is not None:
@@ -115,36 +122,59 @@ class VllmMember(TokenizerSide, Member):
         return self._extend(tokens, scoring=False)[0]
 
     def extend_scored(self, tokens: Sequence[Sequence[int]]) -> tuple[torch.Tensor, list[list[float]]]:
-        return self._extend(tokens, scoring=True)
+        return self._extend(tokens, scoring=True)[:2]
 
-    def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool) -> tuple[torch.Tensor, list[list[float]]]:
+    def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The block forced one engine step per token (no forward pass reads several positions through
+        the hook), each wanted position's log-probs kept as its step computes them: the distributions
+        ``extend`` would give token by token, exactly."""
+        return self._extend(tokens, scoring=False, wanted=self.batch.check_block(tokens, at))[2]
+
+    def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool, wanted: list[list[int]] | None = None
+                ) -> tuple[torch.Tensor, list[list[float]], list[torch.Tensor]]:
+        """Append ``tokens``; every row's next-token log-probs, the scored log-probs (``scoring``) and
+        the block read's distributions at ``wanted`` positions. Scoring and block reads compute every
+        token after a row's first in a step of its own."""
         self.batch.check(tokens)
-        steps = self._steps(tokens, scoring)
+        by_token = scoring or wanted is not None
+        wanted = wanted or [[] for _ in tokens]
+        self._check_room(tokens, [len(ids) for ids in self.batch.ids])
+        steps = self._steps(tokens, by_token)
         forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
         held = self.batch.row_ids()
         moved = [r for r, row in enumerate(tokens) if row]
         with self.steering.cond, self.clock.timed("decode", calls=steps):
-            publish = self._publish_step(tokens, steps if any(forced) else None, scoring)
+            publish = self._publish_step(tokens, steps if any(forced) else None, by_token)
             for r, row in enumerate(tokens):
                 handle = self.handles[r]
                 if forced[r]:
                     handle.queue.extend(row)
                     handle.scoring, handle.first, handle.scored, handle.waiting = scoring, True, [], False
+                    handle.wanted, handle.captured, handle.index = frozenset(wanted[r]), [], 0
                     continue
                 if handle is not None:  # cropped, or a count the batch does not step: finished here
                     self._drop(handle)
                     self.handles[r] = None
                 if row:
-                    self.handles[r] = self._resubmit(held[r], row, publish, scoring)
+                    self.handles[r] = self._resubmit(held[r], row, publish, scoring, by_token, frozenset(wanted[r]))
                     self.stale[r] = False
             dists = self._collect([self.handles[r] for r in moved])
         scored = [list(self.handles[r].scored) if scoring and r in moved else [] for r in range(len(tokens))]
+        blocks = [self._block(self.handles[r] if row else None, len(row), wanted[r]) for r, row in enumerate(tokens)]
         self.batch.take(tokens)
         if moved:
             self.batch.set_last(moved, torch.stack(dists))
-        return self.batch.last, scored
+        return self.batch.last, scored, blocks
 
-    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, scoring: bool) -> int:
+    def _block(self, handle: SteeredRow | None, length: int, wanted: list[int]) -> torch.Tensor:
+        """A block read's answer for one row: what its steps kept, and the published distribution when
+        the position after its last token is wanted; [0, V] when nothing is."""
+        kept = []
+        if handle is not None:
+            kept = list(handle.captured) + ([handle.dist] if wanted and wanted[-1] == length - 1 else [])
+        return torch.stack(kept) if kept else torch.empty((0, self.vocab.size), device=self.device)
+
+    def _publish_step(self, tokens: Sequence[Sequence[int]], forced_steps: int | None, by_token: bool) -> int:
         """The engine step at which every row that moves publishes (the lock is held). Live rows wait
         inside step ``steering.steps``, which forces their first tokens: rows forced in place publish
         ``forced_steps`` later. Without them, a request added now is first computed in the next step
@@ -153,30 +183,41 @@ class VllmMember(TokenizerSide, Member):
         now = self.steering.steps
         if forced_steps is not None:
             return now + forced_steps
-        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if scoring else 0
+        after_prompt = max((len(row) - 1 for row in tokens if row), default=0) if by_token else 0
         return now + any(h is not None for h in self.handles) + after_prompt
 
+    def _check_room(self, tokens: Sequence[Sequence[int]], held: Sequence[int]) -> None:
+        """Refuse a step whose rows would not all fit the KV cache (vLLM would preempt a row and the
+        step waiting for it would never end): rows holding ``held`` tokens, then given ``tokens``, each
+        with a block of room for its next one."""
+        needed = sum(room_blocks(n + len(row), self.block_size) for n, row in zip(held, tokens))
+        if needed > self.kv_blocks:
+            tokens_held = sum(held) + sum(len(row) for row in tokens)
+            raise UserError(f"member '{self.name}': its vLLM KV cache holds {self.kv_blocks * self.block_size} tokens "
+                            f"({self.kv_blocks} blocks of {self.block_size}), {len(held)} rows of {tokens_held} tokens "
+                            "need more: raise vllm.kv_cache_gib (gpu_memory_utilization on a GPU), or lower "
+                            "batch_size or max_gen_toks")
+
     @staticmethod
-    def _steps(tokens: Sequence[Sequence[int]], scoring: bool) -> int:
+    def _steps(tokens: Sequence[Sequence[int]], by_token: bool) -> int:
         """How many tokens a row takes in place (one engine step each): the longest row's count when
-        every token is scored (a re-submitted row forces all but its first, so none may force more);
-        else the most common count (re-submitting the fewest rows)."""
-        if scoring:
+        every token is computed in a step of its own (scoring, block reads: a re-submitted row forces all
+        but its first, so none may force more); else the most common count (re-submitting the fewest)."""
+        if by_token:
             return max((len(row) for row in tokens), default=0)
         counts = Counter(len(row) for row in tokens if row)
         return min(counts.items(), key=lambda pair: (-pair[1], pair[0]))[0] if counts else 0
 
-    def _resubmit(self, held: list[int], row: Sequence[int], publish: int, scoring: bool) -> SteeredRow:
+    def _resubmit(self, held: list[int], row: Sequence[int], publish: int, scoring: bool, by_token: bool,
+                  wanted: frozenset) -> SteeredRow:
         """A row again as a new request: its prompt the held ids and new tokens (all of them, or only
-        the first when each later one is scored as it is forced), added so that it publishes at engine
-        step ``publish`` with the rest of the batch."""
+        the first when each later one is computed as it is forced), added so that it publishes at
+        engine step ``publish`` with the rest of the batch."""
         self.resubmitted += 1
-        in_prompt = 1 if scoring else len(row)
+        in_prompt = 1 if by_token else len(row)
         forced = list(row[in_prompt:])
-        return self._submit(held + list(row[:in_prompt]), forced, at=publish - len(forced), scoring=scoring)
-
-    def read_block(self, tokens, at):
-        raise NotImplementedError(f"vLLM member '{self.name}' does not read blocks (speculative decoding, SAFE)")
+        return self._submit(held + list(row[:in_prompt]), forced, at=publish - len(forced), scoring=scoring,
+                            wanted=wanted)
 
     def crop(self, lengths: Sequence[int]) -> None:
         for r, dropped in enumerate(self.batch.crop(lengths)):
@@ -252,6 +293,11 @@ class VllmMember(TokenizerSide, Member):
             self.steering.cond.notify_all()
 
 
+def room_blocks(tokens: int, block_size: int) -> int:
+    """KV blocks a row of ``tokens`` tokens needs, with room for the one it computes next."""
+    return tokens // block_size + 1
+
+
 def score_of(output, count: int) -> Score:
     """A continuation's Score from a request's prompt log-probs (its last ``count`` prompt tokens)."""
     ids = output.prompt_token_ids[len(output.prompt_token_ids) - count:]
@@ -282,6 +328,15 @@ def engine_arguments(folder: Path, dtype: str, device: str, args: dict, window: 
     return arguments
 
 
+def cache_size(args: dict, device: str) -> str:
+    """The KV cache a member's engine was given, in words."""
+    if device != "cpu":
+        return f"gpu_memory_utilization {args.get('gpu_memory_utilization') or 'default'}"
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"
+    return f"{args.get('kv_cache_gib') or CPU_KV_CACHE_GIB} GiB"
+
+
 def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_template: bool, name: str, args: dict,
                      trust_remote_code: bool) -> VllmMember:
     """A member on an in-process vLLM engine over the HF folder ``folder`` (its engine thread starts)."""
@@ -301,6 +356,13 @@ def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_temp
     except OSError:
         generation = GenerationConfig()
     arguments = engine_arguments(folder, dtype, device, args, max_length_of(config, tokenizer))
-    llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
+    try:
+        llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
+    except ValueError as err:
+        if "KV cache" not in str(err) and "cache blocks" not in str(err):
+            raise
+        raise UserError(f"member '{name}': a KV cache of {cache_size(args, device)} cannot hold one request of its "
+                        f"max_model_len ({arguments['max_model_len']} tokens): raise vllm.kv_cache_gib "
+                        "(gpu_memory_utilization on a GPU) or lower vllm.max_model_len") from None
     return VllmMember(llm.llm_engine, tokenizer, generation, config, name, chat_template,
                       arguments["max_model_len"], arguments["max_num_seqs"], folder)

@@ -42,6 +42,9 @@ class SteeredRow:
     scoring: bool = False          # record log p of each forced token after the first of a call
     first: bool = True             # the next forced token is the first of its call
     scored: list = field(default_factory=list)
+    wanted: frozenset = frozenset()  # block read: the call's token indices whose next-token log-probs it keeps
+    captured: list = field(default_factory=list)  # those log-probs, in order (the published one not included)
+    index: int = 0                 # the call's tokens forced and computed so far, after the first
 
 
 @dataclass
@@ -98,11 +101,18 @@ class Steering:
 
     @staticmethod
     def _next_token(row: SteeredRow | None, logits: torch.Tensor) -> int:
+        """The row's next queued token; after the call's first one, ``logits`` follow the call's token
+        ``row.index``: its log-probs are kept when wanted, the forced token's log-prob when scoring."""
         if row is None or row.dropped or not row.queue:
             return 0  # a row on its way out: its token is never read
         token = row.queue.popleft()
-        if row.scoring and not row.first:
-            row.scored.append(float(torch.log_softmax(logits, dim=-1)[token]))
+        if not row.first and (row.scoring or row.index in row.wanted):
+            logprobs = torch.log_softmax(logits, dim=-1)
+            if row.index in row.wanted:
+                row.captured.append(logprobs)
+            if row.scoring:
+                row.scored.append(float(logprobs[token]))
+        row.index += not row.first
         row.first = False
         return token
 

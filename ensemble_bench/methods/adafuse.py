@@ -31,7 +31,16 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.span_level import Branch, Proposal, SpanMethod, SpanParams, SpanReport, SpanState, text_of
+from ensemble_bench.methods.span_level import (
+    Branch,
+    Proposal,
+    SpanMethod,
+    SpanParams,
+    SpanReport,
+    SpanState,
+    SpanStats,
+    text_of,
+)
 
 
 class AdaFuseParams(SpanParams):
@@ -59,6 +68,14 @@ def mean_nll(logprobs: Sequence[float]) -> float:
     return -sum(logprobs) / len(logprobs) if logprobs else float("inf")
 
 
+@dataclass
+class AdaFuseStats(SpanStats):
+    member_states: int = 0     # (member, row, round) states tested by the margin
+    uncertain_states: int = 0  # of which explored further candidates
+    row_rounds: int = 0
+    scored_rounds: int = 0     # row rounds with more than one candidate (the ensemble scored them)
+
+
 @dataclass(frozen=True)
 class AdaFuseReport(SpanReport):
     member_states: int = 0       # (member, row, round) states tested by the margin
@@ -73,10 +90,7 @@ class AdaFuse(SpanMethod):
 
     def __init__(self, members: Sequence[Member], params: AdaFuseParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.member_states = 0     # (member, row, round) states tested
-        self.uncertain_states = 0  # of which explored further candidates
-        self.row_rounds = 0
-        self.scored_rounds = 0     # row rounds with more than one candidate (the ensemble scored them)
+        self.stats = AdaFuseStats()
         self.counting = Lock()     # members propose concurrently
 
     # --- where a span ends and what a member explores --------------------------------------------
@@ -139,8 +153,8 @@ class AdaFuse(SpanMethod):
         primary = self._propose(proposer, rows, dist, prefix)
         found = [[proposal] for proposal in primary]
         with self.counting:
-            self.member_states += len(rows)
-            self.uncertain_states += sum(bool(p.branches) for p in primary)
+            self.stats.member_states += len(rows)
+            self.stats.uncertain_states += sum(bool(p.branches) for p in primary)
         for b in range(max(len(p.branches) for p in primary)):
             branches = [p.branches[b] if b < len(p.branches) else None for p in primary]
             for k, proposal in enumerate(self._propose(proposer, rows, dist, prefix, branches)):
@@ -151,17 +165,18 @@ class AdaFuse(SpanMethod):
     def choose(self, dists, states):
         before = sum(len(state.rounds) for state in states)
         out = super().choose(dists, states)
-        self.row_rounds += len(states)
-        self.scored_rounds += sum(len(state.rounds) for state in states) - before
+        self.stats.row_rounds += len(states)
+        self.stats.scored_rounds += sum(len(state.rounds) for state in states) - before
         return out
 
     def _span_score(self, logprobs: Sequence[float]) -> float:
         return mean_nll(logprobs)
 
     def statistics(self) -> AdaFuseReport:
-        return AdaFuseReport(**vars(super().statistics()), member_states=self.member_states,
-                             uncertain_states=self.uncertain_states,
-                             ensembled_fraction=self.scored_rounds / self.row_rounds if self.row_rounds else None)
+        stats = self.stats
+        return AdaFuseReport(**vars(super().statistics()), member_states=stats.member_states,
+                             uncertain_states=stats.uncertain_states,
+                             ensembled_fraction=stats.scored_rounds / stats.row_rounds if stats.row_rounds else None)
 
 
 def _without_cache(proposal: Proposal) -> Proposal:

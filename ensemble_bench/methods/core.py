@@ -14,6 +14,12 @@ GaC's union, UniTE's V^u, PackLLM's expert vocabulary, EVA's projection) hands t
     w_i      = base_i s_m_i / sum_j base_j s_m_j
     q        = sum_i w_i (s_t_i * p_i)                   only the non-lead members are filtered
 
+These are the equations of the overview figure in the authors' README (zhichenz98/CoRE-EACL26,
+assets/overview.png; the paper's equation numbers could not be read here): p* = (p_main + sum_i
+p~_i) / (N + 1), delta_i = |p~_i - p*|, s_t_i = f(delta_i), s_m_i = sum_v s_t_i(v) / H(p~_i),
+p_ens = s_m_main p_main + sum_i s_m_i (p~_i * s_t_i). The figure leaves p_ens unnormalised; w is
+normalised here (the method's base weights times s_m), which changes no argmax.
+
 ``core_token`` / ``core_model`` switch either level off (the paper's ablation): without the token
 level the p_i enter unfiltered, without the model level w is the method's own weights.
 

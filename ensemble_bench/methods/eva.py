@@ -1,8 +1,9 @@
 """EVA — "Bridging the Gap between Different Vocabularies for LLM Ensemble" (Xu, Lu and Zhang,
 NAACL 2024, arXiv 2404.09492; code xydaytoy/EVA).
 
-Sec. 3.1: a map from each auxiliary member's vocabulary to the lead's (the paper's main model),
-learned from the tokens they share (vocab/eva_map.py; built once per pair and cached, eva_cache.py).
+The lead is the paper's pivot model: by default the member with the largest vocabulary, as the
+paper chooses it. Sec. 3.1: a map from each auxiliary member's vocabulary to the lead's, learned
+from the tokens they share (vocab/eva_map.py; built once per pair and cached, eva_cache.py).
 Sec. 3.2, each step: every member's distribution keeps its top-k tokens (softmax over them); the
 auxiliary ones are projected into the lead's vocabulary (p M); the faithfulness filter leaves out a
 member whose top token is in no other member's top-n; the rest are averaged, and the lead emits
@@ -27,6 +28,7 @@ from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.method import lead_field
+from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.eva_cache import cached_projection
@@ -37,7 +39,9 @@ from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
 class EvaParams(EmitterParams, CoreParams):
-    lead: int | str = lead_field(0, "the main model: its vocabulary is the common space and it emits", "main")
+    lead: int | str | None = lead_field(None, (
+        "the main (pivot) model: its vocabulary is the common space and it emits; null: the member with the "
+        "largest vocabulary (the paper's pivot; the first of equals)"), "main")
     top_k: int = Field(default=320, ge=1, le=1_000_000, description=(
         "each member's distribution keeps its top-k tokens before the softmax (the authors' code: 320)"))
     n: int | None = Field(default=5, ge=1, le=1_000_000, description=(
@@ -86,11 +90,21 @@ class Eva(EmitterMethod):
     Params = EvaParams
 
     def __init__(self, members: Sequence[Member], params: EvaParams, batch_size: int = 1):
+        if params.lead is None:  # the paper's pivot: "the model with the largest vocabulary"
+            sizes = [len(m.vocab.text_ids()) for m in members]
+            params = params.model_copy(update={"lead": sizes.index(max(sizes))})
         super().__init__(members, params, batch_size)
         self.projections: dict[int, VocabProjection] = {
             index: self._projection(index) for index in range(len(members)) if index != self.lead}
         self.stats = EvaStats()
         self.core = CoreFusion.of(params, len(members))
+
+    @classmethod
+    def check_members(cls, params: EvaParams, labels: Sequence[str]) -> None:
+        if params.lead is None:  # the pivot is known once the members' vocabularies are
+            resolve_proposer(params, labels, 0)
+        else:
+            super().check_members(params, labels)
 
     def _projection(self, index: int) -> VocabProjection:
         aux, lead = self.members[index], self.members[self.lead]

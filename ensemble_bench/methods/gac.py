@@ -201,13 +201,13 @@ class Gac(SpeculativeSteps, DecodingMethod):
         resolve_proposer(params, labels, resolve_lead(params, labels))
 
     def carried(self) -> dict[str, object]:
-        """The timing, the ensembled steps and the retokenization counters (speculation's per-request
-        records are not carried: its statistics are those of the last sitting)."""
-        return {**super().carried(), "stats": self.stats, "feed": self.feed_stats,
-                **(self.core.carried() if self.core else {})}
+        """Besides the timing, ensembled steps, re-tokenisation and speculation counters
+        (``SpeculativeSteps.carried``): the greedy bound's and CoRE's counters."""
+        return {**super().carried(), "bound": self.mixture.bound, **(self.core.carried() if self.core else {})}
 
     def statistics(self) -> GacReport:
-        decided = self.mixture.rows_decided / self.mixture.rows_total if self.mixture.rows_total else None
+        bound = self.mixture.bound
+        decided = bound.rows_decided / bound.rows_total if bound.rows_total else None
         return GacReport(union_size=self.union.size, lead_index=self.lead, gate_index=self.gate,
                          weights_resolved=self.weights.tolist(), bound_decided_fraction=decided,
                          steps=self.stats.summary(), retokenizing=self.feed_stats.summary(self.params.retokenize),

@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -49,6 +49,8 @@ from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.packllm_weights import (
     Carried,
     ExpertReading,
+    PackStats,
+    PromptWeights,
     common_segments,
     expert_token_ppl,
     fused_opt_weights,
@@ -99,35 +101,11 @@ class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
 
 
 # --- the method ----------------------------------------------------------------------------------
-class PromptWeights(NamedTuple):
-    """One prompt's lambda ([member]) and its top-1 expert (the member of lowest perplexity)."""
-
-    weights: tuple[float, ...]
-    expert: int
-
-
 @dataclass
 class PackState(RequestState):
     weights: tuple[float, ...] = ()
     expert: int = 0  # the row's top-1 expert, whose vocabulary the fusion uses (mined alignment)
     token: int = -1  # mined: the top-1 expert's last chosen id (it takes its own token back)
-
-
-@dataclass
-class PackStats:
-    prompts: list[PromptWeights] = field(default_factory=list)  # per request or scoring context, in their order
-    scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
-
-    def summary(self) -> dict:
-        weights = [p.weights for p in self.prompts]
-        mean = [sum(col) / len(col) for col in zip(*weights)] if weights else None
-        top = [0] * (len(weights[0]) if weights else 0)
-        for prompt in self.prompts:
-            top[prompt.expert] += 1
-        per_request = 1000 * self.scoring_seconds / len(weights) if weights else None
-        return {"packllm_weights_mean": mean, "packllm_top_member_counts": top,
-                "packllm_prompt_scoring_ms_per_request": per_request,
-                "packllm_prompt_weights": [[round(x, 6) for x in w] for w in weights]}
 
 
 @dataclass(frozen=True)
@@ -292,7 +270,7 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
         self.fusion = (UnionFusion if params.alignment == "union" else MinedFusion)(members, self.core)
         self.feed_stats = FeedStats()
         self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
-        self.stats = PackStats()
+        self.stats = PackStats.of(len(members))
         self.speculation = Speculation.of(self, params)
 
     @classmethod
@@ -336,7 +314,7 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
         """The loop's batches (longest prompts first); the prompts' weights are recorded in the requests' order."""
         self._batch_weights: dict[int, PromptWeights] = {}
         generations = super().generate(requests)
-        self.stats.prompts.extend(self._batch_weights[id(r)] for r in requests)
+        self.stats.add([self._batch_weights[id(r)] for r in requests])
         return generations
 
     def _generate_batch(self, prompts: list[list[list[int]]], requests: list[GenerationRequest]) -> list[Generation]:
@@ -377,7 +355,7 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
             chunk = distinct[start:start + self.batch_size]
             rendered = [[m.render(p) for p in chunk] for m in self.members]
             weights = self.weights_for(rendered)
-            self.stats.prompts.extend(weights)
+            self.stats.add(weights)
             found.update(zip(chunk, [list(w.weights) for w in weights]))
         return [found[p] for p in prompts]
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
+from ensemble_bench.decoding.stats import per_sitting
 from ensemble_bench.members.base import Member
 
 PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
@@ -246,3 +248,41 @@ def fused_opt_weights(reading: ExpertReading, order: Sequence[int], grid: int) -
         return totals.tolist()
 
     return greedy_mix(order, grid, losses) if reading.labels else [float(k == order[0]) for k in range(len(order))]
+
+
+# --- the row's statistics ------------------------------------------------------------------------
+class PromptWeights(NamedTuple):
+    """One prompt's lambda ([member]) and its top-1 expert (the member of lowest perplexity)."""
+
+    weights: tuple[float, ...]
+    expert: int
+
+
+@dataclass
+class PackStats:
+    """Over the requests and scoring contexts: lambda summed per member, how often each member was the top-1
+    expert, the seconds spent reading prompts; and each one's lambda (``prompts``, this sitting's, in order)."""
+
+    weight_sums: list[float] = field(default_factory=list)
+    top_counts: list[int] = field(default_factory=list)
+    count: int = 0
+    scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
+    prompts: list[PromptWeights] = per_sitting()
+
+    @classmethod
+    def of(cls, members: int) -> PackStats:
+        return cls([0.0] * members, [0] * members)
+
+    def add(self, found: Sequence[PromptWeights]) -> None:
+        for prompt in found:
+            self.count += 1
+            self.weight_sums = [total + weight for total, weight in zip(self.weight_sums, prompt.weights)]
+            self.top_counts[prompt.expert] += 1
+        self.prompts.extend(found)
+
+    def summary(self) -> dict:
+        per_request = 1000 * self.scoring_seconds / self.count if self.count else None
+        return {"packllm_weights_mean": [total / self.count for total in self.weight_sums] if self.count else None,
+                "packllm_top_member_counts": self.top_counts,
+                "packllm_prompt_scoring_ms_per_request": per_request,
+                "packllm_prompt_weights": [[round(x, 6) for x in p.weights] for p in self.prompts]}

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ensemble_bench.decoding.method import Generation, GenerationRequest
+from ensemble_bench.decoding.method import GenerationRequest
 from ensemble_bench.decoding.scorers import (
     DEFAULT_PAIR_TEMPLATE,
     BlenderRanker,
@@ -83,7 +83,6 @@ class Rerank(SampleLevel):
 
     def __init__(self, members: Sequence[Member], params: RerankParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
-        self.scoring_seconds = 0.0
         if params.scorer == "perplexity":
             self.scorer = PerplexityScorer(members, batch_size)
             return
@@ -98,16 +97,10 @@ class Rerank(SampleLevel):
             template = params.scorer_template or DEFAULT_PAIR_TEMPLATE
             self.scorer = PairwiseScorer(ClassifierComparator(classifier, template))
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        chosen = super().generate(requests)
-        self.timing.decode_seconds += self.scoring_seconds
-        self.scoring_seconds = 0.0
-        return chosen
-
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         start = time.perf_counter()
         choice = self.scorer.choose(request.prompt, texts, self.lead)
-        self.scoring_seconds += time.perf_counter() - start
+        self.stats.scoring_seconds += time.perf_counter() - start
         return choice
 
     def statistics(self) -> RerankReport:

@@ -128,10 +128,6 @@ class SafeReport(MethodStats):
 
 class Safe(DecodingMethod):
     name = "safe"
-
-    @classmethod
-    def member_reads(cls, params) -> frozenset[str]:
-        return frozenset({"read_block"})  # the verifiers read each draft in one pass
     Params = SafeParams
     min_members = 2
     lead_param = "lead"

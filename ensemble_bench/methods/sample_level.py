@@ -28,7 +28,7 @@ from ensemble_bench.decoding.method import (
     lead_field,
     resolve_member,
 )
-from ensemble_bench.decoding.stats import MethodStats
+from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.single import Single
 
@@ -37,6 +37,11 @@ NO_SHARE = -1e30
 
 class SampleLevelParams(MethodParams):
     lead: int | str = lead_field(0, "whose answer wins ties (the paper's main model)", "main")
+
+
+@dataclass
+class SampleStats:
+    scoring_seconds: float = 0.0  # a scorer's time choosing among the answers (rerank), counted as decode time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +57,7 @@ class SampleLevel(Method):
         super().__init__(members, params, batch_size)
         self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.singles = [Single([m], MethodParams(), batch_size) for m in members]
+        self.stats = SampleStats()
 
     @classmethod
     def check_members(cls, params: SampleLevelParams, labels: Sequence[str]) -> None:
@@ -63,7 +69,6 @@ class SampleLevel(Method):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         candidates = [single.generate(requests) for single in self.singles]
-        self.timing = combined_timing([s.timing for s in self.singles])
         return [candidates[self._choose([c[i].text for c in candidates], r)][i] for i, r in enumerate(requests)]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
@@ -83,6 +88,14 @@ class SampleLevel(Method):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self.singles[self.lead].loglikelihood_rolling(texts)
 
+    def carried(self) -> dict[str, object]:
+        """The members' timings, of which the row's is made (``run_stats``), and the scorer's time."""
+        return {"stats": self.stats, **{f"timing{k}": single.timing for k, single in enumerate(self.singles)}}
+
+    def run_stats(self) -> RunStats:
+        self.timing = combined_timing([s.timing for s in self.singles], self.stats.scoring_seconds)
+        return super().run_stats()
+
     def statistics(self) -> SampleReport:
         return SampleReport(lead_index=self.lead)
 
@@ -96,11 +109,11 @@ def choose_by_vote(keys: Sequence[Hashable], lead: int) -> Hashable:
     return next(key for key in keys if counts[key] == top)
 
 
-def combined_timing(timings: Sequence[Timing]) -> Timing:
-    """Members run in turn: times add up; steps are the members' mean."""
+def combined_timing(timings: Sequence[Timing], choosing_seconds: float = 0.0) -> Timing:
+    """Members run in turn: times add up (and the time choosing among their answers); steps are the members' mean."""
     total = Timing()
     total.first_token_seconds = sum(t.first_token_seconds for t in timings)
-    total.decode_seconds = sum(t.decode_seconds for t in timings)
+    total.decode_seconds = sum(t.decode_seconds for t in timings) + choosing_seconds
     total.decode_steps = round(sum(t.decode_steps for t in timings) / len(timings))
     total.batches = max(t.batches for t in timings)
     total.tokens_generated = sum(t.tokens_generated for t in timings)

@@ -25,7 +25,7 @@ completed greedily to a given number of words; the member's cache then holds the
 
 The text is the lead member's own decode of its committed tokens; the token budget counts the
 lead member's tokens. Each round is recorded (candidates, perplexities, kept scores, winner) in
-``self.traces``, written next to the samples as ``span_trace.jsonl``.
+``self.traces`` (this sitting's requests), written next to the samples as ``span_trace.jsonl``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ensemble_bench.decoding.method import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.decoding.scorers import mean_perplexity
+from ensemble_bench.decoding.scorers import perplexity
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.vocab.append import split_valid_utf8
@@ -103,14 +103,14 @@ class SpanState(RequestState):
         return self.data.decode("utf-8")
 
 
-def perplexity(logprobs: Sequence[float]) -> float:
-    """exp(-(1/n) sum log p) over a segment's tokens (Cool-Fusion Eq. 1-2, SweetSpan Sec. 2.2)."""
-    return mean_perplexity(sum(logprobs), len(logprobs))
-
-
 def text_of(member: Member, tokens: Sequence[int]) -> str:
     """The text of a member's ids by their bytes (no decode-time space stripping), whole characters."""
     return split_valid_utf8(member.vocab.join(tokens))[0]
+
+
+@dataclass
+class SpanStats:
+    rounds: int = 0  # span rounds: candidates proposed and scored
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class SpanMethod(DecodingMethod):
         super().__init__(members, params, batch_size)
         self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.traces: list[dict] = []
-        self.rounds = 0
+        self.stats = SpanStats()
         self.feed_stats = FeedStats()
         self.tails = [cached_tail(m) for m in members] if params.retokenize == "canonical" else None
 
@@ -180,7 +180,7 @@ class SpanMethod(DecodingMethod):
                          range(len(self.members)))
         choices = [self._candidates([p[k] for p in proposals]) for k in range(len(states))]
         dists, advances = self._commit(states, choices, dists, proposals, prefix)
-        self.rounds += 1
+        self.stats.rounds += 1
         return Round(advances, dists, by_span=True)
 
     def feed(self, dists, states, advances) -> list[torch.Tensor]:
@@ -396,5 +396,5 @@ class SpanMethod(DecodingMethod):
         return [sum(values) / len(values) for values in zip(*totals)]
 
     def statistics(self) -> SpanReport:
-        return SpanReport(lead_index=self.lead, rounds=self.rounds,
+        return SpanReport(lead_index=self.lead, rounds=self.stats.rounds,
                           retokenizing=self.feed_stats.summary(self.params.retokenize))

@@ -58,6 +58,7 @@ class VocabView:
     special_ids: frozenset[int]
     spelling: str  # "byte-level" | "sentencepiece" | "text"
     strips_leading_space: bool = False  # the tokenizer's decode drops one space at the very start
+    merges: tuple[tuple[int, int, int], ...] = ()  # a BPE model's merges (left, right, result ids), by rank
 
     @property
     def size(self) -> int:
@@ -149,4 +150,17 @@ def build_vocab_view(tokenizer, head_size: int | None = None) -> VocabView:
     if head_size is not None:
         pieces = pieces[:head_size] + [None] * (head_size - len(pieces[:head_size]))
     return VocabView(tuple(pieces), frozenset(i for i in special if i < len(pieces)), spelling,
-                     _strips_leading_space(described))
+                     _strips_leading_space(described), _bpe_merges(described.get("model") or {}, vocab, len(pieces)))
+
+
+def _bpe_merges(model: dict, vocab: dict[str, int], size: int) -> tuple[tuple[int, int, int], ...]:
+    """A BPE model's merges as (left, right, result) ids in rank order; () for other models."""
+    if model.get("type") != "BPE":
+        return ()
+    merges = []
+    for merge in model.get("merges") or ():
+        left, right = merge if isinstance(merge, list) else merge.split(" ", 1)
+        ids = vocab.get(left), vocab.get(right), vocab.get(left + right)
+        if None not in ids and max(ids) < size:
+            merges.append(ids)
+    return tuple(merges)

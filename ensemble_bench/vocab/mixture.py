@@ -122,6 +122,14 @@ def draw(weights: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.
     return torch.minimum(drawn, last).flatten()
 
 
+@dataclass
+class BoundCounts:
+    """Rows ``greedy`` chose, and those the bound decided (no full projection)."""
+
+    rows_total: int = 0
+    rows_decided: int = 0
+
+
 class UnionMixture:
     """Eq. 3 for a fixed set of members and weights; tables are copied to each device once."""
 
@@ -133,8 +141,7 @@ class UnionMixture:
         self.top_k = top_k
         self._cpu = [member_tables(m, v, union.size) for m, v in zip(union.maps, vocab_sizes)]
         self._placed: dict[tuple[int, str], MemberTables] = {}
-        self.rows_decided = 0  # rows whose argmax the bound decided (no full projection)
-        self.rows_total = 0
+        self.bound = BoundCounts()
         self._bound_misses = 0  # consecutive calls where the bound decided no row
         self._bound_rests = 0   # calls left that skip the bound
 
@@ -212,8 +219,8 @@ class UnionMixture:
             chosen, undecided = self._bounded(logprobs)
             self._bound_misses = self._bound_misses + 1 if undecided == rows else 0
             self._bound_rests = min((1 << self._bound_misses) - 1, MAX_BOUND_RESTS)
-        self.rows_total += rows
-        self.rows_decided += rows - undecided
+        self.bound.rows_total += rows
+        self.bound.rows_decided += rows - undecided
         return chosen.tolist()
 
     def _bounded(self, logprobs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import one_line, run_cli, tiny_recipe
 from tests.fake_runs import fake_run
 from tests.report.test_compare import RECIPE as PAIR_RECIPE
 from tests.report.test_compare import write_samples
-from tests.run.test_faults import one_line, run_cli, tiny_recipe
 
 # each report command with a user-chosen output stem (``{out}``) and what it writes there
 OUT_COMMANDS = {

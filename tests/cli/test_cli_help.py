@@ -7,7 +7,7 @@ import pytest
 from ensemble_bench import cli, listing
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import parse_recipe
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 
 BASE = {"name": "pair", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
         "method": "gac", "tasks": [{"name": "piqa", "limit": 4}], "data": "offline"}

@@ -26,7 +26,8 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.gac import Gac, GacParams
-from tests.fake_runs import fake_run
+from tests.cli_helpers import one_line, run_cli
+from tests.fake_runs import BASE_RECIPE, ROWS, fake_run
 from tests.fuzz_strategies import (
     COMMANDS,
     PLAUSIBLE_OPTIONS,
@@ -41,7 +42,6 @@ from tests.fuzz_strategies import (
     mutated_recipes,
     sandbox,
 )
-from tests.run.test_faults import BASE_RECIPE, ROWS, one_line, run_cli
 
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ensbench-hypothesis-"))  # nothing of hypothesis in the checkout
 EXAMPLES = int(os.environ.get("ENSBENCH_FUZZ_EXAMPLES", "40"))

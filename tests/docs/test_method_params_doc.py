@@ -9,7 +9,7 @@ from pathlib import Path
 from ensemble_bench import docgen
 from ensemble_bench.docgen import FAMILIES, PAGES, params_tables, updated
 from ensemble_bench.methods import BUILT_IN, METHODS, describe_params
-from tests.run.test_faults import one_line, run_cli
+from tests.cli_helpers import one_line, run_cli
 
 
 def test_docs_parameter_tables_match_the_code():

@@ -14,6 +14,7 @@ except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) r
 import torch  # noqa: E402
 
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
+from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
 from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
@@ -143,3 +144,45 @@ def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pa
     pairs = [(rows[0], smollm_vllm.encode(" Paris", add_special_tokens=False)), (rows[1], [220, 20])]
     for mine, other in zip(smollm_vllm.score(pairs), local.score(pairs)):
         assert abs(mine.logprob - other.logprob) < 1e-3 and mine.is_greedy == other.is_greedy
+
+
+@pytest.mark.parametrize("params", [GacParams(speculative=4), GacParams(speculative=4, threshold=0.5)],
+                         ids=["plain", "gated"])
+def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
+    """Draft and verify on vLLM members (blocks read one forced step per token, crops re-submitted)
+    gives the every-token tokens; the speculative run did read blocks and reject drafts."""
+    every = params.model_copy(update={"speculative": 0})
+    requests = chat_requests(24)
+    expected = texts(Gac([smollm_vllm, qwen_vllm], every, batch_size=4), requests)
+    method = Gac([smollm_vllm, qwen_vllm], params, batch_size=4)
+    before = smollm_vllm.resubmitted + qwen_vllm.resubmitted
+    assert texts(method, requests) == expected
+    assert smollm_vllm.resubmitted + qwen_vllm.resubmitted > before  # crops after rejected drafts
+
+
+def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
+    """Blocks of different lengths (one row given none), after a crop: the asked positions' log-probs
+    equal a transformers member's block read within 1e-3, and the next extend continues after them."""
+    local = transformers_pair[0]
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    smollm_vllm.prefill(rows)
+    local.prefill(rows)
+    for blocks, at in [([[11, 12, 13], [14], []], [[0, 2], [0], []]),
+                       ([[15, 16], [17, 18, 19, 20], [21, 22, 23]], [[0, 1], [1, 3], [2]])]:
+        ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
+        assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
+        assert all(a.numel() == 0 or float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+        lengths = [len(r) - 1 for r in local.row_ids()]
+        smollm_vllm.crop(lengths)
+        local.crop(lengths)
+        step = [[30], [31], [32]]
+        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+    assert smollm_vllm.row_ids() == local.row_ids()
+
+
+def test_a_kv_cache_too_small_for_the_window_is_one_line(smollm_vllm):
+    """An engine whose cache cannot hold one request of its window: a UserError, not vLLM's ValueError;
+    a running engine's cache as the member counts it (for its per-step check) holds its window."""
+    with pytest.raises(UserError, match="cannot hold one request of its max_model_len"):
+        load_member("smollm2-135m", name="tiny-cache", backend="vllm", vllm={**ENGINE, "kv_cache_gib": 0.001})
+    assert ENGINE["max_model_len"] <= smollm_vllm.kv_blocks * smollm_vllm.block_size < 0.25 * 2**30 / 46080

@@ -1,9 +1,12 @@
 """``backend: vllm`` in recipes: the schema's one-line refusals and the dry run's (no vllm needed)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from ensemble_bench import preflight
 from ensemble_bench.errors import UserError, lines_of
+from ensemble_bench.members.vllm import VllmMember
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.row_store import _member
 
@@ -37,16 +40,31 @@ def test_vllm_members_run_in_this_process_not_in_ray_actors(tmp_path):
         recipe(tmp_path, PAIR, placement={"kind": "ray"})
 
 
-def test_the_dry_run_refuses_block_reads_on_vllm_members(tmp_path, monkeypatch):
-    """Speculative GaC and SAFE need ``read_block``, which a vLLM member does not give: one line each,
-    before anything loads; every-token GaC passes."""
+def test_the_dry_run_passes_block_reads_on_vllm_members(tmp_path, monkeypatch):
+    """Speculative GaC and SAFE read blocks, which vLLM members give (one forced step per token)."""
     monkeypatch.setattr(preflight, "_installed", lambda package: True)
-    assert preflight.preflight(recipe(tmp_path, PAIR), "r.yaml") == []
-    for method in ({"name": "gac", "speculative": 4}, {"name": "safe"}):
-        with pytest.raises(UserError) as info:
-            preflight.preflight(recipe(tmp_path, PAIR, method=method), "r.yaml")
-        [line] = lines_of(info.value)
-        assert f"method '{method['name']}' needs block reads (read_block), which vLLM members do not give" in line
+    for method in ("gac", {"name": "gac", "speculative": 4}, {"name": "safe"}):
+        assert preflight.preflight(recipe(tmp_path, PAIR, method=method), "r.yaml") == []
+
+
+@pytest.mark.parametrize("held, tokens, fits", [
+    ([31, 31], [[], []], True),            # 2 rows of 31 tokens + 1 to compute: one block each
+    ([31, 32], [[], []], False),           # the second row's next token needs a third block
+    ([20, 10], [[1] * 11, [2] * 21], True),
+    ([20, 10], [[1] * 12, [2] * 21], False),
+])
+def test_a_step_outgrowing_the_kv_cache_is_refused_in_one_line(held, tokens, fits):
+    """A vLLM member refuses a step whose rows would not fit its KV cache (vLLM would preempt a row
+    and the steered step would wait for it forever): 2 blocks of 32 tokens here."""
+    member = SimpleNamespace(name="m", kv_blocks=2, block_size=32)
+    if fits:
+        VllmMember._check_room(member, tokens, held)
+        return
+    with pytest.raises(UserError) as info:
+        VllmMember._check_room(member, tokens, held)
+    [line] = lines_of(info.value)
+    assert "member 'm': its vLLM KV cache holds 64 tokens (2 blocks of 32)" in line
+    assert "raise vllm.kv_cache_gib" in line
 
 
 def test_the_dry_run_names_a_missing_vllm_package(tmp_path, monkeypatch):

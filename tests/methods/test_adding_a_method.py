@@ -14,7 +14,7 @@ import yaml
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods import METHODS, get_method, register_method
 from ensemble_bench.methods.single import Single
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 from tests.tiny import REQUESTS, outputs
 
 pytestmark = pytest.mark.usefixtures("offline_data")

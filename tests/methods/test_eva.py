@@ -115,7 +115,7 @@ def pair(bpe_model, bpe_tokenizer, sp_model, sp_tokenizer, tmp_path, monkeypatch
 
 
 def test_fuse_averages_the_faithful_members_and_keeps_all_when_none_is(pair):
-    method = Eva(pair(), EvaParams(n=1))
+    method = Eva(pair(), EvaParams(n=1, lead=0))
     lead, aux = torch.tensor([[0.7, 0.3, 0.0]]), torch.tensor([[0.2, 0.0, 0.8]])
     assert method.fuse([lead, aux])[0].tolist() == pytest.approx([0.45, 0.15, 0.4])  # neither top in the other's top-1
     agree = torch.tensor([[0.6, 0.0, 0.4]])
@@ -124,11 +124,11 @@ def test_fuse_averages_the_faithful_members_and_keeps_all_when_none_is(pair):
 
 
 def test_the_projection_is_built_once_and_cached(pair, tmp_path, monkeypatch):
-    first = Eva(pair(), EvaParams())
+    first = Eva(pair(), EvaParams(lead=0))
     files = list((tmp_path / "eva").glob("eva-*.pt"))
     assert len(files) == 1
     monkeypatch.setattr("ensemble_bench.eva_cache.build_projection", lambda *a: pytest.fail("rebuilt"))
-    second = Eva(pair(), EvaParams())
+    second = Eva(pair(), EvaParams(lead=0))
     assert torch.equal(first.projections[1].weight, second.projections[1].weight)
     assert outputs(first, REQUESTS) == outputs(second, REQUESTS)
 
@@ -152,7 +152,7 @@ def test_other_parameters_are_another_cache_entry(pair, tmp_path):
 
 def test_stop_ids_map_to_the_leads_stop(pair):
     members = pair()
-    method = Eva(members, EvaParams())
+    method = Eva(members, EvaParams(lead=0))
     projection = method.projections[1]
     aux_stops = sorted(members[1].stop_ids)
     for stop in aux_stops:

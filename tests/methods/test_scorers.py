@@ -143,7 +143,8 @@ def test_reward_rerank_end_to_end(pair, reward_dir):
     for i, (request, generation) in enumerate(zip(REQUESTS, chosen)):
         candidates = [a[i] for a in alone]
         assert generation.text == candidates[rerank.scorer.choose(request.prompt, candidates, 0)]
-    assert rerank.timing.decode_steps > 0 and rerank.info()[rerank.name]["scorer"] == "reward"
+    info = rerank.info()
+    assert info["decode_steps"] > 0 and info[rerank.name]["scorer"] == "reward"
 
 
 def test_llm_blender_rankers_go_through_the_package(pair, monkeypatch):

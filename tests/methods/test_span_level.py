@@ -134,7 +134,7 @@ def test_agreeing_rounds_cost_only_the_proposals(same_model, span_words):
     assert outputs(method) == alone
     for member in pair:  # at most one extra pass per request: a final segment's last token, re-fed
         assert member.clock.decode_calls <= alone_member.clock.decode_calls + len(alone)
-    assert method.rounds > len(alone)  # so a commit pass per round would break the bound
+    assert method.stats.rounds > len(alone)  # so a commit pass per round would break the bound
 
 
 # ------------------------------------------------------------------ fast == the naive reference (tests/naive.py)

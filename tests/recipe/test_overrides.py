@@ -10,7 +10,7 @@ from ensemble_bench.cli import PlainProgress
 from ensemble_bench.errors import UserError
 from ensemble_bench.overrides import apply, option_overrides, parse_set
 from ensemble_bench.recipe import load_recipe
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 
 RECIPE = textwrap.dedent("""\
     name: quick

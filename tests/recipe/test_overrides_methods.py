@@ -11,7 +11,7 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.overrides import parse_set
 from ensemble_bench.recipe import MAX_YAML_DEPTH, load_recipe, parse_recipe
-from tests.run.test_faults import one_line, run_cli
+from tests.cli_helpers import one_line, run_cli
 
 METHODS = textwrap.dedent("""\
     name: pair

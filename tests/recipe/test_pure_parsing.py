@@ -10,9 +10,9 @@ import pytest
 from ensemble_bench import preflight, runs
 from ensemble_bench.errors import EnvironmentFault, UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
+from tests.cli_helpers import run_cli
 from tests.fake_runs import fake_run
 from tests.report.test_compare import ARC, NQ, RECIPE, write_samples
-from tests.run.test_faults import run_cli
 
 THREE_MISTAKES = textwrap.dedent("""\
     name: three

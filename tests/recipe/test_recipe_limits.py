@@ -25,7 +25,7 @@ from ensemble_bench.recipe import (
     validate_method,
 )
 from ensemble_bench.tasks import get_benchmark, list_benchmarks
-from tests.run.test_faults import dry_run, one_line
+from tests.cli_helpers import dry_run, one_line
 
 RECIPE = """\
 name: limits

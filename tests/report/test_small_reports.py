@@ -41,7 +41,8 @@ def test_a_speculative_row_shows_its_acceptance_and_forwards_per_token(tmp_path,
 
 
 def test_agreement_is_given_for_the_counted_members_only():
-    stats = SpeculationStats(rows=[RowRecord(1, 4, 3, 4, [4, 1])], agreed=[3, 0], positions=4)
+    stats = SpeculationStats(forwards=[0, 0], agreed=[3, 0], positions=4)
+    stats.add([RowRecord(1, 4, 3, 4, [4, 1])])
     fixed = stats.summary(["a", "b"], proposer=0)["speculative_agreement"]
     assert fixed == {"a": 0.75, "b": None}  # b verified, its agreement was never counted (was 0.0)
     auto = SpeculationStats(agreed=[3, 2], positions=4).summary(["a", "b"], proposer=None)["speculative_agreement"]

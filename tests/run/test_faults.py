@@ -8,7 +8,6 @@ the output folder; a resumed run gives the same files as an uninterrupted one.
 import errno
 import json
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -24,66 +23,8 @@ import typer
 
 from ensemble_bench import cli, cli_faults
 from ensemble_bench.errors import EnvironmentFault, UserError
-from tests.fake_runs import fake_run
-
-ONE_MEMBER = textwrap.dedent("""\
-    name: hostile
-    members:
-      - model: smollm2-135m
-        name: {name}
-    method: single
-    tasks:
-      - name: piqa
-        limit: 2
-    data: offline
-    output: {output}
-""")
-
-
-def run_cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["ensbench", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exit_info:
-        code = exit_info.code
-    return code, capsys.readouterr()
-
-
-def one_line(out) -> str:
-    """The one line on stderr (in-process runs also show lm-eval's tqdm bars: tqdm was imported before
-    the CLI could turn it off)."""
-    lines = [line for line in out.err.strip().splitlines() if line.strip() and not re.search(r"\d+%\|", line)]
-    assert len(lines) == 1, out.err
-    assert "Traceback" not in out.err + out.out
-    return lines[0]
-
-
-def tiny_recipe(dirs, output, limit=4):
-    return textwrap.dedent(f"""\
-        name: tiny-faults
-        members:
-          - {{model: {dirs[0]}, name: bpe}}
-          - {{model: {dirs[1]}, name: sp}}
-        method: {{name: gac, threshold: 0.6, gate: bpe}}
-        singles: true
-        tasks:
-          - {{name: piqa, limit: {limit}}}
-        batch_size: 2
-        data: offline
-        output: {output}
-    """)
-
-
-def row_files(row_dir):
-    """What a row wrote, keyed by file kind: results (without timing and dates) and samples."""
-    found = {}
-    for path in sorted(row_dir.glob("samples_*.jsonl")):
-        records = map(json.loads, path.read_text().splitlines())
-        found[path.name.split("_")[1]] = [(r["doc_id"], r["resps"]) for r in records]
-    [results] = row_dir.glob("results_*.json")
-    found["results"] = json.loads(results.read_text())["results"]
-    return found
+from tests.cli_helpers import ONE_MEMBER, dry_run, one_line, raising, row_files, run_cli, tiny_recipe
+from tests.fake_runs import BASE_RECIPE, ROWS, fake_run
 
 
 # --- 1. hostile names never become paths -------------------------------------------------------------
@@ -138,12 +79,6 @@ def test_every_runner_path_stays_inside_the_run_folder(tmp_path):
 
 
 # --- 2. the top-level handler ---------------------------------------------------------------------------
-def raising(err):
-    def app(**_):
-        raise err
-    return app
-
-
 class Unprintable(Exception):
     def __str__(self):
         raise RuntimeError("the message itself fails")
@@ -176,6 +111,15 @@ def test_every_expected_fault_is_one_line_and_its_exit_code(case, monkeypatch, c
     monkeypatch.setattr(cli, "app", raising(err))
     got, out = run_cli(monkeypatch, capsys, "list")
     assert got == code and expected in one_line(out)
+
+
+def test_the_damaged_cache_line_names_the_file_the_runner_writes(tmp_path):
+    from ensemble_bench.errors import environment_fault
+    from ensemble_bench.run_folder import cache_db
+
+    written = cache_db(tmp_path, "gac").relative_to(tmp_path).as_posix().replace("gac", "<row>")
+    line = str(environment_fault(sqlite3.DatabaseError("file is not a database")))
+    assert f"remove the run's {written} (its answers are recomputed)" in line
 
 
 def test_a_network_fault_inside_a_library_error_is_found_through_the_chain(monkeypatch, capsys):
@@ -224,14 +168,6 @@ def test_command_line_help_and_success_still_work(monkeypatch, capsys):
 
 
 # --- 3. regress against a baseline of another recipe --------------------------------------------------------
-ROWS = {"a": ("single", {"arc_c": (0.30, 200)}, {"decode_ms_per_token": 100.0}),
-        "b": ("single", {"arc_c": (0.40, 200)}, {"decode_ms_per_token": 200.0}),
-        "gac": ("gac", {"arc_c": (0.42, 200)}, {"decode_ms_per_token": 310.0})}
-BASE_RECIPE = {"name": "reg",
-               "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
-               "method": "gac", "singles": True, "data": "offline", "tasks": [{"name": "arc_c", "limit": 200}]}
-
-
 @pytest.mark.parametrize("change,field", [
     ({"batch_size": 2}, "batch_size: 2 vs the baseline's 1"),
     ({"tasks": [{"name": "arc_c", "limit": 8}]}, "tasks[0].limit: 8 vs the baseline's 200"),
@@ -337,12 +273,6 @@ def test_a_damaged_response_cache_is_one_line_before_any_model_loads(tiny_dirs, 
 
 
 # --- 5. environment faults ------------------------------------------------------------------------------------
-def dry_run(monkeypatch, capsys, tmp_path, text):
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(text)
-    return run_cli(monkeypatch, capsys, "run", str(recipe), "--dry-run")
-
-
 def test_an_output_that_names_a_file_is_refused_up_front(tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("x")
     code, out = dry_run(monkeypatch, capsys, tmp_path, ONE_MEMBER.format(name="a", output=tmp_path / "file" / "deeper"))

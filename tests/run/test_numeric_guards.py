@@ -20,7 +20,7 @@ from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
-from tests.run.test_faults import one_line, raising, run_cli
+from tests.cli_helpers import one_line, raising, run_cli
 from tests.tiny import CORPUS, tiny_llama
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100
 

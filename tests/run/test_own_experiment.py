@@ -16,8 +16,8 @@ import yaml
 from ensemble_bench import cli, runner
 from ensemble_bench.row_store import REUSED
 from tests.cli.test_lm_eval_route import lm_eval
+from tests.cli_helpers import run_cli
 from tests.report.test_latex import strict_problems
-from tests.run.test_faults import run_cli
 from tests.tasks.test_any_task import MC, QA, task_yaml
 
 LIMIT = 3

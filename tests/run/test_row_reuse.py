@@ -14,7 +14,7 @@ import pytest
 from ensemble_bench import cli, runner
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("offline_data")
 PIQA_CHOICES = 2

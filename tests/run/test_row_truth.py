@@ -14,7 +14,7 @@ from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.row_check import damage
 from ensemble_bench.tasks import recipe_tasks, task_sources
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 from tests.tasks.test_any_task import QA, task_yaml
 
 
@@ -98,6 +98,27 @@ def test_a_resumed_run_sets_aside_a_row_whose_data_changed(tiny_dirs, qa_task, q
     assert code == 0, out.err
     assert "bpe: set aside (its task configs or the data its tasks read changed since it was computed)" in out.out
     assert all(q.startswith("Edited ") for q in questions(run_dir / "bpe"))
+
+
+@pytest.mark.slow
+def test_a_resumed_run_recomputes_a_row_whose_scores_were_edited(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys):
+    text = recipe_text(tiny_dirs, tmp_path, qa_task, "edited")
+    assert run(monkeypatch, capsys, tmp_path, text)[0] == 0
+    [run_dir] = (tmp_path / "results" / "edited").iterdir()
+    [results] = (run_dir / "bpe").glob("results_*.json")
+    stored = json.loads(results.read_text())
+    honest = stored["results"]["my_qa"]["exact_match,none"]
+    stored["results"]["my_qa"]["exact_match,none"] = 0.987
+    results.write_text(json.dumps(stored))
+    (run_dir / "summary.md").unlink()  # as if interrupted after the row
+    code, out = run(monkeypatch, capsys, tmp_path, text)
+    assert code == 0, out.err
+    assert re.search(rf"bpe: damaged \(samples_my_qa_\S+\.jsonl does not give {re.escape(results.name)}: its "
+                     r"exact_match,none of my_qa is 0\.987, but its samples give [^)]+\): recomputed from the response "
+                     "cache", out.out), out.out
+    [again] = (run_dir / "bpe").glob("results_*.json")
+    assert json.loads(again.read_text())["results"]["my_qa"]["exact_match,none"] == honest
+    assert json.loads((run_dir / "bpe" / "timing.json").read_text())["requests_computed"] == 0
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import pytest
 
 from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.run_lock import hold_run_lock
-from tests.run.test_faults import one_line, row_files, run_cli, tiny_recipe
+from tests.cli_helpers import one_line, row_files, run_cli, tiny_recipe
 
 ROWS = ("bpe", "sp", "gac")
 

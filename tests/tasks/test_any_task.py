@@ -10,7 +10,7 @@ import yaml
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe, task_notes
 from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
-from tests.run.test_faults import one_line, run_cli
+from tests.cli_helpers import one_line, run_cli
 
 QA = [{"question": f"{a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (2, 2), (3, 4), (1, 1))]
 MC = [{"question": f"Is {n} even?", "choices": ["yes", "no"], "label": n % 2} for n in range(4)]

@@ -13,7 +13,7 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import data_store, offline_data, stock_data, task_configs
 from ensemble_bench.tasks.lm_eval_tasks import lm_eval_benchmark, task_index, task_manager
-from tests.run.test_faults import run_cli
+from tests.cli_helpers import run_cli
 
 NEW_SETS = ["allenai/ai2_arc", "Rowan/hellaswag", "allenai/winogrande", "aps/super_glue", "allenai/openbookqa",
             "openai/gsm8k"]

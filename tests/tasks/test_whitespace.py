@@ -12,8 +12,8 @@ import pytest
 from ensemble_bench.report.compare import build_report, render_markdown
 from ensemble_bench.report.whitespace_notes import whitespace_section, whitespace_warnings
 from ensemble_bench.tasks.whitespace import answer_warning, doubled_target, template_warning, whitespace_misses
+from tests.cli_helpers import run_cli
 from tests.fake_runs import fake_run
-from tests.run.test_faults import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CAPITALS = [("France", "Paris"), ("Russia", "Moscow"), ("Germany", "Berlin")]

@@ -36,7 +36,7 @@ def test_duplicate_ids_add_up_and_an_unseparated_row_falls_back():
     logprobs = [pa.log(), pb.log()]
     assert union.entries[mixture.greedy(logprobs)[0]] == b" Jam"
     assert mixture.greedy(logprobs) == mixture.full(logprobs).argmax(dim=-1).tolist()
-    assert mixture.rows_decided == 0 and mixture.rows_total == 2
+    assert mixture.bound.rows_decided == 0 and mixture.bound.rows_total == 2
 
 
 def random_logprobs(rows, size, scale, generator):
@@ -50,7 +50,7 @@ def check_greedy_equals_full(union, sizes, weights, scales, rows=64, seed=0):
     for scale in scales:
         logprobs = [random_logprobs(rows, size, scale, generator) for size in sizes]
         assert mixture.greedy(logprobs) == mixture.full(logprobs).argmax(dim=-1).tolist(), scale
-    return mixture.rows_decided / mixture.rows_total
+    return mixture.bound.rows_decided / mixture.bound.rows_total
 
 
 def test_greedy_equals_full_on_tiny_vocabularies(bpe_tokenizer, sp_tokenizer):

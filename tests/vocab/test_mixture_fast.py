@@ -75,7 +75,7 @@ def test_full_and_fallback_equal_the_scatter_add_on_tiny_vocabularies(tiny_pair,
         assert torch.equal(mixture.full(logprobs), expected)
         assert mixture._argmax_full(logprobs).tolist() == expected.argmax(dim=-1).tolist()
         assert mixture.greedy(logprobs) == expected.argmax(dim=-1).tolist()
-    assert mixture.rows_decided < mixture.rows_total
+    assert mixture.bound.rows_decided < mixture.bound.rows_total
 
 
 
@@ -92,10 +92,10 @@ def test_the_bound_rests_after_deciding_nothing_and_outputs_stay_exact(tiny_pair
     for call, kind in enumerate(kinds):
         logprobs = random_logprobs(4, sizes, 0.0 if kind == "flat" else 300.0, generator)  # flat: uniform
         expected = scatter_add_full(union, [1.0, 3.0], logprobs).argmax(dim=-1).tolist()
-        decided_before = mixture.rows_decided
+        decided_before = mixture.bound.rows_decided
         assert mixture.greedy(logprobs) == expected, call
         if call in (2, 9):
-            assert mixture.rows_decided > decided_before, call
+            assert mixture.bound.rows_decided > decided_before, call
     assert bounded_calls == [0, 2, 3, 5, 9]
 
 
