@@ -140,6 +140,8 @@ class VllmMember(TokenizerSide, Member):
         self.batch.check(tokens)
         by_token = scoring or wanted is not None
         wanted = wanted or [[] for _ in tokens]
+        if not any(tokens):  # no row moves: no engine step (a live row given nothing would be forced a token)
+            return self.batch.last, [[] for _ in tokens], [self._block(None, 0, []) for _ in tokens]
         self._check_room(tokens, [len(ids) for ids in self.batch.ids])
         steps = self._steps(tokens, by_token)
         forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
