@@ -18,11 +18,14 @@ What runs of it, and how:
   task_info.py that defines neither; both are unused for NQ and given as None).
 
 Ours: ``Eva`` with the same settings (overlap learned, canonical feeding). Each prompt is reported
-equal, a prefix (one side stopped), or divergent; at a divergence both sides' fused distributions
-are recomputed on the shared text with each side's map, to tell a map difference from a float
-near-tie (its margin) or a feeding difference.
+equal, a prefix (one side stopped), or divergent. Both loops are traced (per step: the fused top two
+and each model's input ids); at the first step where they chose differently the step is recomputed
+without a cache with each map on each side's input, and with our map given the code's rows of one
+class at a time (``MapPair``: ids 0-2, other special tokens, the rest), which names the rule that
+decides (``cause``) with each side's top-2 margin.
 
     python scripts/compare_eva_official.py [--prompts 40] [--tokens 20] [--reference DIR] [--threads 1]
+        [--official-map FILE.npz] [--out FILE.json [--resume]] [--start N | --only 1,12-39]
 """
 
 from __future__ import annotations
@@ -122,26 +125,53 @@ def official_matrix(folder: Path, aux_tok, main_tok, x: np.ndarray, z: np.ndarra
     return saved["m"].tocsr(), len(set(aux_vocab) & set(main_vocab))
 
 
-class SlowStyle:
-    """A fast tokenizer that takes one token string in ``convert_tokens_to_string``, as the slow
-    tokenizers the authors load (``use_fast=False``) do; the packaged models have fast ones only."""
+class Recording:
+    """A tokenizer that keeps the ids of every text it encodes (the official loop's input at each step)."""
 
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
+    def __init__(self, tokenizer, seen: list):
+        self._tokenizer, self._seen = tokenizer, seen
 
     def __getattr__(self, name):
         return getattr(self._tokenizer, name)
 
     def __call__(self, *args, **kwargs):
-        return self._tokenizer(*args, **kwargs)
+        encoded = self._tokenizer(*args, **kwargs)
+        self._seen.append([int(i) for i in encoded.input_ids[0]])
+        return encoded
+
+
+class SlowStyle(Recording):
+    """A fast tokenizer that takes one token string in ``convert_tokens_to_string``, as the slow
+    tokenizers the authors load (``use_fast=False``) do; the packaged models have fast ones only."""
 
     def convert_tokens_to_string(self, tokens):
         return self._tokenizer.convert_tokens_to_string([tokens] if isinstance(tokens, str) else tokens)
 
 
+class ArgmaxTap:
+    """Their module's ``torch``, whose ``argmax`` keeps the top two of the fused vector at each step
+    (the filter's own argmax calls, inside ``drop``, are not kept)."""
+
+    def __init__(self, steps: list):
+        self.steps, self.in_filter = steps, False
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def argmax(self, values, *args, **kwargs):
+        if not self.in_filter:
+            self.steps.append(top_two(values[0]))
+        return torch.argmax(values, *args, **kwargs)
+
+
+def top_two(vector: torch.Tensor) -> tuple[list[int], list[float]]:
+    top = vector.float().topk(2)
+    return top.indices.tolist(), top.values.tolist()
+
+
 def official_decoder(folder: Path, main, aux, matrix, tokens: int):
-    """Their ``eval_local`` on CPU, one question at a time (it returns the text of its last input:
-    ``tokens`` tokens)."""
+    """Their ``eval_local`` on CPU, one question at a time: (the text of its last input, ``tokens``
+    tokens; its trace: per step the fused top two and each model's input ids)."""
     sys.path[:0] = [str(folder / "ensemble"), str(folder)]
     model_info = importlib.import_module("model_info")
     schema = {"instruction_prefix": "", "instruction_suffix": "", "input_prefix": "", "input_suffix": "\n"}
@@ -155,8 +185,26 @@ def official_decoder(folder: Path, main, aux, matrix, tokens: int):
     args = SimpleNamespace(task="nq", model=MAIN, aux_models=[AUX], aux_method="drop", drop=5, topk=320,
                            MAX_NEW_TOKEN=tokens)
     main.model.generation_config.eos_token_id = main.tokenizer.eos_token_id
-    return lambda question: eva.eval_local(args, main.model, [aux.model], [], SlowStyle(main.tokenizer),
-                                           [aux.tokenizer], [sparse], [{"qText": question}])[0]["pred_all"]
+    their_filter = eva.drop
+
+    def decode(question: str):
+        trace = {"top": [], "ids": [[], []]}
+        tap = ArgmaxTap(trace["top"])
+
+        def in_filter(*a, **kw):
+            tap.in_filter = True
+            try:
+                return their_filter(*a, **kw)
+            finally:
+                tap.in_filter = False
+
+        with patched(eva, "torch", tap), patched(eva, "drop", in_filter):
+            text = eva.eval_local(args, main.model, [aux.model], [], SlowStyle(main.tokenizer, trace["ids"][0]),
+                                  [Recording(aux.tokenizer, trace["ids"][1])], [sparse],
+                                  [{"qText": question}])[0]["pred_all"]
+        return text, trace
+
+    return decode
 
 
 def prompt_text(question: str) -> str:
@@ -164,14 +212,27 @@ def prompt_text(question: str) -> str:
 
 
 def ours_decoder(members, tokens: int):
-    """``Eva`` with the same settings (its map built, or read from the cache, here), one question at a time."""
+    """``Eva`` with the same settings (its map built, or read from the cache, here), one question at a
+    time: (its text; its trace: per step the fused top two and each member's ids)."""
     from ensemble_bench.members import Prompt
     from ensemble_bench.methods import GenerationRequest
     from ensemble_bench.methods.eva import Eva, EvaParams
     method = Eva(members, EvaParams(lead=0))
+    own_fuse = method.fuse
 
-    def decode(question: str) -> str:
-        return method.generate([GenerationRequest(Prompt(text=prompt_text(question)), (), tokens)])[0].text
+    def decode(question: str):
+        trace = {"top": [], "ids": [[], []]}
+
+        def fuse(projected):
+            fused = own_fuse(projected)
+            trace["top"].append(top_two(fused[0]))
+            for index, member in enumerate(members):
+                trace["ids"][index].append(member.row_ids()[0])
+            return fused
+
+        with patched(method, "fuse", fuse):
+            text = method.generate([GenerationRequest(Prompt(text=prompt_text(question)), (), tokens)])[0].text
+        return text, trace
 
     return decode, method
 
@@ -194,45 +255,174 @@ def map_agreement(ours, matrix) -> dict:
     return {"rows_same_targets": same, "rows_other_targets": differ, "max_weight_diff_same_rows": worst}
 
 
-def fused_at(members, text: str, projector, n: int = 5, k: int = 320) -> torch.Tensor:
-    """EVA's fused vector [V_main] after ``text`` (each member encodes the text itself, as their loop does)."""
-    from ensemble_bench.methods.eva import faithful, top_k_probs
-    dists = []
-    for index, member in enumerate(members):
-        ids = torch.tensor([member.tokenizer(text).input_ids])
+def member_probs(members, feeding: list[list[int]], k: int = 320) -> list[torch.Tensor]:
+    """Each member's top-k probabilities after its ids (a full forward, no cache)."""
+    from ensemble_bench.methods.eva import top_k_probs
+    out = []
+    for member, ids in zip(members, feeding):
         with torch.no_grad():
-            logits = member.model(input_ids=ids).logits[:, -1, :].float()
-        probs = top_k_probs(torch.log_softmax(logits, dim=-1), k)
-        dists.append(probs if index == 0 else projector(probs))
-    order = [1, 0]
+            logits = member.model(input_ids=torch.tensor([ids])).logits[:, -1, :].float()
+        out.append(top_k_probs(torch.log_softmax(logits, dim=-1), k))
+    return out
+
+
+def fused_with(probs: list[torch.Tensor], projector, n: int = 5) -> tuple[torch.Tensor, list[bool], int]:
+    """EVA's fused vector [V_main] from the main model's and the projected auxiliary's probabilities;
+    which of the two the filter kept; the projected auxiliary's top token."""
+    from ensemble_bench.methods.eva import faithful
+    dists = [probs[0], projector(probs[1])]
     kept = faithful(dists, n)
     if not kept.any():
         kept[:] = True
     share = 1.0 / kept.sum(dim=0).float()
-    return sum(torch.where(kept[i, :, None], share[:, None] * dists[i], 0.0) for i in order)[0]
+    fused = sum(torch.where(kept[i, :, None], share[:, None] * dists[i], 0.0) for i in (1, 0))[0]
+    return fused, kept[:, 0].tolist(), int(dists[1][0].argmax())
 
 
-def explain(members, ours_map, matrix, prompt: str, ours: str, theirs: str) -> dict:
-    """Where the official loop decided differently: the first differing character may lie inside a
-    token one side chose (Qwen2.5's '"\\n' against '"' then ' by'), so the decision point is the
-    latest text, at most 16 characters back, at which the official rule's choice spans the
-    difference. There: each map's choice, runner-up and top-2 margin on the same (re-tokenised) text."""
-    cut = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+class MapPair:
+    """Both maps as [V_aux, V_main] CSR matrices, and the rows whose targets differ, each under the
+    code's rule that parts them (docs/fidelity.md, EVA):
+    ``zero_two``: one of the auxiliary's ids 0-2, or a row either map sends to the main model's ids 0-2;
+    ``special``: (else) an auxiliary special token, or a target among the main model's special or padded ids;
+    ``rest``: (else) the other rows whose targets differ."""
+
+    def __init__(self, ours, theirs, aux_special: frozenset[int], lead_text: list[int]):
+        self.ours = scipy.sparse.csr_matrix((ours.weight.numpy(), (ours.src.numpy(), ours.dst.numpy())),
+                                            shape=theirs.shape)
+        self.theirs = theirs.tocsr()
+        mine, other = (abs(m).sign() for m in (self.ours, self.theirs))
+        differ = np.asarray(abs(mine - other).sum(axis=1)).ravel() > 0
+        nontext = np.ones(theirs.shape[1], dtype=np.float32)
+        nontext[lead_text] = 0
+        rows = np.arange(theirs.shape[0])
+        to_zero_two = np.asarray((mine[:, :3] + other[:, :3]).sum(axis=1)).ravel() > 0
+        to_special = (mine @ nontext + other @ nontext) > 0
+        zero_two = differ & ((rows < 3) | to_zero_two)
+        special = differ & ~zero_two & (np.isin(rows, sorted(aux_special)) | to_special)
+        self.classes = {"zero_two": zero_two, "special": special, "rest": differ & ~zero_two & ~special}
+
+    def with_theirs(self, rows: np.ndarray):
+        """Our map with their rows where ``rows`` is set, as a projector."""
+        swap = scipy.sparse.diags(rows.astype(np.float32))
+        return projector((self.ours - swap @ self.ours + swap @ self.theirs).tocsr())
+
+    def counts(self) -> dict:
+        return {name: int(rows.sum()) for name, rows in self.classes.items()}
+
+
+def crowding_check(members, pair: MapPair) -> dict:
+    """For the ``rest`` rows where the code keeps a subset of our ten targets: does its top 10 (our ten
+    scores with the main model's ids 0-2 scored as it scores them, 2 cos: their hubness is never
+    computed) hold exactly as many of ids 0-2 as the places it lost?"""
+    from ensemble_bench.vocab.eva_map import seed_pairs, supervised_mapping
+    aux, main = members[1], members[0]
+    x = aux.model.get_output_embeddings().weight.detach().float().numpy()[:aux.vocab.size]
+    z = main.model.get_output_embeddings().weight.detach().float().numpy()[:main.vocab.size]
+    xw, zw = supervised_mapping(x, z, *seed_pairs(aux.vocab, main.vocab))
+    zero_two = 2 * unit_rows(xw) @ unit_rows(zw[:3]).T
+    verdict = {"lost == ids 0-2 in its top 10": 0, "otherwise": 0, "ours keeps < 10: not checked": 0}
+    for row in np.flatnonzero(pair.classes["rest"]):
+        mine, other = pair.ours.getrow(row), pair.theirs.getrow(row)
+        if not other.nnz or not set(other.indices) < set(mine.indices):
+            continue
+        if mine.nnz != 10:
+            verdict["ours keeps < 10: not checked"] += 1
+            continue
+        scores = [(float(v), False) for v in mine.data] + [(float(c), True) for c in zero_two[row]]
+        taken = sum(is_zero_two for _, is_zero_two in sorted(scores, reverse=True)[:10])
+        verdict["lost == ids 0-2 in its top 10" if taken == 10 - other.nnz else "otherwise"] += 1
+    return verdict
+
+
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def projector(matrix):
+    """p -> p M for a [V_aux, V_main] scipy matrix (their ``spmm`` on the transposed matrix)."""
+    coo = matrix.tocoo()
+    transposed = torch.sparse_coo_tensor(np.array([coo.row, coo.col]), coo.data, matrix.shape).t().float().coalesce()
+    return lambda probs: torch.spmm(transposed, probs.t()).t()
+
+
+def first_difference(ours: dict, theirs: dict, tokens: int) -> int | None:
+    """The first step at which the two loops chose different tokens (or one stopped): both choose
+    main-model ids, so before it they read the same text."""
+    steps = min(tokens, max(len(ours["top"]), len(theirs["top"])))
+    for step in range(steps):
+        if step >= len(ours["top"]) or step >= len(theirs["top"]):
+            return step
+        if ours["top"][step][0][0] != theirs["top"][step][0][0]:
+            return step
+    return None
+
+
+def explain(members, pair: MapPair, ours_map, ours: dict, theirs: dict, tokens: int) -> dict:
+    """At the first differing step: each side's choice, runner-up and top-2 margin as recorded; each
+    model's input on both sides (the same ids, or where they part); the four recomputed cells
+    {our map, their map} x {our feeding, their feeding} (which tell a map difference from a feeding
+    one), each with the members the filter kept and the projected auxiliary's top token; and, on
+    their feeding, our map with their rows of one class at a time (which of the code's rules decides)."""
+    step = first_difference(ours, theirs, tokens)
+    if step is None:
+        return {"step": None}
     tokenizer = members[0].tokenizer
-    theirs_t = torch.sparse_coo_tensor(np.array(matrix.nonzero()), matrix.data, matrix.shape).t().float()
-    maps = {"our_map": ours_map.project, "their_map": lambda p: torch.spmm(theirs_t, p.t()).t()}
 
-    def choice_at(point: int, name: str) -> dict:
-        top = fused_at(members, prompt + theirs[:point], maps[name]).topk(2)
-        return {"choice": tokenizer.decode([int(top.indices[0])]), "second": tokenizer.decode([int(top.indices[1])]),
-                "margin": float(top.values[0] - top.values[1])}
+    def name(token_id) -> str:
+        return tokenizer.convert_ids_to_tokens(int(token_id))
 
-    for point in range(cut, max(-1, cut - 17), -1):
-        official = choice_at(point, "their_map")
-        if theirs[point:].startswith(official["choice"]) and point + len(official["choice"]) > cut:
-            return {"at_char": point, "shared_tail": theirs[max(0, point - 20):point], "their_map": official,
-                    "our_map": choice_at(point, "our_map")}
-    return {"at_char": cut, "shared_tail": theirs[max(0, cut - 20):cut], "decision_point": "not found"}
+    def recorded(side: dict) -> dict:
+        if step >= len(side["top"]):
+            return {"stopped": True}
+        (first, second), (best, runner_up) = side["top"][step]
+        return {"choice": name(first), "second": name(second), "margin": best - runner_up}
+
+    def cell(probs, project) -> dict:
+        fused, kept, aux_top = fused_with(probs, project)
+        top = fused.topk(2)
+        return {"choice": name(top.indices[0]), "second": name(top.indices[1]),
+                "margin": float(top.values[0] - top.values[1]), "kept": kept, "aux_top": name(aux_top)}
+
+    out = {"step": step, "ours": recorded(ours), "official": recorded(theirs)}
+    if step >= len(ours["top"]) or step >= len(theirs["top"]):
+        return out
+    feedings = {"our_feeding": [ids[step] for ids in ours["ids"]],
+                "their_feeding": [ids[step] for ids in theirs["ids"]]}
+    out["shared_tail"] = tokenizer.decode(feedings["their_feeding"][0][-8:])
+    out["same_input"] = [a == b for a, b in zip(feedings["our_feeding"], feedings["their_feeding"])]
+    for index, (a, b) in enumerate(zip(feedings["our_feeding"], feedings["their_feeding"])):
+        if a != b:
+            cut = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            names = members[index].tokenizer.convert_ids_to_tokens
+            out.setdefault("input_parts", {})[members[index].name] = {
+                "ours": names(a[cut:]), "official": names(b[cut:])}
+    maps = {"our_map": ours_map.project, "their_map": projector(pair.theirs)}
+    probs = {feeding: member_probs(members, ids) for feeding, ids in feedings.items()}
+    for feeding in feedings:
+        for map_name, project in maps.items():
+            out[f"{map_name}+{feeding}"] = cell(probs[feeding], project)
+    for rows, chosen in pair.classes.items():
+        out[f"our_map_with_their_{rows}_rows"] = cell(probs["their_feeding"], pair.with_theirs(chosen))
+    out["special"] = any(side["top"][step][0][0] in {0, 1, 2, *members[0].vocab.special_ids}
+                         for side in (ours, theirs))
+    out["cause"] = cause(out, list(pair.classes))
+    return out
+
+
+def cause(out: dict, classes: list[str]) -> str:
+    """The cells' verdict: which of map and feeding turns our choice into theirs, and for the map,
+    which class of rows does it alone."""
+    ours, theirs = out["ours"]["choice"], out["official"]["choice"]
+    if out["our_map+our_feeding"]["choice"] != ours or out["their_map+their_feeding"]["choice"] != theirs:
+        return "float: the full forward does not repeat a recorded choice (near-tie)"
+    map_alone = out["their_map+our_feeding"]["choice"] == theirs
+    feeding_alone = out["our_map+their_feeding"]["choice"] == theirs
+    if feeding_alone and not map_alone:
+        return "feeding"
+    deciding = [c for c in classes if out[f"our_map_with_their_{c}_rows"]["choice"] == theirs]
+    rows = "+".join(deciding) if deciding else "no class alone"
+    return f"map ({rows})" if map_alone and not feeding_alone else f"map ({rows}) or feeding" if map_alone \
+        else f"map ({rows}) and feeding together"
 
 
 def main() -> None:
@@ -244,7 +434,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the per-prompt record here (JSON)")
     parser.add_argument("--official-map", type=Path, default=None, help="keep the official matrix here (.npz) "
                         "and read it back on the next run")
+    parser.add_argument("--check-crowding", action="store_true", help="recompute the mapped embeddings and "
+                        "check that the rows the code keeps fewer targets in lost them to ids 0-2")
+    parser.add_argument("--start", type=int, default=0, help="the first prompt run (an earlier run ended before it)")
+    parser.add_argument("--only", type=indices, default=None, help="run these prompts only, e.g. 1,12-39")
+    parser.add_argument("--resume", action="store_true", help="keep the records already in --out and run the "
+                        "prompts it lacks")
     args = parser.parse_args()
+    if args.resume and not args.out:
+        sys.exit("--resume needs --out")
     torch.set_num_threads(args.threads)
     from ensemble_bench.members import load_member
     from ensemble_bench.tasks.data_store import nq_questions
@@ -271,26 +469,56 @@ def main() -> None:
         started = time.perf_counter()
         ours, method = ours_decoder(members, args.tokens)
         agreement = map_agreement(method.projections[1], matrix)
+        pair = MapPair(method.projections[1], matrix, members[1].vocab.special_ids, members[0].vocab.text_ids())
+        agreement["rows_differing_by_class"] = pair.counts()
+        if args.check_crowding:
+            agreement["crowding_check"] = crowding_check(members, pair)
         print(f"our map: {len(method.projections[1].src)} pairs from {method.projections[1].seeds} shared tokens, "
               f"{time.perf_counter() - started:.0f} s; map agreement: {json.dumps(agreement)}", flush=True)
         theirs = official_decoder(folder, members[0], members[1], matrix, args.tokens)
-        records, counts = [], {"equal": 0, "prefix": 0, "diverge": 0}
-        for index, question in enumerate(questions):
-            mine, other = ours(question), theirs(question)
+        records = json.loads(args.out.read_text())["records"] if args.resume and args.out.exists() else []
+        done = {r["prompt"] for r in records}
+        chosen = args.only if args.only is not None else range(args.start, len(questions))
+        for index in [i for i in chosen if i not in done and i < len(questions)]:
+            started = time.perf_counter()
+            (mine, mine_trace), (other, other_trace) = ours(questions[index]), theirs(questions[index])
             a, b = mine.strip(), other.strip()
             kind = "equal" if a == b else "prefix" if (a and b.startswith(a)) or (b and a.startswith(b)) else "diverge"
-            counts[kind] += 1
             record = {"prompt": index, "kind": kind, "ours": mine, "official": other}
-            if kind == "diverge":
-                record["why"] = explain(members, method.projections[1], matrix, prompt_text(question), mine, other)
+            if kind != "equal":
+                record["why"] = explain(members, pair, method.projections[1], mine_trace, other_trace, args.tokens)
+            record["seconds"] = round(time.perf_counter() - started, 1)
             records.append(record)
             print(json.dumps(record, ensure_ascii=False), flush=True)
-            if args.out:  # written after every prompt: a long run can be read while it goes on
-                args.out.write_text(json.dumps({"counts": counts, "map": agreement, "records": records}, indent=1,
-                                               ensure_ascii=False))
-    print(f"agreement: {counts['equal']}/{len(questions)} equal, {counts['prefix']} prefix, "
-          f"{counts['diverge']} diverge")
+            if args.out:  # written after every prompt: a partial run survives and can be resumed
+                args.out.write_text(json.dumps({"counts": tally(records), "map": agreement, "records": records},
+                                               indent=1, ensure_ascii=False))
+    counts = tally(records)
+    print(f"agreement: {counts['equal']}/{len(records)} equal, {counts['prefix']} prefix, "
+          f"{counts['diverge']} diverge; causes: {json.dumps(counts['causes'])}")
 
+
+def indices(text: str) -> list[int]:
+    """'1,12-39' -> [1, 12, 13, ..., 39]."""
+    out = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        try:
+            out.extend(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a list of prompts: {text!r} (e.g. 1,12-39)") from None
+    return out
+
+
+def tally(records: list[dict]) -> dict:
+    """Equal / prefix / diverge, and the divergences by the cause ``explain`` gave."""
+    counts: dict = {"equal": 0, "prefix": 0, "diverge": 0, "causes": {}}
+    for record in records:
+        counts[record["kind"]] += 1
+        if record["kind"] == "diverge":
+            why = record.get("why", {}).get("cause", "not examined")
+            counts["causes"][why] = counts["causes"].get(why, 0) + 1
+    return counts
 
 if __name__ == "__main__":
     main()
