@@ -21,7 +21,9 @@ the Member calls map onto it (docs/backends.md):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
+import logging
 import os
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -138,6 +140,8 @@ class VllmMember(TokenizerSide, Member):
         self.batch.check(tokens)
         by_token = scoring or wanted is not None
         wanted = wanted or [[] for _ in tokens]
+        if not any(tokens):  # no row moves: no engine step (a live row given nothing would be forced a token)
+            return self.batch.last, [[] for _ in tokens], [self._block(None, 0, []) for _ in tokens]
         self._check_room(tokens, [len(ids) for ids in self.batch.ids])
         steps = self._steps(tokens, by_token)
         forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
@@ -328,6 +332,28 @@ def engine_arguments(folder: Path, dtype: str, device: str, args: dict, window: 
     return arguments
 
 
+class TokenizerWarmupFilter(logging.Filter):
+    """Drops the one record vLLM's renderer logs (a WARNING with a traceback) when its chat-template
+    warm-up meets ``skip_tokenizer_init=True``: ensbench renders prompts itself and gives vLLM ids."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == "Chat template warmup failed" and isinstance(error, ValueError)
+                    and "skip_tokenizer_init" in str(error))
+
+
+@contextlib.contextmanager
+def without_tokenizer_warmup_warning():
+    """While an engine starts: ``TokenizerWarmupFilter`` on the logger of vLLM's renderer."""
+    renderer_logger = logging.getLogger("vllm.renderers.base")
+    quiet = TokenizerWarmupFilter()
+    renderer_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        renderer_logger.removeFilter(quiet)
+
+
 def cache_size(args: dict, device: str) -> str:
     """The KV cache a member's engine was given, in words."""
     if device != "cpu":
@@ -357,7 +383,8 @@ def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_temp
         generation = GenerationConfig()
     arguments = engine_arguments(folder, dtype, device, args, max_length_of(config, tokenizer))
     try:
-        llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
+        with without_tokenizer_warmup_warning():
+            llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
     except ValueError as err:
         if "KV cache" not in str(err) and "cache blocks" not in str(err):
             raise

@@ -180,6 +180,23 @@ def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
+def test_an_extend_that_gives_no_row_a_token_leaves_every_row_as_it_was(smollm_vllm, transformers_pair):
+    """Every row given no token (SAFE's drafter after a wholly kept draft at batch 1): nothing reaches
+    the engine; the next tokens are read after the rows' own text (a throwaway token 0 was forced)."""
+    local = transformers_pair[0]
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    smollm_vllm.prefill(rows)
+    local.prefill(rows)
+    for step in ([[]] * len(rows), [[40], [41], [42]], [[]] * len(rows), [[43], [44], [45]]):
+        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+    blocks, at = [[46, 47], [48, 49], [50, 51]], [[0, 1]] * len(rows)
+    smollm_vllm.read_block([[]] * len(rows), [[]] * len(rows))
+    local.read_block([[]] * len(rows), [[]] * len(rows))
+    ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
+    assert all(float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+    assert smollm_vllm.row_ids() == local.row_ids()
+
+
 def test_a_kv_cache_too_small_for_the_window_is_one_line(smollm_vllm):
     """An engine whose cache cannot hold one request of its window: a UserError, not vLLM's ValueError;
     a running engine's cache as the member counts it (for its per-step check) holds its window."""

@@ -77,3 +77,28 @@ def test_row_keys_of_transformers_members_are_unchanged_and_vllm_members_differ(
     plain, on_vllm = recipe(tmp_path, PAIR).members[1], recipe(tmp_path, PAIR).members[0]
     assert "backend" not in _member(plain) and "vllm" not in _member(plain)
     assert _member(on_vllm)["backend"] == "vllm" and _member(on_vllm)["vllm"]["max_model_len"] == 512
+
+
+def test_engine_start_drops_only_the_tokenizer_warmup_record():
+    """vLLM's chat-template warm-up fails under skip_tokenizer_init and logs a traceback: that record
+    is dropped while an engine starts; any other record of the renderer's logger passes."""
+    import logging
+    import sys
+
+    from ensemble_bench.members.vllm import without_tokenizer_warmup_warning
+
+    def record(message, error):
+        try:
+            raise error
+        except ValueError:
+            info = sys.exc_info()
+        return logging.LogRecord("vllm.renderers.base", logging.WARNING, "base.py", 380, message, None, info)
+
+    renderer = logging.getLogger("vllm.renderers.base")
+    skipped = ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+    warmup = record("Chat template warmup failed", skipped)
+    other = record("Chat template warmup failed", ValueError("a template that does not parse"))
+    with without_tokenizer_warmup_warning():
+        assert not renderer.filter(warmup)
+        assert renderer.filter(other)
+    assert renderer.filter(warmup)
