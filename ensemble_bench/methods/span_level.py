@@ -11,7 +11,7 @@ A round, batched over requests, with every member's KV cache kept at the committ
 2. score: each member feeds every other distinct segment from the prefix (its own tokenisation
    of the text) and reads the perplexity of its tokens off the forward pass (the prefix is never
    recomputed). A segment ended by a stop id also scores the member's best stop id at its end; one
-   cut by ``until`` or the budget, its own tokens only (by a forward pass: its last token unfed). A round with one distinct segment skips scoring;
+   cut by ``until`` or the budget, its tokens only (a forward pass). One distinct segment: no scoring;
 3. choose (``_choose``: Eq. 3's lowest mean perplexity, or SweetSpan's filtered mean; AdaFuse scores
    by mean negative log-likelihood, ``_span_score``);
 4. commit: a member whose cache already ends with the winner (the last segment it fed) keeps it;
