@@ -126,16 +126,22 @@ class Eva(EmitterMethod):
             out.append(probs if index == self.lead else self.projections[index].project(probs))
         return out
 
-    def fuse(self, projected: list[torch.Tensor]) -> torch.Tensor:
-        """The faithfulness filter, then the average of the members kept [rows, V_lead] (Sec. 3.2).
-        Summed auxiliary members first and the lead last, as the authors' code does."""
-        order = [i for i in range(len(projected)) if i != self.lead] + [self.lead]
+    def faithful_members(self, projected: list[torch.Tensor]) -> torch.Tensor:
+        """[members, rows] the faithfulness filter keeps (Sec. 3.2); a row where it keeps none keeps
+        all; counted for the statistics with CoRE or without."""
         kept = faithful(projected, self.params.n)
         none_kept = ~kept.any(dim=0)
         kept[:, none_kept] = True
         self.stats.steps += kept.shape[1]
         self.stats.filtered += int((~kept).sum())
         self.stats.all_kept_fallback += int(none_kept.sum())
+        return kept
+
+    def fuse(self, projected: list[torch.Tensor]) -> torch.Tensor:
+        """The faithfulness filter, then the average of the members kept [rows, V_lead] (Sec. 3.2).
+        Summed auxiliary members first and the lead last, as the authors' code does."""
+        order = [i for i in range(len(projected)) if i != self.lead] + [self.lead]
+        kept = self.faithful_members(projected)
         share = 1.0 / kept.sum(dim=0).to(torch.float32)
         fused = torch.zeros_like(projected[self.lead])
         for index in order:
@@ -145,8 +151,7 @@ class Eva(EmitterMethod):
     def core_fuse(self, projected: list[torch.Tensor]) -> torch.Tensor:
         """CoRE (methods/core.py) on the projected members: the faithfulness filter's members as its base
         weights (a filtered member weighs 0), the lead unfiltered."""
-        kept = faithful(projected, self.params.n)
-        kept[:, ~kept.any(dim=0)] = True
+        kept = self.faithful_members(projected)
         return self.core.fuse(torch.stack(projected), kept.T.float(), self.lead).float()
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:

@@ -123,6 +123,15 @@ def test_fuse_averages_the_faithful_members_and_keeps_all_when_none_is(pair):
     assert method.info()["eva"]["eva_no_faithful_member_steps"] == 1
 
 
+def test_the_filter_is_counted_with_core_too(pair):
+    """With ``core: true`` the filter's members are CoRE's base weights: its counters still count them."""
+    method = Eva(pair(), EvaParams(n=1, lead=0, core=True))
+    lead, aux = torch.tensor([[0.7, 0.3, 0.0]]), torch.tensor([[0.2, 0.0, 0.8]])
+    method.core_fuse([lead, aux])
+    assert method.info()["eva"]["eva_steps"] == 1
+    assert method.info()["eva"]["eva_no_faithful_member_steps"] == 1
+
+
 def test_the_projection_is_built_once_and_cached(pair, tmp_path, monkeypatch):
     first = Eva(pair(), EvaParams(lead=0))
     files = list((tmp_path / "eva").glob("eva-*.pt"))
