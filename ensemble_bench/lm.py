@@ -2,7 +2,8 @@
 
 This is the only module that imports lm-eval's model API. Requests arrive as lm-eval
 ``Instance`` objects and leave as the method's plain dataclasses; answers go back in order and
-into lm-eval's response cache one by one (so an interrupted run resumes where it stopped).
+into lm-eval's response cache a chunk at a time (``cache_chunk``: an interrupted run resumes where it
+stopped, with the numbers of a run that was never interrupted).
 
 Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
 returns the messages themselves (JSON behind a marker, with each member's SHA-256 of its rendering:
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lm_eval.api.model import LM
+from lm_eval.api.model import LM, hash_args
 
 from ensemble_bench.build import build_from_model_args
 from ensemble_bench.decoding.method import NonFiniteScore, check_finite
@@ -44,6 +45,25 @@ def stop_strings(until) -> tuple[str, ...]:
     if until is None:
         return ()
     return (until,) if isinstance(until, str) else tuple(until)
+
+
+def cache_chunk(hook, kind: str, answered: list[tuple[tuple, object]]) -> None:
+    """Put a chunk's answers into lm-eval's response cache in one SQL statement, so that a run
+    interrupted or killed at any moment leaves all of the chunk cached or none of it. sqlite commits
+    each statement of that cache on its own: written one by one (lm-eval's ``add_partial``), half a
+    chunk could be kept, and the resumed run would batch the rest differently from the run that was
+    never interrupted; a row's batch decides its padding, and the padding the last bit of its scores.
+    The commit waits, so that a failed write surfaces here (cache_thread). A hook without a database
+    (caching off, a test's stand-in) gets the answers one by one."""
+    dbdict = getattr(hook, "dbdict", None)
+    if dbdict is None:
+        for args, answer in answered:
+            hook.add_partial(kind, args, answer)
+        return
+    values = [v for args, answer in answered for v in (dbdict.encode_key(hash_args(kind, args)), dbdict.encode(answer))]
+    rows = ", ".join(["(?, ?)"] * len(answered))
+    dbdict.conn.execute(f'REPLACE INTO "{dbdict.tablename}" (key, value) VALUES {rows}', values)
+    dbdict.commit()
 
 
 @dataclass
@@ -138,8 +158,8 @@ class EnsembleLM(LM):
                 raise _located(err, requests, chunk) from None
             for i, answer in zip(chunk, computed):
                 answers[i] = answer
-                self.cache_hook.add_partial(kind, requests[i].args, answer)
-                self.requests_computed += 1
+            cache_chunk(self.cache_hook, kind, [(requests[i].args, answers[i]) for i in chunk])
+            self.requests_computed += len(chunk)
             if self.after_chunk:
                 self.after_chunk()
             if self.progress:

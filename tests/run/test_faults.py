@@ -409,6 +409,51 @@ def cached(run_root, row):
         return 0
 
 
+def test_a_chunk_of_answers_is_cached_in_one_statement(bpe_tokenizer, bpe_model, tmp_path):
+    """sqlite commits each statement of lm-eval's response cache on its own; one statement per chunk
+    means a kill leaves the whole chunk cached or none of it, so the resumed run batches the rest as
+    an uninterrupted run does (the CI failure of stop 45: half a chunk kept, scores 1 ulp apart)."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.model import CachingLM
+
+    from ensemble_bench.lm import EnsembleLM
+    from ensemble_bench.members.local import LocalMember
+    from ensemble_bench.methods.single import Single
+    from tests.tiny import CORPUS
+
+    def caching_lm():
+        method = Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params(), batch_size=2)
+        return CachingLM(EnsembleLM(method, "s"), str(tmp_path / "s_rank0.db"))
+
+    contexts = [CORPUS[i][:20 + 7 * i] for i in range(3)]
+    requests = [Instance("loglikelihood", {}, (context, choice), k)
+                for context in contexts for k, choice in enumerate((" yes", " no"))]
+    requests.append(Instance("loglikelihood", {}, (CORPUS[3][:15], " maybe"), 0))
+    first = caching_lm()
+    rows_written = []  # per REPLACE statement while ensbench answers (lm-eval writes them all again after)
+    execute, answer = first.dbdict.conn.execute, first.lm.loglikelihood
+
+    def recording(sql, values=(), *rest):
+        if sql.startswith("REPLACE") and rows_written is not None:
+            rows_written.append(len(values) // 2)
+        return execute(sql, values, *rest)
+
+    def answering(batch):
+        nonlocal rows_written
+        try:
+            return answer(batch)
+        finally:
+            rows_written, recorded = None, rows_written
+            answering.recorded = recorded
+
+    first.dbdict.conn.execute, first.lm.loglikelihood = recording, answering
+    answers = first.loglikelihood(requests)
+    assert [len(c) for c in first.lm._chunks(requests)] == [2, 2, 2, 1]
+    assert answering.recorded == [2, 2, 2, 1]
+    again = caching_lm()
+    assert again.loglikelihood(requests) == answers and again.lm.requests_computed == 0
+
+
 POINTS = {  # where the run is interrupted
     "first answers cached": lambda root: cached(root, "bpe") >= 2,
     "first row finished": lambda root: any(root.glob("*/bpe/timing.json")),
