@@ -14,7 +14,7 @@ Both run on the packaged SmolLM2-135M (first, the lead) + Qwen2.5-0.5B, plain-te
 ("Question: ...\\nAnswer:"), theta_delta 0.7, B = 3 (the official ``--beam_size``; its default 1
 takes a branch without exploration), the official ``--span_length`` 1 (``--span-length``; its
 default 4 makes the "first word" of a span up to four words), ensbench with ``commit_rule: paper``
-and ``code``, 20 new tokens.
+and ``code`` (``--word-unit whitespace``: with the script's whitespace words), 20 new tokens.
 
 Two official variants run on every prompt: ``as_is`` (the script's own scoring: a proposer's
 candidate by all the ids it generated, the other model by ``tokenizer(span)`` without the space the
@@ -402,6 +402,8 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=3)
     parser.add_argument("--span-length", type=int, default=1,
                         help="the official --span_length (its default 4 makes its first 'word' up to 4 words)")
+    parser.add_argument("--word-unit", choices=("boundaries", "whitespace"), default="boundaries",
+                        help="ensbench's word_unit (whitespace: the script's whitespace words)")
     parser.add_argument("--out", default="adafuse_official.json")
     parser.add_argument("--reuse", metavar="JSONL", nargs="+", default=[],
                         help="earlier runs' lines: a prompt's official variants found there are not run again")
@@ -430,7 +432,8 @@ def main() -> None:
                load_member("qwen2.5-0.5b", name="qwen2.5", chat_template=False)]
     prompts = [f"Question: {q}\nAnswer:" for q in QUESTIONS[:args.prompts]]
     requests = [GenerationRequest(Prompt(text=p), (), args.tokens) for p in prompts]
-    methods = {rule: AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule))
+    methods = {rule: AdaFuse(members, AdaFuseParams(theta_delta=args.theta, beam_size=args.beam, commit_rule=rule,
+                                                     word_unit=args.word_unit))
                for rule in ("paper", "code")}
     for method in methods.values():
         trace_offsets(method)

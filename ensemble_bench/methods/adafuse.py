@@ -16,7 +16,9 @@ appends it (Sec. 3.4). A round where all members propose the same single span co
 ``commit_rule: code`` follows the authors' script (AdaFuse_two_models.py) instead: an uncertain
 first word is explored as above, an uncertain second word is taken greedily without exploring, and
 a span confident at its first two words explores its last word (word ``max_words``) whatever its
-margin. Words are the boundaries common to all members' tokenizers (vocab/words.py), as SweetSpan's.
+margin. Words are the boundaries common to all members' tokenizers (vocab/words.py), as SweetSpan's;
+``word_unit: whitespace`` keeps only those where whitespace begins, the script's whitespace words
+(punctuation stays on its word: "plants," is one word, not " plants" then ",").
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class AdaFuseParams(SpanParams):
         "paper: the first uncertain word ends the span and is explored (Figure 1); code: the authors' script, "
         "which explores an uncertain first word, takes an uncertain second word greedily, and explores word M "
         "of a span confident at its first two words"))
+    word_unit: Literal["boundaries", "whitespace"] = Field(default="boundaries", description=(
+        "boundaries: a word ends where every member's tokenizer starts one (punctuation is a word of its own); "
+        "whitespace: the authors' script's unit, a word ends where whitespace begins (punctuation stays on its word)"))
 
 
 def top1_margin(logprobs: torch.Tensor) -> float:
@@ -94,6 +99,12 @@ class AdaFuse(SpanMethod):
         self.counting = Lock()     # members propose concurrently
 
     # --- where a span ends and what a member explores --------------------------------------------
+    def _common_ends(self, text: str) -> list[int]:
+        ends = super()._common_ends(text)
+        if self.params.word_unit == "whitespace":
+            return [end for end in ends if text[end].isspace() and not text[end - 1].isspace()]
+        return ends
+
     def _confident(self, logprobs: torch.Tensor) -> bool:
         return top1_margin(logprobs) >= self.params.theta_delta
 

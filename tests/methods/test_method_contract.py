@@ -67,7 +67,8 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     # exploration (beam_size > 1 in an uncertain state) may pick a non-greedy word even for one model:
     # identity holds without it (tests/methods/test_adafuse.py covers exploration)
     "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
-                {"beam_size": 1, "commit_rule": "code", "theta_delta": 0.05}],
+                {"beam_size": 1, "commit_rule": "code", "theta_delta": 0.05},
+                {"beam_size": 1, "word_unit": "whitespace", "theta_delta": 0.5}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
