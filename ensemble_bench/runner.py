@@ -114,7 +114,7 @@ def _carry_counts(lm, db: Path) -> None:
     computes anything, and the counters so far are written after every chunk of cached answers."""
     holders = {**lm.method.carried(), "scoring": lm.scoring}
     resume_counts(holders, db)
-    lm.after_chunk = lambda: save_counts(holders, db)
+    lm.after_chunk = lambda: save_counts({**lm.method.carried(), "scoring": lm.scoring}, db)  # the cuts looked at anew
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------

@@ -90,6 +90,13 @@ class LoglikelihoodRequest:
 
 
 @dataclass
+class Truncations:
+    """Per member, the row's requests cut from the left to fit the member's window (HFLM's rule)."""
+
+    contexts_truncated: list[int]
+
+
+@dataclass
 class Timing:
     """Wall-clock accounting of generation, the way the papers report latency.
 
@@ -295,7 +302,8 @@ class Method(ABC):
         self.params = params
         self.batch_size = batch_size
         self.timing = Timing()
-        self._truncated_before = [m.contexts_truncated for m in self.members]  # members serve several rows
+        self.truncations = Truncations([0] * len(self.members))
+        self._truncations_seen = [m.contexts_truncated for m in self.members]  # members serve several rows
 
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -318,17 +326,27 @@ class Method(ABC):
     def run_stats(self) -> RunStats:
         """Hyper-parameters, timing, the method's counters and, per member, the requests of this
         method cut from the left to fit the member's window."""
-        truncated = {m.name: m.contexts_truncated - before for m, before in zip(self.members, self._truncated_before)}
+        truncated = dict(zip((m.name for m in self.members), self.counted_truncations().contexts_truncated))
         shared = {"method": self.name, "params": self.params.model_dump(mode="json"), "batch_size": self.batch_size,
                   **self.timing.summary(), "contexts_truncated": truncated}
         return RunStats.of_method(shared, self.statistics())
+
+    def counted_truncations(self) -> Truncations:
+        """``truncations`` with the members' cuts since the last look added in: a member's own counter
+        runs across every row it serves, and a resumed row's holder starts from its earlier sittings'."""
+        now = [m.contexts_truncated for m in self.members]
+        self.truncations.contexts_truncated = [held + count - seen for held, count, seen in
+                                               zip(self.truncations.contexts_truncated, now, self._truncations_seen)]
+        self._truncations_seen = now
+        return self.truncations
 
     def carried(self) -> dict[str, object]:
         """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the
         sittings of a resumed row (``sittings``): the timing, the method's ``stats`` and ``feed_stats`` where
         it has them; a method adds the accumulators its parts keep (speculation, CoRE). How each field joins
         the earlier sittings' its dataclass declares (decoding/stats.py: added unless ``peak`` or ``per_sitting``)."""
-        held = {"timing": self.timing, "stats": self.stats, "feed": self.feed_stats}
+        held = {"timing": self.timing, "stats": self.stats, "feed": self.feed_stats,
+                "truncations": self.counted_truncations()}
         return {key: holder for key, holder in held.items() if holder is not None}
 
     def info(self) -> dict:

@@ -89,8 +89,9 @@ class SampleLevel(Method):
         return self.singles[self.lead].loglikelihood_rolling(texts)
 
     def carried(self) -> dict[str, object]:
-        """The members' timings, of which the row's is made (``run_stats``), and the scorer's time."""
-        return {"stats": self.stats, **{f"timing{k}": single.timing for k, single in enumerate(self.singles)}}
+        """The members' timings, of which the row's is made (``run_stats``), the scorer's time and the cuts."""
+        return {"stats": self.stats, "truncations": self.counted_truncations(),
+                **{f"timing{k}": single.timing for k, single in enumerate(self.singles)}}
 
     def run_stats(self) -> RunStats:
         self.timing = combined_timing([s.timing for s in self.singles], self.stats.scoring_seconds)

@@ -108,3 +108,27 @@ def test_gacs_greedy_bound_is_carried(pair):
     """Its decided fraction is 1.0 on the tiny models in any sitting: the report alone would not show it lost."""
     method = get_method("gac")(pair(), get_method("gac").Params())
     assert any(holder is method.mixture.bound for holder in method.carried().values())
+
+
+@pytest.mark.parametrize("name", ["gac", "voting"])
+def test_a_resumed_row_counts_the_contexts_every_sitting_cut(pair, name, tmp_path):
+    """``contexts_truncated`` (counted by the members, which serve several rows) adds up the sittings too."""
+    cls = get_method(name)
+
+    def sitting(scored, earlier=None):
+        members = pair()
+        for member in members:
+            member.max_length = 8  # shorter than the scored contexts: requests are cut
+        method = cls(members, cls.Params(), batch_size=1)
+        if earlier is not None:
+            resume_counts(method.carried(), earlier)
+        method.loglikelihood(scored)
+        return method
+
+    whole = sitting(SCORED).info()["contexts_truncated"]
+    db = tmp_path / "row_rank0.db"
+    db.write_bytes(b"")
+    save_counts(sitting(SCORED[:6]).carried(), db)
+    resumed = sitting(SCORED[6:], earlier=db).info()["contexts_truncated"]
+    assert set(whole) == {"a", "b"} and min(whole.values()) > 0
+    assert resumed == whole
