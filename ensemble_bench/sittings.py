@@ -5,8 +5,10 @@ resumed row's ``timing.json`` used to hold only its last sitting (a GaC row whos
 cached showed 0 tokens). After every chunk of answers the runner writes the method's accumulators
 (``Method.carried``: dataclasses of counters and sums of seconds) beside the response cache; a later
 sitting of the row joins them into its fresh accumulators before it computes anything, so its statistics
-are those of the whole row. A counter adds to the earlier sittings'; one marked ``peak`` keeps the larger,
-one marked ``per_sitting`` (a list of the sitting's request records) is not carried (decoding/stats.py).
+are those of the whole row. A counter adds to the earlier sittings'; one marked ``peak`` keeps the larger;
+a list of request records (``per_request``) gets the earlier sittings' records in front of this one's:
+batches are cached whole (lm.cache_chunk), so a resumed row computes the batches the earlier sittings did
+not, in the order an uninterrupted row computes them (decoding/stats.py).
 The file belongs to the cache: without the cache it is not read.
 
 A chunk's answers are committed to the cache before its statistics are written: a process killed in
@@ -19,11 +21,11 @@ import json
 import logging
 import operator
 from collections.abc import Callable
-from dataclasses import fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.decoding.stats import JOINED
+from ensemble_bench.decoding.stats import JOINED, RECORD
 from ensemble_bench.run_folder import parse_json, sittings_file
 
 log = logging.getLogger(__name__)
@@ -39,15 +41,36 @@ def _countable(value) -> bool:
 
 def _rules(holder) -> dict[str, Callable]:
     """How each carried counter of a holder joins the earlier sittings' (public fields of numbers or lists of
-    numbers, not marked ``per_sitting``): added, or the larger kept (``peak``)."""
+    numbers, not ``per_request`` records): added, or the larger kept (``peak``)."""
     rules = {f.name: f.metadata.get(JOINED, operator.add) for f in fields(holder) if not f.name.startswith("_")}
     return {name: rule for name, rule in rules.items() if rule is not None and _countable(getattr(holder, name))}
 
 
+def _record_types(holder) -> dict[str, type]:
+    """The holder's lists of request records (``per_request``), by field, with their record type."""
+    return {f.name: f.metadata[RECORD] for f in fields(holder) if RECORD in f.metadata}
+
+
+def _plain(record) -> dict:
+    """A request record (a dataclass or a named tuple) as JSON fields."""
+    return asdict(record) if is_dataclass(record) else record._asdict()
+
+
 def snapshot(holders: dict[str, object]) -> dict[str, dict]:
-    """The carried counters of every holder (a dataclass of counters, decoding/stats.py)."""
-    return {key: {name: getattr(holder, name) for name in _rules(holder)}
+    """The carried counters and request records of every holder (a dataclass of counters, decoding/stats.py)."""
+    return {key: {**{name: getattr(holder, name) for name in _rules(holder)},
+                  **{name: [_plain(r) for r in getattr(holder, name)] for name in _record_types(holder)}}
             for key, holder in holders.items() if is_dataclass(holder)}
+
+
+def _records(kind: type, saved) -> list | None:
+    """The earlier sittings' records of type ``kind``, or None when they do not read as such."""
+    if not isinstance(saved, list) or not all(isinstance(r, dict) for r in saved):
+        return None
+    try:
+        return [kind(**r) for r in saved]
+    except TypeError:
+        return None
 
 
 def add_into(holders: dict[str, object], saved: dict) -> None:
@@ -63,6 +86,10 @@ def add_into(holders: dict[str, object], saved: dict) -> None:
                 setattr(holder, name, [join(a, b) for a, b in zip(value, before)])
             elif not isinstance(value, list) and not isinstance(before, list) and _countable(before):
                 setattr(holder, name, join(value, before))
+        for name, kind in _record_types(holder).items():
+            records = _records(kind, earlier.get(name))
+            if records is not None:
+                setattr(holder, name, records + getattr(holder, name))
 
 
 def resume_counts(holders: dict[str, object], db: Path) -> None:

@@ -344,7 +344,8 @@ class Method(ABC):
         """The accumulators of the row's statistics (dataclasses of counters and sums), carried across the
         sittings of a resumed row (``sittings``): the timing, the method's ``stats`` and ``feed_stats`` where
         it has them; a method adds the accumulators its parts keep (speculation, CoRE). How each field joins
-        the earlier sittings' its dataclass declares (decoding/stats.py: added unless ``peak`` or ``per_sitting``)."""
+        the earlier sittings' its dataclass declares (decoding/stats.py: added unless ``peak``; the records
+        of a ``per_request`` list follow the earlier sittings')."""
         held = {"timing": self.timing, "stats": self.stats, "feed": self.feed_stats,
                 "truncations": self.counted_truncations()}
         return {key: holder for key, holder in held.items() if holder is not None}

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ensemble_bench.decoding.stand_ins import StandIn
-from ensemble_bench.decoding.stats import per_sitting
+from ensemble_bench.decoding.stats import per_request
 
 AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
@@ -92,8 +92,8 @@ class RowRecord:
 @dataclass
 class SpeculationStats:
     """The row's speculative decoding: counters summed over its requests (numbers and per-member lists, so
-    that a resumed row carries them across its sittings: ``Method.carried``, sittings.py), and the records of
-    the requests this sitting computed (``speculative_rows``; a resumed row's cached answers have none)."""
+    that a resumed row carries them across its sittings: ``Method.carried``, sittings.py), and each request's
+    record (``speculative_rows``, carried too)."""
 
     rounds: int = 0
     drafted: int = 0
@@ -102,7 +102,7 @@ class SpeculationStats:
     forwards: list[int] = field(default_factory=list)  # per member: forward passes taken part in
     agreed: list[int] = field(default_factory=list)    # per member: positions where its argmax was the choice
     positions: int = 0
-    rows: list[RowRecord] = per_sitting()
+    rows: list[RowRecord] = per_request(RowRecord)
 
     def add(self, records: Sequence[RowRecord]) -> None:
         """Finished requests into the counters and the records."""

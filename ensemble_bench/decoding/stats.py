@@ -47,9 +47,13 @@ def peak(default: int = 0) -> Any:
     return field(default=default, metadata={JOINED: max})
 
 
-def per_sitting() -> Any:
-    """A list of this sitting's requests (their records): not carried, a resumed row reports its last sitting's."""
-    return field(default_factory=list, metadata={JOINED: None})
+RECORD = "record"  # the field metadata naming the type of a list's request records (``per_request``)
+
+
+def per_request(record: type) -> Any:
+    """A list of the requests' records (dataclasses or named tuples of ``record``), in the order computed: a
+    resumed row's earlier sittings' records come first, as their batches did (sittings.py)."""
+    return field(default_factory=list, metadata={JOINED: None, RECORD: record})
 
 OPTIONAL = ("ensembled_fraction", "tokens_manipulated_per_step", "label", "members", "requests_computed",
             "loglikelihood_ms_per_request", "loglikelihood_ms_per_token", "requests_scored", "tokens_scored")

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from ensemble_bench.decoding.stats import per_sitting
+from ensemble_bench.decoding.stats import per_request
 from ensemble_bench.members.base import Member
 
 PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
@@ -261,13 +261,13 @@ class PromptWeights(NamedTuple):
 @dataclass
 class PackStats:
     """Over the requests and scoring contexts: lambda summed per member, how often each member was the top-1
-    expert, the seconds spent reading prompts; and each one's lambda (``prompts``, this sitting's, in order)."""
+    expert, the seconds spent reading prompts; and each one's lambda (``prompts``, in order)."""
 
     weight_sums: list[float] = field(default_factory=list)
     top_counts: list[int] = field(default_factory=list)
     count: int = 0
     scoring_seconds: float = 0.0  # reading the prompts for the weights (generation; not in the loop's timing)
-    prompts: list[PromptWeights] = per_sitting()
+    prompts: list[PromptWeights] = per_request(PromptWeights)
 
     @classmethod
     def of(cls, members: int) -> PackStats:

@@ -299,10 +299,15 @@ def test_a_row_resumed_from_its_cache_keeps_the_statistics_of_its_first_sitting(
 
 def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_dropped(tmp_path):
     from dataclasses import dataclass, field
+    from typing import NamedTuple
 
-    from ensemble_bench.decoding.stats import peak, per_sitting
+    from ensemble_bench.decoding.stats import peak, per_request
     from ensemble_bench.run_folder import sittings_file
     from ensemble_bench.sittings import resume_counts, save_counts
+
+    class Record(NamedTuple):
+        tokens: int
+        weights: tuple
 
     @dataclass
     class Counts:
@@ -312,15 +317,16 @@ def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_
         flag: bool = False
         _mark: float = 0.0
         widest: int = peak()
-        records: list = per_sitting()
+        records: list = per_request(Record)
 
     db = tmp_path / "gac_rank0.db"
     db.write_bytes(b"")
-    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0, 4, [7, 8])}, db)
-    fresh = Counts()
+    save_counts({"stats": Counts(3, 1.5, [1, 2], True, 9.0, 4, [Record(7, (0.5, 0.5)), Record(8, (1.0, 0.0))])}, db)
+    fresh = Counts(records=[Record(9, (0.2, 0.8))])
     resume_counts({"stats": fresh}, db)
-    # counters added, a peak kept; flags, private marks and a sitting's records are not carried
-    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0, 4, [])
+    # counters added, a peak kept, the earlier records before this sitting's; flags and private marks not carried
+    assert fresh == Counts(3, 1.5, [1, 2], False, 0.0, 4, [Record(7, [0.5, 0.5]), Record(8, [1.0, 0.0]),
+                                                            Record(9, (0.2, 0.8))])
     wider = Counts(widest=6)
     resume_counts({"stats": wider}, db)
     assert wider.widest == 6  # the larger, not the sum

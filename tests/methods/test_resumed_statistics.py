@@ -1,10 +1,10 @@
-"""A resumed row's statistics (sittings.py): a row computed in two sittings, the second starting from the
-counters the first saved (``Method.carried``), reports what one uninterrupted sitting reports, for every
+"""A resumed row's statistics (sittings.py): a row computed in three sittings, each starting from the
+counters the one before saved (``Method.carried``), reports what one uninterrupted sitting reports, for every
 registered method, on tiny models.
 
-Left out of the comparison: times (they differ between any two runs) and the lists of a sitting's own
-requests, which a resumed row reports for its last sitting only (speculation's ``speculative_rows``,
-PackLLM's ``packllm_prompt_weights``; span methods' traces are not in the statistics).
+Left out of the comparison: times (they differ between any two runs). The lists of request records
+(speculation's ``speculative_rows``, PackLLM's ``packllm_prompt_weights``) are compared too: the first
+sitting's records come first.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ PARAMS: dict[str, dict] = {
     "adafuse": {"theta_delta": 0.5, "max_words": 2},
     "sweetspan": {"span_words": 2},
 }
-PER_SITTING = {"speculative_rows", "packllm_prompt_weights"}
 TIMES = {"decode_ms_per_token", "time_to_first_token_ms", "first_round_ms_per_token",
          "packllm_prompt_scoring_ms_per_request"}
 # Four questions of three continuations each: a sitting ends between two questions.
@@ -48,8 +47,8 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def counted(info: dict, name: str) -> dict:
-    """A row's statistics without its times and its sitting's own request lists."""
-    own = {key: value for key, value in info.get(name, {}).items() if key not in PER_SITTING | TIMES}
+    """A row's statistics without its times."""
+    own = {key: value for key, value in info.get(name, {}).items() if key not in TIMES}
     return {**{key: value for key, value in info.items() if key not in TIMES | {name}}, name: own}
 
 
@@ -66,15 +65,20 @@ def test_two_sittings_report_what_one_reports(pair, case, tmp_path):
             method.speculation.costs = IdleMachineCosts()  # draft lengths that do not depend on the machine's load
         if earlier is not None:
             resume_counts(method.carried(), earlier)
-        outputs(method, requests)
-        method.loglikelihood(scored)
+        for request in requests:  # a chunk at a time, as the runner feeds a row (lm.py): records in that order
+            outputs(method, [request])
+        if scored:
+            method.loglikelihood(scored)
         return method
 
     whole = sitting(REQUESTS, SCORED)
     db = tmp_path / "row_rank0.db"
     db.write_bytes(b"")  # the response cache the statistics file belongs to
-    save_counts(sitting(REQUESTS[:2], SCORED[:6]).carried(), db)
-    resumed = sitting(REQUESTS[2:], SCORED[6:], earlier=db)
+    # three sittings, each request kind in the order one sitting takes them: ended in the generations, then
+    # between two questions of the scoring
+    save_counts(sitting(REQUESTS[:2], []).carried(), db)
+    save_counts(sitting(REQUESTS[2:], SCORED[:6], earlier=db).carried(), db)
+    resumed = sitting([], SCORED[6:], earlier=db)
     assert whole.info()["tokens_generated"] > 0
     # the counters themselves (a ratio such as a bound's decided fraction can be equal by chance), and the report
     for got, expected in ((counters(resumed), counters(whole)),
@@ -90,7 +94,7 @@ def counters(method) -> dict:
 
 def leaves(value, key: str = "") -> dict:
     """Every number, string or None of a statistics dict by its path (``gac.core_weights_mean.1``)."""
-    if isinstance(value, dict | list):
+    if isinstance(value, dict | list | tuple):  # a record's tuple comes back from JSON as a list
         items = value.items() if isinstance(value, dict) else enumerate(value)
         return {path: leaf for k, v in items for path, leaf in leaves(v, f"{key}.{k}" if key else str(k)).items()}
     return {key: value}
