@@ -42,6 +42,7 @@ from tests.fuzz_strategies import (
     mutated_recipes,
     sandbox,
 )
+from tests.tolerances import TINY_MODEL, assert_close
 
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="ensbench-hypothesis-"))  # nothing of hypothesis in the checkout
 EXAMPLES = int(os.environ.get("ENSBENCH_FUZZ_EXAMPLES", "40"))
@@ -126,7 +127,7 @@ def test_gac_zero_or_underflowing_weight_scores_multiple_choice(pair):
     alone = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
     for weights in ([0.0, 1.0], [1e-300, 1.0]):
         [score] = Gac([a, b], GacParams(weights=weights)).loglikelihood([request])
-        assert score.logprob == pytest.approx(alone, abs=1e-4), weights
+        assert_close(score.logprob, alone, TINY_MODEL, what=str(weights))
 
 
 def recipe_file(tmp_path, text: str):

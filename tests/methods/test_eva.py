@@ -15,6 +15,7 @@ from ensemble_bench.vocab import eva_map
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection, kept_scores, seed_pairs, similarity_map
 from tests.tiny import REQUESTS, outputs
+from tests.tolerances import FLOAT32_SUMS, assert_close
 
 
 def view(pieces, special=()):
@@ -75,7 +76,7 @@ def test_similarity_map_equals_the_dense_computation(monkeypatch, params):
     got = sorted(zip(src.tolist(), dst.tolist(), score.tolist()))
     expected = naive_map(x, z, rows, params, excluded=[0, 1])
     assert [(a, b) for a, b, _ in got] == [(a, b) for a, b, _ in expected]
-    assert [s for *_, s in got] == pytest.approx([s for *_, s in expected], abs=1e-5)
+    assert_close([s for *_, s in got], [s for *_, s in expected], FLOAT32_SUMS)
     assert all(b not in (0, 1) for _, b, _ in got)
 
 
