@@ -24,30 +24,41 @@ import pytest
 from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.run_lock import hold_run_lock
 from tests.cli_helpers import one_line, row_files, run_cli, tiny_recipe
+from tests.tolerances import HANG_GUARD_S
 
 ROWS = ("bpe", "sp", "gac")
 
-# A process that takes a run lock through the runner's own lock code, says so, and holds it.
+# A process that takes a run lock through the runner's own lock code when its stdin says "go", says so,
+# and holds it until its stdin closes. No clock: on a loaded machine it still races only when told to.
 HOLDER = textwrap.dedent("""\
-    import sys, time
+    import sys
     from pathlib import Path
     from ensemble_bench.errors import EnvironmentFault
     from ensemble_bench.run_lock import hold_run_lock
-    start, hold = float(sys.argv[2]), float(sys.argv[3])
-    time.sleep(max(0.0, start - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     try:
         with hold_run_lock(Path(sys.argv[1])):
             print("holding", flush=True)
-            time.sleep(hold)
+            sys.stdin.read()
     except EnvironmentFault as err:
         print(err, file=sys.stderr)
         sys.exit(err.exit_code)
 """)
 
 
-def holder(path, start=0.0, hold=60.0):
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(start), str(hold)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def holder(path) -> subprocess.Popen:
+    """A started holder, ready: write "go" to its stdin to make it take the lock."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], text=True, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def go(processes) -> None:
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
 
 
 # --- the lock ---------------------------------------------------------------------------------------------
@@ -66,12 +77,15 @@ def test_a_second_holder_is_refused_in_one_line_and_changes_nothing(tmp_path):
 
 
 def test_racing_processes_never_both_hold_the_lock(tmp_path):
-    """Ten races of two processes started together (each through the runner's lock code): exactly one
+    """Ten races of two processes told to go together (each through the runner's lock code): exactly one
     holds the lock, the other is refused in one line naming it."""
-    start = time.time() + 3.0  # every process has started and waits for this moment
-    races = [[holder(tmp_path / f"race{n}.lock", start, hold=3.0) for _ in range(2)] for n in range(10)]
+    races = [[holder(tmp_path / f"race{n}.lock") for _ in range(2)] for n in range(10)]
+    go([p for pair in races for p in pair])
     for pair in races:
-        outcomes = [(p, *p.communicate(timeout=60)) for p in pair]
+        # a winner says "holding" and holds until its stdin closes; a loser ends (end of file) once refused
+        first = [p.stdout.readline() for p in pair]
+        outcomes = [(p, line + out, err) for p, line, (out, err) in
+                    zip(pair, first, (p.communicate(timeout=HANG_GUARD_S) for p in pair))]
         winners = [p for p, out, _ in outcomes if p.returncode == 0 and out == "holding\n"]
         [(loser, _, refusal)] = [(p, out, err) for p, out, err in outcomes if p not in winners]
         assert len(winners) == 1 and loser.returncode == 1 and refusal.count("\n") == 1, outcomes
@@ -81,6 +95,7 @@ def test_racing_processes_never_both_hold_the_lock(tmp_path):
 def test_the_lock_of_a_killed_holder_is_taken_over_with_one_note(tmp_path, capfd):
     lock = tmp_path / ".recipe.lock"
     process = holder(lock)
+    go([process])
     assert process.stdout.readline() == "holding\n"
     process.send_signal(signal.SIGKILL)
     process.wait()
