@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install install-latex demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install install-latex demo lint test test-fast test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
@@ -84,6 +84,12 @@ test: install
 # Everything but the real-model and the slow end-to-end tests (markers in pyproject.toml; docs/ci.md).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# The fast suite from a clone of HEAD in a temporary folder (no ../shared beside it, its own .venv,
+# ENSBENCH_BBH_DIR unset) beside a busy loop pinned to CPU 0: what a new user's clone on a loaded machine
+# meets (docs/ci.md#a-clone-elsewhere-under-load). CI runs it after `make test`.
+test-elsewhere:
+	.ci/test-elsewhere
 
 # The property-based fuzzer of tests/cli/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
 # FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).
