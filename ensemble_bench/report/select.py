@@ -16,7 +16,7 @@ from pathlib import Path
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, row_scores
-from ensemble_bench.run_folder import TIMING, read_json, samples_files
+from ensemble_bench.run.folder import TIMING, read_json, samples_files
 
 
 @dataclass(frozen=True)

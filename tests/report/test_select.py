@@ -6,7 +6,7 @@ import sys
 import pytest
 import yaml
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.select import Candidate, load_candidates, select_models

@@ -16,10 +16,10 @@ import yaml
 from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError, several
-from ensemble_bench.overrides import Override, blame
-from ensemble_bench.overrides import apply as apply_overrides
-from ensemble_bench.recipe_lines import is_safe_label, problems_of, pydantic_lines
-from ensemble_bench.recipe_schema import (
+from ensemble_bench.recipe.lines import is_safe_label, problems_of, pydantic_lines
+from ensemble_bench.recipe.overrides import Override, blame
+from ensemble_bench.recipe.overrides import apply as apply_overrides
+from ensemble_bench.recipe.schema import (
     LIMIT_MAX,
     SEED_MAX,
     STRICT,

@@ -1,0 +1,5 @@
+"""``python -m ensemble_bench.cli``: the ``ensbench`` command."""
+
+from ensemble_bench.cli.main import main
+
+main()
