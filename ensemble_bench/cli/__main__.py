@@ -2,4 +2,5 @@
 
 from ensemble_bench.cli.main import main
 
-main()
+if __name__ == "__main__":
+    main()

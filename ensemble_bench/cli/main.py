@@ -172,9 +172,10 @@ def select(runs: list[Path] = typer.Argument(..., help="finished runs, or result
     import yaml
 
     from ensemble_bench.methods import get_method
+    from ensemble_bench.methods.unite_selection import select_models
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.out_files import checked_files, user_path
-    from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
+    from ensemble_bench.report.select import load_candidates, selected_recipe
     from ensemble_bench.report.tables import resolve_run
 
     get_method(method)

@@ -1,6 +1,6 @@
 """The recipe's schema (members, placement, method entries, tasks: strict pydantic models) and its plan:
 the rows, each with its method's validated parameters (``plan_rows``, built once as ``Recipe.plan``),
-and its benchmarks. Loading a YAML file and listing every mistake at once: recipe.py."""
+and its benchmarks. Loading a YAML file and listing every mistake at once: recipe/load.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading the files of a run folder (named and parsed by run_folder.py): one row of a run (``RunRow``),
+"""Reading the files of a run folder (named and parsed by run/folder.py): one row of a run (``RunRow``),
 the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100, a row's wall time and the
 hardware a run ran on."""
 

@@ -1,7 +1,7 @@
 """Recipe -> lm-eval ``simple_evaluate`` -> results/<recipe>/<run id>/, atomically and resumably.
 
-The run folder's files are named and written by ``run_folder`` (its docstring draws the layout);
-``results/.<recipe>.lock`` is held by the run in progress (run_lock): one writer per recipe.
+The run folder's files are named and written by ``run.folder`` (its docstring draws the layout);
+``results/.<recipe>.lock`` is held by the run in progress (run.lock): one writer per recipe.
 
 A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
 recipe whose last run did not finish resumes it: finished rows are kept and the response cache

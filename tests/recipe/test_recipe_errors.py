@@ -156,7 +156,7 @@ def test_shipped_recipes_validate():
 
 
 def test_every_shipped_recipe_reads_back_as_a_run_folder_stores_it(tmp_path):
-    """A run folder's recipe.yaml (run_folder.write_recipe: defaults included) parses to the same recipe:
+    """A run folder's recipe.yaml (run/folder.py's write_recipe: defaults included) parses to the same recipe:
     resume and `ensbench table` find finished runs by it."""
     from pathlib import Path
 
