@@ -16,30 +16,12 @@ import yaml
 from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError, several
-from ensemble_bench.recipe.lines import is_safe_label, problems_of, pydantic_lines
+from ensemble_bench.recipe.lines import problems_of, pydantic_lines
 from ensemble_bench.recipe.overrides import Override, blame
 from ensemble_bench.recipe.overrides import apply as apply_overrides
-from ensemble_bench.recipe.schema import (
-    LIMIT_MAX,
-    SEED_MAX,
-    STRICT,
-    MemberSpec,
-    MethodSpec,
-    PlacementSpec,
-    Recipe,
-    Row,
-    TaskSpec,
-    check_placement,
-    plan_rows,
-    selected_benchmarks,
-    validate_method,
-)
+from ensemble_bench.recipe.schema import Recipe, TaskSpec, check_placement, plan_rows, validate_method
 from ensemble_bench.tasks import get_benchmark, is_builtin
 from ensemble_bench.yaml_limits import MAX_RECIPE_BYTES, RecipeLimit, RecipeLoader
-
-__all__ = ["LIMIT_MAX", "SEED_MAX", "STRICT", "MemberSpec", "MethodSpec", "PlacementSpec", "Recipe", "Row",
-           "TaskSpec", "is_safe_label", "load_recipe", "parse_recipe", "plan_rows", "selected_benchmarks",
-           "task_notes", "task_problems", "validate_method"]
 
 
 def _method_problems(recipe: Recipe, source: str) -> list[str]:
