@@ -87,13 +87,23 @@ def edit_score(task, key, value=0.987):
     return edit
 
 
-def rename_filters(task, name):
-    """The tampering of issue 47: every sample's filter renamed, so that none names a results key."""
+def edit_samples(task, change):
+    """A tampering of the samples file of ``task``: ``change(lines)`` edits its lines in place."""
     def edit(results, folder):
         path = folder / f"samples_{task}_D.jsonl"
-        lines = [{**json.loads(line), "filter": name} for line in path.read_text().splitlines()]
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        change(lines)
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return edit
+
+
+def rename_filters(task, name):
+    """The tampering of issue 47: every sample's filter renamed, so that none names a results key."""
+    return edit_samples(task, lambda lines: [line.update(filter=name) for line in lines])
+
+
+def set_field(task, index, field, value):
+    return edit_samples(task, lambda lines: lines[index].update({field: value}))
 
 
 def both(*edits):
@@ -131,35 +141,16 @@ def drop(*path):
     (both(edit_score("mc", "acc_norm,none"), drop("configs", "mc", "metric_list")),  # lm-eval's own aggregation
      "samples_mc_D.jsonl does not give results_D.json: its acc_norm,none of mc is 0.987, but its samples give "
      f"{2 / 3}"),
+    (set_field("gen", 0, "filter", "flexible-extract"),  # each filter holds one example of every document
+     "samples_gen_D.jsonl does not give results_D.json: its filter 'flexible-extract' has 5 examples of 4 documents, "
+     "not one each"),
+    (set_field("mc", 1, "acc", "1"),
+     f"samples_mc_D.jsonl does not give results_D.json: its acc,none of mc is {2 / 3}, its samples' values are not "
+     "all numbers"),
 ], ids=["filters-renamed", "no-task-hashes", "one-hash-gone", "task-unlisted", "task-scores-gone", "score-a-string",
-        "metric-list-gone"])
+        "metric-list-gone", "sample-moved", "value-a-string"])
 def test_a_tampered_row_cannot_sidestep_its_check(tmp_path, edit, problem):
     assert damage(lm_eval_row(tmp_path / "row", {"gen": GENERATION, "mc": CHOICE}, edit=edit), ["g"]) == problem
-
-
-def test_a_sample_moved_to_another_filter_is_found(tmp_path):
-    """Each filter holds one example of every document, as lm-eval logs them."""
-    def move(results, folder):
-        path = folder / "samples_gen_D.jsonl"
-        lines = [json.loads(line) for line in path.read_text().splitlines()]
-        lines[0]["filter"] = "flexible-extract"
-        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-
-    assert damage(lm_eval_row(tmp_path / "row", {"gen": GENERATION}, edit=move), ["g"]) == (
-        "samples_gen_D.jsonl does not give results_D.json: its filter 'flexible-extract' has 5 examples of 4 "
-        "documents, not one each")
-
-
-def test_a_sample_value_that_is_not_a_number_is_found(tmp_path):
-    def spoil(results, folder):
-        path = folder / "samples_mc_D.jsonl"
-        lines = [json.loads(line) for line in path.read_text().splitlines()]
-        lines[1]["acc"] = "1"
-        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-
-    assert damage(lm_eval_row(tmp_path / "row", {"mc": CHOICE}, edit=spoil), ["g"]) == (
-        f"samples_mc_D.jsonl does not give results_D.json: its acc,none of mc is {2 / 3}, its samples' values are "
-        "not all numbers")
 
 
 @pytest.mark.parametrize("results", [[], {"results": []}, {"results": {"mc": []}, "task_hashes": {}},
