@@ -8,9 +8,10 @@ matching its ``doc_hash`` and one example per document evaluated (``n-samples``)
 every example must count toward a score of its task (its ``filter`` names one: lm-eval logs one
 example per document and filter, and scores each ``metric,filter``); and every score aggregated by
 mean must be the mean of its samples' values (within float rounding), every group's score the mean
-of its tasks' (by size, or plain). A hand-edited score, a samples file from another run, or a
-truncated file is therefore never reused, nor one whose samples were renamed out of the check or
-whose task hashes were removed.
+of its tasks' (by size, or plain), every group's tasks present and every group score one that some
+task under it has. A hand-edited score, a samples file from another run, or a truncated file is
+therefore never reused, nor one whose samples were renamed out of the check, whose task hashes were
+removed, or whose task was deleted from the results file under an edited group score.
 """
 
 from __future__ import annotations
@@ -147,22 +148,44 @@ def _score_problem(samples: list[dict], task: str, results: dict) -> str | None:
     return None
 
 
+def _children(group: str, results: dict) -> list[str]:
+    below = _part(results, "group_subtasks").get(group)
+    return [child for child in below if isinstance(child, str)] if isinstance(below, list) else []
+
+
 def _size(name: str, results: dict) -> int:
-    below = results.get("group_subtasks", {}).get(name)
-    if below:
-        return sum(_size(child, results) for child in below)
-    counted = results.get("n-samples", {}).get(name, {}).get("effective")
+    """A task's count of examples, or the sum of a group's tasks'."""
+    if name in _part(results, "group_subtasks"):
+        return sum(_size(leaf, results) for leaf in _leaves(name, results))
+    counted = _part(_part(results, "n-samples"), name).get("effective")
     return counted if isinstance(counted, int) else 0
 
 
+def _leaves(group: str, results: dict, seen: frozenset[str] = frozenset()) -> list[str]:
+    """The tasks under a group, through its subgroups (what lm-eval aggregates a group's scores over);
+    a group listed under itself (a damaged file) adds nothing."""
+    groups, seen = _part(results, "group_subtasks"), seen | {group}
+    return [leaf for child in _children(group, results) if child not in seen
+            for leaf in (_leaves(child, results, seen) if child in groups else [child])]
+
+
 def _group_problem(results: dict) -> str | None:
-    """A group's score that is neither the size-weighted nor the plain mean of its tasks' scores."""
-    scores = results.get("results", {})
-    for group, below in (results.get("group_subtasks") or {}).items():
-        for key, recorded in scores.get(group, {}).items():
-            parts = [scores.get(child, {}).get(key) for child in below or []]
-            if "," not in key or "_stderr" in key or not _is_number(recorded) or not parts \
-                    or not all(_is_number(p) for p in parts):  # scores only ("metric,filter"), not sample_len
+    """A group that lists a task or group without results, a score of it that none of its tasks has,
+    or one that is neither the size-weighted nor the plain mean of its tasks' scores."""
+    scores = _part(results, "results")
+    for group in _part(results, "group_subtasks"):
+        below = _children(group, results)
+        if missing := [child for child in below if child not in scores]:
+            return f"its group {group} lists {missing[0]}, which has no results"
+        for key, recorded in _part(scores, group).items():
+            if "," not in key or "_stderr" in key:  # scores only ("metric,filter"), not sample_len
+                continue
+            if not any(_is_number(_part(scores, leaf).get(key)) for leaf in _leaves(group, results)):
+                return f"its {key} of group {group} is {recorded!r}, but none of its tasks has that score"
+            if not _is_number(recorded):
+                return f"its {key} of group {group} is {recorded!r}, not a number"
+            parts = [_part(scores, child).get(key) for child in below]
+            if not all(_is_number(p) for p in parts):  # lm-eval averages the tasks that have the score
                 continue
             sizes = [_size(child, results) for child in below]
             weighted = sum(p * n for p, n in zip(parts, sizes)) / sum(sizes) if sum(sizes) else math.nan

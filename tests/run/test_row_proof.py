@@ -81,6 +81,16 @@ def test_honest_rows_as_lm_eval_writes_them_pass(tmp_path, tasks):
     assert damage(lm_eval_row(tmp_path / "row", tasks), ["g"]) is None
 
 
+def nest(results, folder):
+    """Group g inside group outer, which aggregates acc over its tasks (g itself aggregates nothing)."""
+    results["group_subtasks"]["outer"] = ["g"]
+    results["results"]["outer"] = {"alias": "outer", "acc,none": results["results"]["mc"]["acc,none"]}
+
+
+def test_an_honest_nested_group_passes(tmp_path):
+    assert damage(lm_eval_row(tmp_path / "row", {"gen": GENERATION, "mc": CHOICE}, edit=nest), ["outer"]) is None
+
+
 def edit_score(task, key, value=0.987):
     def edit(results, folder):
         results["results"][task][key] = value
@@ -135,7 +145,7 @@ def drop(*path):
      "results_D.json: it records no task hash for task mc"),
     (both(drop("results", "mc"), edit_score("g", "acc,none")),  # the task's scores gone, its group's edited
      "samples_mc_D.jsonl does not give results_D.json: example 0's filter 'none' names no score of mc"),
-    (both(edit_score("mc", "acc,none", "0.987")),
+    (edit_score("mc", "acc,none", "0.987"),
      "samples_mc_D.jsonl does not give results_D.json: its acc,none of mc is '0.987', its samples' values are "
      "not all numbers"),
     (both(edit_score("mc", "acc_norm,none"), drop("configs", "mc", "metric_list")),  # lm-eval's own aggregation
@@ -147,16 +157,36 @@ def drop(*path):
     (set_field("mc", 1, "acc", "1"),
      f"samples_mc_D.jsonl does not give results_D.json: its acc,none of mc is {2 / 3}, its samples' values are not "
      "all numbers"),
+    (both(*(drop(part, "mc") for part in ("results", "configs", "n-samples", "task_hashes")),
+          edit_score("g", "acc,none")),  # the task gone from the results file, its group's score edited
+     "results_D.json: its group g lists mc, which has no results"),
+    (both(drop("results", "mc"), drop("task_hashes", "mc"), drop("configs", "mc"), drop("n-samples", "mc"),
+          edit_score("g", "acc,none"), lambda results, folder: results["group_subtasks"]["g"].remove("mc")),
+     "results_D.json: its acc,none of group g is 0.987, but none of its tasks has that score"),
+    (both(edit_score("mc", "acc,none"), lambda results, folder: results["group_subtasks"].update(g=["g"])),
+     "samples_mc_D.jsonl does not give results_D.json: its acc,none of mc is 0.987, but its samples give "
+     f"{2 / 3}"),
 ], ids=["filters-renamed", "no-task-hashes", "one-hash-gone", "task-unlisted", "task-scores-gone", "score-a-string",
-        "metric-list-gone", "sample-moved", "value-a-string"])
+        "metric-list-gone", "sample-moved", "value-a-string", "task-gone-group-edited", "group-score-unbacked",
+        "group-cycle"])
 def test_a_tampered_row_cannot_sidestep_its_check(tmp_path, edit, problem):
     assert damage(lm_eval_row(tmp_path / "row", {"gen": GENERATION, "mc": CHOICE}, edit=edit), ["g"]) == problem
 
 
-@pytest.mark.parametrize("results", [[], {"results": []}, {"results": {"mc": []}, "task_hashes": {}},
-                                     {"configs": {"mc": []}, "task_hashes": []}])
+LISTED = {"group_subtasks": {"g": ["mc"]}}
+
+
+@pytest.mark.parametrize("results", [[], {"results": [], **LISTED},
+                                     {"results": {"mc": []}, "task_hashes": {}, **LISTED},
+                                     {"configs": {"mc": []}, "task_hashes": [], **LISTED},
+                                     {"results": {"g": {"acc,none": 1}}, "group_subtasks": {"g": 3},
+                                      "n-samples": [], "task_hashes": {}},
+                                     {"results": {"g": {"acc,none": 1}, "h": {}}, "group_subtasks": {"g": ["h"],
+                                                                                                 "h": ["g"]},
+                                      "task_hashes": {}}])
 def test_a_damaged_results_file_is_judged_not_trusted(tmp_path, results):
-    """Parts of the results file that are not JSON objects where lm-eval writes objects: one problem, no crash."""
+    """Parts of the results file that are not JSON objects where lm-eval writes objects, or groups
+    listed under each other: one problem, no crash."""
     row = lm_eval_row(tmp_path / "row", {"mc": CHOICE})
     (row / "results_D.json").write_text(json.dumps(results))
-    assert isinstance(damage(row, []), str)
+    assert isinstance(damage(row, ["g"]), str)
