@@ -38,7 +38,6 @@ from typing import NamedTuple
 
 import torch
 
-from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.method import (
@@ -52,6 +51,7 @@ from ensemble_bench.decoding.method import (
 )
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member, Prompt
+from ensemble_bench.members.batching import in_batches
 
 
 @dataclass(frozen=True)
