@@ -12,7 +12,7 @@ the method consumes it (its greedy choice, its draw, its teacher-forced score):
 
 (``amax`` propagates NaN; +inf is its own maximum; a row of -inf log-probs has no finite value). One
 reduction per call, on the fusion's device. A row that fails raises ``NonFiniteFusion``: the loop
-names the request and the step (``decode.located``), lm.py the method, its parameters and the row of
+names the request and the step (``decode.located``), run/lm.py the method, its parameters and the row of
 the recipe (``of_row``).
 """
 

@@ -9,16 +9,16 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from ensemble_bench import cli
+from ensemble_bench.cli import main as cli
 from ensemble_bench.decoding.decode import decode_batch
 from ensemble_bench.decoding.fused import NonFiniteFusion, checked_fusion
 from ensemble_bench.decoding.method import Timing
-from ensemble_bench.lm import LM_CLASSES
 from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.eva import Eva, EvaParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.unite import Unite, UniteParams
+from ensemble_bench.run.lm import LM_CLASSES
 from tests.cli_helpers import one_line, raising, run_cli
 from tests.decoding.test_decode_loop import Scripted, letter, request, states_for
 from tests.tiny import REQUESTS

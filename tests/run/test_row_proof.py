@@ -1,4 +1,4 @@
-"""A stored row's proof cannot be sidestepped (issue 47, ensemble_bench/row_check.py): every example
+"""A stored row's proof cannot be sidestepped (issue 47, ensemble_bench/run/row_check.py): every example
 counts toward a score of its task, a results file records the hash of every task it scores, and
 honest rows as lm-eval writes them (several filters, several metrics, groups, metrics some documents
 lack) still pass. The rows are written here as lm-eval lays them out: one samples line per document
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from ensemble_bench.row_check import damage
+from ensemble_bench.run.row_check import damage
 
 
 def sha(text):

@@ -242,7 +242,7 @@ def test_a_packaged_member_is_keyed_by_its_checked_sha256_unread(tmp_path, monke
     """Its SHA-256 is checked when it loads (members/sources.py): the key takes it without a second hash."""
     import ensemble_bench.cache as cache
     from ensemble_bench.members.sources import PACKAGED
-    from ensemble_bench.row_store import _member
+    from ensemble_bench.run.row_store import _member
 
     monkeypatch.setattr(cache, "file_sha256", lambda path: pytest.fail(f"{path} hashed for the key"))
     recipe = parse_recipe({"name": "k", "members": [{"model": "smollm2-135m", "name": "s"}], "method": "single",
