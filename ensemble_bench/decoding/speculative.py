@@ -53,8 +53,10 @@ from ensemble_bench.decoding.decode import (
     Tally,
     advance_request,
     check_distributions,
+    located,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.method import MethodParams, resolve_member
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
@@ -324,7 +326,10 @@ class Speculation(Rounds):
             focus(members, going)
             dists = [m.current() for m in members]
             check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
-            advances = method.choose(dists, [states[k] for k in going]).advances
+            try:
+                advances = method.choose(dists, [states[k] for k in going]).advances
+            except NonFiniteFusion as err:
+                raise located(err, self.method, [live[k] for k in going], prompts, self.all_states) from None
             agreed = self._agreement(dists, advances, proposer)
             goes_on: dict[int, Advance] = {}
             for index, (k, advance) in enumerate(zip(going, advances)):

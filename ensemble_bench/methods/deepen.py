@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field, normalised_weights
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
@@ -259,7 +260,7 @@ class Deepen(EmitterMethod):
             probs = [lp.exp() for lp in logprobs]
             supports = [self._supports(i, p) for i, p in enumerate(probs)]
         scored = []
-        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets)):
+        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets, rows)):
             choices[row] = choice
             scored.append(share)
         if targets is None:
@@ -267,8 +268,10 @@ class Deepen(EmitterMethod):
             self.stats.support_total += len(choices) * sum(s.shape[1] for s in supports)
         return Step(choices, scored if targets is not None else None)
 
-    def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None):
-        """The dense transform on each row's support: (choice, log share of the target or None)."""
+    def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None,
+               rows: list[int]):
+        """The dense transform on each row's support: (choice, log share of the target or None); ``rows``:
+        the step's row of each (a NaN or infinite result stops the row: decoding/fused.py)."""
         if not len(supports[0]):
             return
         for index, space in enumerate(self.spaces):  # one matmul for the rows missing from the cache
@@ -288,7 +291,7 @@ class Deepen(EmitterMethod):
                 search_rows = None if search_rows is None else torch.cat([search_rows, lead_space.rows(extra)])
             updated = inverse_transform(probs[self.lead][row][search], search, lead_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
-            updated = updated.to(search.device)
+            updated = checked_fusion(updated.to(search.device)[None], [rows[row]])[0]
             choice = int(search[int(updated.argmax())])
             if targets is None:
                 yield choice, None

@@ -27,6 +27,7 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field
 from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
@@ -156,7 +157,7 @@ class Eva(EmitterMethod):
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
         projected = self.project(logprobs)
-        fused = self.fuse(projected) if self.core is None else self.core_fuse(projected)
+        fused = checked_fusion(self.fuse(projected) if self.core is None else self.core_fuse(projected))
         choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
         if targets is None:
             return Step(choices, None)

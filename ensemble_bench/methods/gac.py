@@ -29,6 +29,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -282,15 +283,16 @@ class Gac(SpeculativeSteps, DecodingMethod):
         draw from q^(1/T) on the device, each row with its own generator (Eq. 3, Sec. 4.3)."""
         chosen = [_rows(lp, rows) for lp in logprobs]
         if self.core is not None:
-            return self._core_pick(chosen, [generators[k] for k in rows])
+            return self._core_pick(chosen, rows, [generators[k] for k in rows])
         if self.params.temperature == 0:
             return self.mixture.greedy(chosen)
         return self.mixture.sample(chosen, self.params.temperature, [generators[k] for k in rows])
 
-    def _core_pick(self, logprobs, generators) -> list[int]:
+    def _core_pick(self, logprobs, rows: list[int], generators) -> list[int]:
         """Eq. 3 under CoRE (methods/core.py): the members' union projections fused by consistency,
-        the method's weights as base weights; greedy or a draw from q^(1/T)."""
-        fused = self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead)
+        the method's weights as base weights; greedy or a draw from q^(1/T) (a NaN or infinite fusion
+        stops the row: decoding/fused.py)."""
+        fused = checked_fusion(self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead), rows)
         if self.params.temperature == 0:
             return block_argmax(fused).tolist()
         return draw(tempered(fused.log(), self.params.temperature), generators).tolist()

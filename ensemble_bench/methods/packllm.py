@@ -34,6 +34,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -140,7 +141,7 @@ class UnionFusion:
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
         if self.core is not None:  # CoRE (methods/core.py) on the members' union projections, lambda as base weights
             weights = torch.tensor([s.weights for s in states], dtype=torch.float32)
-            fused = self.core.fuse(self.mixture.projections(dists), weights, LEAD)
+            fused = checked_fusion(self.core.fuse(self.mixture.projections(dists), weights, LEAD))
             return [self._advance(u) for u in block_argmax(fused).tolist()]
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
         shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
@@ -202,27 +203,28 @@ class MinedFusion:
         weights = torch.tensor([s.weights for s in states], dtype=torch.float32, device=device)  # [rows, K]
         aligned = [self._aligned(lp, rows, k, expert, device) for k, lp in enumerate(dists)]
         if self.core is not None:
-            return self._core_argmax(aligned, weights, expert)
+            return self._core_argmax(aligned, weights, expert, rows)
         fused = torch.zeros((len(rows), dists[expert].shape[-1]), device=device)
         for k, member_aligned in enumerate(aligned):
             w = weights[:, k:k + 1]
             fused += torch.where(w > 0, w * member_aligned, 0.0)  # lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
-        return block_argmax(fused).tolist()  # ties: the lowest id
+        return block_argmax(checked_fusion(fused, rows)).tolist()  # ties: the lowest id
 
     def _aligned(self, logprobs: torch.Tensor, rows: list[int], k: int, expert: int, device) -> torch.Tensor:
         """Member k's log-probs of these rows on the expert's vocabulary (its own, or carried by MinED)."""
         picked = logprobs[torch.tensor(rows, device=logprobs.device)]
         return picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
 
-    def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int) -> list[int]:
+    def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int,
+                     rows: list[int]) -> list[int]:
         """CoRE (methods/core.py) in probability space: each member's carried distribution renormalised over the
         expert's choosable ids, fused with lambda as base weights and the expert as the lead."""
         allowed = self.choosable[expert].to(weights.device)
         probs = torch.stack([torch.softmax(a.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
                              for a in aligned])
         fused = self.core.fuse(probs, weights, expert).masked_fill(~allowed, -1.0)
-        return block_argmax(fused).tolist()
+        return block_argmax(checked_fusion(fused, rows)).tolist()
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token (decoding/speculative.py): the row's expert's token with

@@ -1,7 +1,7 @@
 """Finished rows reused by later runs, in any recipe under the same output folder.
 
 A row's key is a hash of everything that decides its outputs (``row_keys``): its label, its members
-as they load (model, its files' sizes and times or its hub revision, dtype, device, chat template,
+as they load (model, the SHA-256 of its files or its hub revision, dtype, device, chat template,
 kind, ...), the method, its version and its parameters with defaults filled in, the run's task
 configs (every file of its ``tasks/`` folder and of the recipe's include_path folders), the bytes of
 every data file and local dataset folder the tasks read and the revision of every hub dataset
@@ -100,14 +100,15 @@ def _hub_revision(model: str) -> str | None:
 
 
 def _model_files(model: str) -> Any:
-    """What identifies the model's weights: a packaged model's checksum, a local file's or folder's
-    files with their sizes and modification times, or a hub model's cached revision."""
+    """What identifies the model's weights: a packaged model's checksum (checked when it loads), the
+    SHA-256 of every file of a local file or folder (``content_digest``: streaming, kept while the
+    file's size, mtime, ctime and inode stay), or a hub model's cached revision."""
     if model in PACKAGED:
         return PACKAGED[model].sha256
     path = Path(model).expanduser()
     if path.is_file() or path.is_dir():
         files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-        return [str(path.resolve()), *[(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]]
+        return [str(path.resolve()), *[(p.name, content_digest(p)) for p in files]]
     return _hub_revision(model)
 
 

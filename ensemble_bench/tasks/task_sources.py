@@ -11,7 +11,8 @@
   tasks' configs name (``dataset_kwargs.data_files``, a local ``dataset_path``) and records each hub
   dataset's revision, so that a stored row is reused only while its data is the same (row_store).
   Files are hashed streaming (constant memory) and each hash is kept under the cache folder, trusted
-  while the file's size, mtime, ctime and inode are unchanged.
+  while the file's size, mtime, ctime and inode are unchanged (``content_digest``; row_store hashes
+  the files of local model members the same way).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -37,6 +39,9 @@ MAX_TASK_YAML_BYTES = 8 << 20  # 8 MiB; lm-eval's largest task YAML is a few hun
 IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}  # as lm-eval's index skips them
 LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset"})
 DIGESTS = "file-digests"  # under the cache folder: one stamp per hashed file
+LONG_HASH_BYTES = 1 << 30  # a file this large takes a second or more to hash: one line says so
+
+log = logging.getLogger(__name__)
 
 
 # --- task files -------------------------------------------------------------------------------------
@@ -201,7 +206,9 @@ def _identity(st: os.stat_result) -> list[int]:
 
 def content_digest(path: Path) -> str:
     """The SHA-256 of a file's bytes, read in blocks (constant memory); kept in the cache folder and
-    trusted while the file's size, mtime, ctime and inode stay as they were."""
+    trusted while the file's size, mtime, ctime and inode stay as they were (ctime changes on any write
+    and cannot be set back, so rewritten bytes with their mtime restored are hashed again). A file of
+    LONG_HASH_BYTES or more is announced in one line when it is hashed (model weights: GBs)."""
     from ensemble_bench.cache import atomic_write_text, file_sha256
 
     path = path.resolve()
@@ -213,6 +220,9 @@ def content_digest(path: Path) -> str:
             return kept["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    if before[0] >= LONG_HASH_BYTES:
+        log.warning("hashing %s (%.1f GB) once, for the row keys: its digest is kept until the file changes",
+                    path, before[0] / 1e9)
     digest = file_sha256(path)
     if _identity(path.stat()) == before:  # not written while it was read
         with contextlib.suppress(OSError):  # a read-only cache: hashed again next time

@@ -4,6 +4,7 @@ new examples, and a member whose outputs may differ (another dtype) is computed 
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import sys
@@ -190,3 +191,80 @@ def test_an_index_entry_pointing_outside_the_output_folder_is_ignored(tiny_dirs,
     shutil.copy(outside / "timing.json", root / "r" / "x")
     (root / INDEX / f"{key.key}.json").write_text(json.dumps({"run": "r", "row": "x"}))
     assert store.finished(key) == StoredRow(root / "r" / "x", "r/x", None)
+
+
+# --- member keys from content (issue 47) ------------------------------------------------------------------
+def rewrite_negated(weights):
+    """The float32 tensors of a safetensors file negated in place (each value's sign bit flipped): the
+    same size and inode, its mtime set back as ``touch -r`` would (its ctime cannot be)."""
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    for tensor in (t for name, t in header.items() if name != "__metadata__"):
+        assert tensor["dtype"] == "F32"
+        start, end = (8 + size + offset for offset in tensor["data_offsets"])
+        data[start + 3:end:4] = bytes(b ^ 0x80 for b in data[start + 3:end:4])
+    with open(weights, "r+b") as fh:
+        fh.write(data)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = weights.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+def test_a_member_file_rewritten_with_its_mtime_set_back_changes_the_key(tiny_dirs, tmp_path):
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    dirs = [str(folder), tiny_dirs[1]]
+    before = keys_of(dirs, tmp_path)
+    rewrite_negated(folder / "model.safetensors")
+    after = keys_of(dirs, tmp_path)
+    assert after["x"].key != before["x"].key and after["gac"].key != before["gac"].key
+    assert after["x"].lineage != before["x"].lineage  # nor does its response cache answer the new weights
+    assert after["y"] == before["y"]
+
+
+def test_member_files_are_hashed_once_while_their_stat_stays(tiny_dirs, tmp_path, monkeypatch):
+    import ensemble_bench.cache as cache
+
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    dirs = [str(folder), tiny_dirs[1]]
+    first = keys_of(dirs, tmp_path)
+    hashed = []
+    monkeypatch.setattr(cache, "file_sha256", lambda path: hashed.append(path) or "rehashed")
+    assert keys_of(dirs, tmp_path) == first and hashed == []
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
+    assert keys_of(dirs, tmp_path)["x"] != first["x"] and hashed == [(folder / "config.json").resolve()]
+
+
+def test_a_packaged_member_is_keyed_by_its_checked_sha256_unread(tmp_path, monkeypatch):
+    """Its SHA-256 is checked when it loads (members/sources.py): the key takes it without a second hash."""
+    import ensemble_bench.cache as cache
+    from ensemble_bench.members.sources import PACKAGED
+    from ensemble_bench.run.row_store import _member
+
+    monkeypatch.setattr(cache, "file_sha256", lambda path: pytest.fail(f"{path} hashed for the key"))
+    recipe = parse_recipe({"name": "k", "members": [{"model": "smollm2-135m", "name": "s"}], "method": "single",
+                           "tasks": ["piqa"], "data": "offline"})
+    assert _member(recipe.members[0])["files"] == PACKAGED["smollm2-135m"].sha256
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "group.yaml").write_text("task: piqa\n")
+    assert row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")])["s"].key
+
+
+def test_only_a_large_file_is_announced_when_it_is_hashed(tiny_dirs, tmp_path, monkeypatch, caplog):
+    from ensemble_bench.tasks import task_sources
+
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    weights = folder / "model.safetensors"
+    monkeypatch.setattr(task_sources, "LONG_HASH_BYTES", weights.stat().st_size)  # the largest file of the folder
+    keys_of([str(folder), tiny_dirs[1]], tmp_path)
+    announced = [r.getMessage() for r in caplog.records if str(folder.resolve()) in r.getMessage()]
+    assert announced == [f"hashing {weights.resolve()} (0.0 GB) once, for the row keys: its digest is kept until "
+                         "the file changes"]
+    caplog.clear()
+    keys_of([str(folder), tiny_dirs[1]], tmp_path)
+    assert not [r for r in caplog.records if str(folder.resolve()) in r.getMessage()]
