@@ -78,7 +78,7 @@ def check_settings(num_fewshot, gen_kwargs: dict | None) -> None:
         lines.append(f"--num_fewshot {num_fewshot}: give 0 or more examples {HELP}")
     known = {key: value for key, value in (gen_kwargs or {}).items() if key in GenKwargs.model_fields}
     try:
-        GenKwargs.model_validate(known)
+        GenKwargs.model_validate(known, strict=False)  # lm-eval reads "-5" as -5.0
     except ValidationError as err:
         lines += [f"{line} {HELP}" for line in pydantic_lines("--gen_kwargs", err, model=GenKwargs)]
     if lines:

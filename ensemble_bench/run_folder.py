@@ -125,17 +125,23 @@ def parse_json(path: Path) -> Any:
     return [json.loads(line) for line in text.splitlines()] if path.suffix == SAMPLES_SUFFIX else json.loads(text)
 
 
-def damaged(path: Path, err: Exception) -> EnvironmentFault:
-    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
-                            "--fresh, or leave this run out")
+def damaged(path: Path, err: Exception | str) -> EnvironmentFault:
+    why = err if isinstance(err, str) else type(err).__name__
+    return EnvironmentFault(f"{path}: damaged or unreadable ({why}): run its recipe again with --fresh, or leave "
+                            "this run out")
 
 
 def read_json(path: Path) -> Any:
-    """A JSON (or JSON-lines) file of a run, or one line naming the damaged file."""
+    """A JSON file of a run (a JSON object), or a JSON-lines file (a list of objects, one per line); else
+    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json)."""
     try:
-        return parse_json(path)
+        found = parse_json(path)
     except (OSError, ValueError) as err:
         raise damaged(path, err) from None
+    if not all(isinstance(value, dict) for value in (found if path.suffix == SAMPLES_SUFFIX else [found])):
+        raise damaged(path, "valid JSON, but not " + ("one object per line" if path.suffix == SAMPLES_SUFFIX else
+                                                      "a JSON object"))
+    return found
 
 
 def write_span_trace(row_dir: Path, traces: list[dict]) -> None:

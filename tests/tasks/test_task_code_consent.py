@@ -141,15 +141,16 @@ def test_a_named_pipe_reached_by_an_include_is_refused_before_indexing(tiny_dirs
 
 
 # --- ensbench-lm-eval -------------------------------------------------------------------------------------------
-def stop_before_evaluating(monkeypatch):
-    import lm_eval as harness
+def stop_at_the_tasks(monkeypatch):
+    """lm-eval's matching of --tasks (where a task YAML file's code is imported) raises a user error instead."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
 
     from ensemble_bench.errors import UserError
 
-    def stop(**_):
-        raise UserError("stopped before evaluating")
+    def stop(*_, **__):
+        raise UserError("stopped at the tasks")
 
-    monkeypatch.setattr(harness, "simple_evaluate", stop)
+    monkeypatch.setattr(EvaluatorConfig, "process_tasks", stop)
 
 
 @pytest.mark.parametrize("model", ["gac", "hf"])
@@ -164,11 +165,11 @@ def test_lm_eval_route_runs_task_code_only_with_allow_task_code(model, given, ti
     tasks = ["--tasks", "my_qa", "--include_path", str(folder)] if given == "include_path" else \
         ["--tasks", str(folder / "my_qa.yaml")]
     shown = "my_qa" if given == "include_path" else folder / "my_qa.yaml"
-    stop_before_evaluating(monkeypatch)
-    argv = ["run", "--model", model, "--model_args", args, "--limit", "1", *tasks]
+    stop_at_the_tasks(monkeypatch)
+    argv = ["run", "--model", model, "--model_args", args, *tasks]
     code, out = lm_eval(monkeypatch, capsys, *argv)
     assert code == 2 and one_line(out) == (f"error: --tasks: '{shown}' imports and runs {module} (!function "
                                            "evil.keep in my_qa.yaml), unsandboxed: add --allow_task_code to run it")
     assert not mark.exists()
     code, out = lm_eval(monkeypatch, capsys, *argv, "--allow_task_code")  # the gate lets it through to lm-eval
-    assert code == 2 and "error: stopped before evaluating" in out.err
+    assert code == 2 and one_line(out) == "error: stopped at the tasks"
