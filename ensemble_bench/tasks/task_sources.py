@@ -300,9 +300,11 @@ def hub_revision(dataset: str, revision: str | None) -> str | None:
 
 
 def data_fingerprint(configs: Iterable[dict]) -> dict[str, Any]:
-    """What the task configs read: ``files`` (path -> SHA-256 of its bytes, or ``missing``) and ``hub``
-    ([dataset, config, revision], sorted)."""
+    """What the task configs read: ``files`` (real path -> SHA-256 of its bytes, or ``missing``), ``hub``
+    ([dataset, config, revision], sorted) and ``links`` (a data file's path as named -> its real path,
+    where a link leads elsewhere: to say that the link changed, not the file's bytes)."""
     files: dict[str, str] = {}
+    links: dict[str, str] = {}
     hub: set[tuple[str, str, str]] = set()
     for cfg in configs:
         dataset = cfg.get("dataset_path")
@@ -320,7 +322,9 @@ def data_fingerprint(configs: Iterable[dict]) -> dict[str, Any]:
             for path in _files_under(named) if named.exists() else [named]:
                 key = str(path.resolve())
                 files[key] = content_digest(path) if path.is_file() else "missing"
-    return {"files": dict(sorted(files.items())), "hub": sorted(hub)}
+                if (named_as := os.path.normpath(os.path.abspath(path))) != key:
+                    links[named_as] = key
+    return {"files": dict(sorted(files.items())), "hub": sorted(hub), "links": dict(sorted(links.items()))}
 
 
 __all__ = ["content_digest", "data_fingerprint", "data_problems", "hub_revision", "include_chain", "read_task_yaml",
