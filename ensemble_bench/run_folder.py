@@ -23,6 +23,8 @@ name these files through this module only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +75,34 @@ def set_aside(run_dir: Path, label: str) -> Path:
     return inside(run_dir, f".{label}.damaged")
 
 
+_READ: list[dict] = []  # while reading_once() holds: what was listed and read, by what and where
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Within it, every listing of results files and every file ``read_json`` reads is done once, however
+    often it is asked for: for a report command, whose runs do not change while they are read (``table``
+    on a run of 10,000 rows listed and read each row's results file five times). Outside it, every call
+    reads the disk."""
+    _READ.append({})
+    try:
+        yield
+    finally:
+        _READ.pop()
+
+
+def _once(key: tuple, read: Callable[[], Any]) -> Any:
+    if not _READ:
+        return read()
+    if key not in _READ[-1]:
+        _READ[-1][key] = read()  # a fault is raised again next time: it is not kept
+    return _READ[-1][key]
+
+
 def results_files(folder: Path, nested: bool = False) -> list[Path]:
     """lm-eval's results files in ``folder`` (``nested``: in it and every folder below), sorted."""
-    return sorted(folder.rglob(RESULTS_GLOB) if nested else folder.glob(RESULTS_GLOB))
+    return list(_once(("results", str(folder), nested),
+                      lambda: sorted(folder.rglob(RESULTS_GLOB) if nested else folder.glob(RESULTS_GLOB))))
 
 
 def results_date(path: Path) -> str:
@@ -133,7 +160,12 @@ def damaged(path: Path, err: Exception | str) -> EnvironmentFault:
 
 def read_json(path: Path) -> Any:
     """A JSON file of a run (a JSON object), or a JSON-lines file (a list of objects, one per line); else
-    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json)."""
+    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json). Read once
+    within ``reading_once``."""
+    return _once(("json", str(path)), lambda: _read_checked(path))
+
+
+def _read_checked(path: Path) -> Any:
     try:
         found = parse_json(path)
     except (OSError, ValueError) as err:
