@@ -6,7 +6,6 @@ names the real file; ``ensbench-lm-eval --include_path`` (and a task YAML in ``-
 
 import json
 import sys
-import textwrap
 
 import pytest
 
@@ -52,17 +51,11 @@ def reached(way, tmp_path, mark):
 
 
 def recipe(tiny_dirs, tmp_path, folder, extra=""):
+    """The path of a one-row recipe running my_qa from ``folder`` (``extra`` appended)."""
+    from tests.run.test_row_truth import recipe_text
+
     path = tmp_path / "coded.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: coded
-        members:
-          - {{model: {tiny_dirs[0]}, name: bpe}}
-        method: single
-        tasks: [{{name: my_qa, limit: 2, gen_kwargs: {{max_gen_toks: 2}}}}]
-        include_path: {folder}
-        data: offline
-        output: {tmp_path / "results"}
-        """) + extra)
+    path.write_text(recipe_text(tiny_dirs, tmp_path, folder, "coded", extra))
     return str(path)
 
 

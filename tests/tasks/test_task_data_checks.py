@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ensemble_bench.tasks.task_sources import data_problems, data_fingerprint
+from ensemble_bench.tasks.task_sources import data_fingerprint, data_problems
 from tests.cli.test_lm_eval_route import lm_eval, members
 from tests.cli_helpers import one_line, run_cli
 from tests.tasks.test_any_task import QA, task_yaml
@@ -26,13 +26,14 @@ def task_reading(tmp_path, data: str, dataset_path: str = "json"):
 
 def broken(kind, tmp_path):
     """(task folder, the line's words after ``reads ``) for one kind of unreadable data."""
-    if kind == "missing":
-        return task_reading(tmp_path, str(tmp_path / "gone.jsonl")), f"data file '{tmp_path / 'gone.jsonl'}': no such file"
-    if kind == "pattern":
-        return task_reading(tmp_path, str(tmp_path / "q*.jsonl")), f"data file '{tmp_path / 'q*.jsonl'}': no file matches"
+    if kind in ("missing", "pattern"):
+        named = tmp_path / ("gone.jsonl" if kind == "missing" else "q*.jsonl")
+        what = "no such file" if kind == "missing" else "no file matches"
+        return task_reading(tmp_path, str(named)), f"data file '{named}': {what}"
     if kind == "pipe":
         os.mkfifo(tmp_path / "qa.jsonl")  # datasets would block on it for good
-        return task_reading(tmp_path, str(tmp_path / "qa.jsonl")), f"data file '{tmp_path / 'qa.jsonl'}' is a named pipe"
+        pipe = tmp_path / "qa.jsonl"
+        return task_reading(tmp_path, str(pipe)), f"data file '{pipe}' is a named pipe"
     script = tmp_path / "mydata"
     script.mkdir()
     (script / "mydata.py").write_text("raise SystemExit('a dataset script ran')\n")
