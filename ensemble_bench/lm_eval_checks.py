@@ -113,8 +113,8 @@ def task_lines(tasks, include_path, allow_task_code: bool) -> list[str]:
     from ensemble_bench.tasks.task_code import task_code
     from ensemble_bench.tasks.task_sources import task_file_problems
 
-    folders = [Path(p).expanduser() for p in ([include_path] if isinstance(include_path, str) else include_path or [])]
-    folders = [folder for folder in folders if folder.is_dir()]
+    named = [include_path] if isinstance(include_path, (str, Path)) else include_path or []
+    folders = [Path(p) for p in named if Path(p).is_dir()]  # as lm-eval's TaskManager reads them (no ~)
     if lines := task_file_problems(folders):
         return [line.replace("include_path:", "--include_path:", 1) for line in lines]
     index = task_index(folders)
