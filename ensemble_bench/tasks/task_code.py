@@ -115,6 +115,8 @@ def task_code(task_yamls: Iterable[Path]) -> tuple[list[TaskCode], list[str]]:
     problems = []
     for start in task_yamls:
         entry = start.expanduser().resolve()
+        if is_installed(entry):  # lm-eval's own task YAML: it includes and imports installed files only
+            continue
         try:
             for found in include_chain(start):
                 for reference in found.functions:
