@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,28 +76,42 @@ def set_aside(run_dir: Path, label: str) -> Path:
     return inside(run_dir, f".{label}.damaged")
 
 
-_READ: list[dict] = []  # while reading_once() holds: what was listed and read, by what and where
+KEPT_BYTES = 64 << 20  # the most JSON text reading_once keeps parsed (a large group's results file: ~0.5 MiB)
+
+
+@dataclass
+class _Reads:
+    found: dict = field(default_factory=dict)
+    size: int = 0  # bytes of the files kept
+
+
+_READ: list[_Reads] = []  # while reading_once() holds: what was listed and read, by what and where
 
 
 @contextmanager
 def reading_once() -> Iterator[None]:
-    """Within it, every listing of results files and every file ``read_json`` reads is done once, however
-    often it is asked for: for a report command, whose runs do not change while they are read (``table``
-    on a run of 10,000 rows listed and read each row's results file five times). Outside it, every call
-    reads the disk."""
-    _READ.append({})
+    """Within it, every listing of results files and every JSON file ``read_json`` reads is done once, however
+    often it is asked for (up to KEPT_BYTES of files kept): for a report command, whose runs do not change
+    while they are read (``table`` on a run of 10,000 rows listed and read each row's results file five
+    times). Outside it, every call reads the disk."""
+    _READ.append(_Reads())
     try:
         yield
     finally:
         _READ.pop()
 
 
-def _once(key: tuple, read: Callable[[], Any]) -> Any:
+def _once(key: tuple, read: Callable[[], Any], size: int = 0) -> Any:
     if not _READ:
         return read()
-    if key not in _READ[-1]:
-        _READ[-1][key] = read()  # a fault is raised again next time: it is not kept
-    return _READ[-1][key]
+    reads = _READ[-1]
+    if key in reads.found:
+        return reads.found[key]
+    value = read()  # a fault is raised again next time: it is not kept
+    if reads.size + size <= KEPT_BYTES:
+        reads.found[key] = value
+        reads.size += size
+    return value
 
 
 def results_files(folder: Path, nested: bool = False) -> list[Path]:
@@ -160,9 +175,16 @@ def damaged(path: Path, err: Exception | str) -> EnvironmentFault:
 
 def read_json(path: Path) -> Any:
     """A JSON file of a run (a JSON object), or a JSON-lines file (a list of objects, one per line); else
-    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json). Read once
-    within ``reading_once``."""
-    return _once(("json", str(path)), lambda: _read_checked(path))
+    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json). Within
+    ``reading_once`` a JSON file is read once; a JSON-lines (samples) file is not kept: it may be large,
+    and a report reads each once anyway."""
+    if path.suffix == SAMPLES_SUFFIX:
+        return _read_checked(path)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # _read_checked names the file
+    return _once(("json", str(path)), lambda: _read_checked(path), size)
 
 
 def _read_checked(path: Path) -> Any:
