@@ -1,9 +1,9 @@
 """How long ``ensbench table`` takes on a run of many rows (issue 47: 10,000 rows did not finish in 5 minutes).
 
-Writes a finished fake run (tests/fake_runs.py: recipe.yaml, summary.md, each row's timing.json, results
-file and a samples file of ``--examples`` ARC documents, which the table's intervals read; two members
-alone and a GaC threshold sweep for the rest) and times ``ensbench table`` on it in a fresh process; with
-``--profile`` the 25 costliest functions instead (cProfile).
+Writes a finished fake run (tests/fake_runs.py: recipe.yaml, summary.md, each row's timing.json, a results
+file of a real one's size and a samples file of ``--examples`` ARC documents, which the table's intervals
+read; two members alone and a GaC threshold sweep for the rest) and times ``ensbench table`` on it in a
+fresh process; with ``--profile`` the 25 costliest functions instead (cProfile).
 
     python scripts/bench_table_rows.py --rows 10000 [--examples 10] [--profile [tottime]]
 """
@@ -27,6 +27,15 @@ from tests.fake_runs import BASE_RECIPE, fake_run  # noqa: E402
 from tests.report.test_compare import arc_sample  # noqa: E402
 
 
+def real_extras() -> dict:
+    """What a real results file holds besides its scores (lm-eval's environment report, run config,
+    versions: about 6 KiB), taken from the committed CI baseline, so that each row's file has a real size."""
+    [path, *_] = sorted((ROOT / "results" / "baseline").rglob("results_*.json"))
+    found = json.loads(path.read_text())
+    return {key: value for key, value in found.items()
+            if key not in ("results", "n-samples", "group_subtasks", "configs", "n-shot", "higher_is_better")}
+
+
 def big_run(folder: Path, rows: int, examples: int) -> Path:
     """A finished run of ``rows`` rows: members a and b alone, then GaC at rows - 2 thresholds; each row
     with a samples file of ``examples`` ARC documents (every third answered right)."""
@@ -36,7 +45,7 @@ def big_run(folder: Path, rows: int, examples: int) -> Path:
              "b": ("single", {"arc_c": (0.40, 200)}, {"decode_ms_per_token": 200.0})}
     fakes.update({f"gac-threshold={t}": ("gac", {"arc_c": (0.3 + 0.1 * t, 200)}, {"decode_ms_per_token": 300.0})
                   for t in thresholds})
-    run = fake_run(folder, fakes, recipe)
+    run = fake_run(folder, fakes, recipe, results_extras=real_extras())
     samples = "".join(json.dumps(arc_sample(k, int(k % 3 == 0))) + "\n" for k in range(examples))
     for label in fakes:
         (run / label / "samples_arc_challenge_2026-01-01T00-00-00.0.jsonl").write_text(samples)
