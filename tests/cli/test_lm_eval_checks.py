@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ensemble_bench.lm_eval_checks import nesting
+from ensemble_bench.cli.lm_eval_checks import nesting
 from ensemble_bench.yaml_limits import MAX_YAML_DEPTH
 from tests.cli.test_lm_eval_route import lm_eval, members
 from tests.cli_helpers import one_line
@@ -17,9 +17,9 @@ def nothing_loads(monkeypatch):
     """A member loading, or lm-eval matching the tasks, fails the test."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
-    import ensemble_bench.build
+    import ensemble_bench.run.build
 
-    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    monkeypatch.setattr(ensemble_bench.run.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
     monkeypatch.setattr(EvaluatorConfig, "process_tasks", lambda *_, **__: pytest.fail("the tasks loaded"))
 
 

@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.report.tables import (
     EXTRA_BLOCK,
     NOT_RUN,
@@ -208,8 +208,8 @@ def test_one_label_measured_by_two_runs_is_shown_apart_never_mixed(tmp_path):
 def test_a_table_reads_each_run_file_once(tmp_path, monkeypatch):
     """`table` on a run of 10,000 rows did not finish in 5 minutes (issue 47): it listed and parsed every row's
     results file five times or more (timed by scripts/bench_table_rows.py, not here)."""
-    from ensemble_bench import run_folder
     from ensemble_bench.report.tables import make_table
+    from ensemble_bench.run import folder as run_folder
     from tests.fake_runs import ROWS
 
     run = fake_run(tmp_path / "run", ROWS)

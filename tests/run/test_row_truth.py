@@ -12,7 +12,7 @@ import pytest
 
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
-from ensemble_bench.row_check import damage
+from ensemble_bench.run.row_check import damage
 from ensemble_bench.tasks import recipe_tasks, task_sources
 from tests.cli_helpers import run_cli
 from tests.tasks.test_any_task import QA, task_yaml
@@ -266,7 +266,7 @@ def test_a_hub_dataset_is_keyed_by_its_revision(tmp_path, monkeypatch):
 
 def test_a_data_link_that_points_elsewhere_is_named_as_the_link(tmp_path):
     """It was "b.jsonl has other bytes" (issue 47): the file is the same, the link changed."""
-    from ensemble_bench.row_store import RowKey, RowStore
+    from ensemble_bench.run.row_store import RowKey, RowStore
 
     then, now = tmp_path / "b.jsonl", tmp_path / "c.jsonl"
     then.write_text("{}\n")

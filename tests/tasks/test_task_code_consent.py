@@ -65,11 +65,11 @@ WAYS = ["absolute", "link", "include_absolute", "include_relative", "include_cha
 @pytest.mark.parametrize("way", WAYS)
 def test_task_code_outside_the_folder_is_named_and_refused(way, tiny_dirs, tmp_path, monkeypatch, capsys):
     """Each way, the dry run showed no note and the run imported and called the module (bb736f1)."""
-    import ensemble_bench.build
+    import ensemble_bench.run.build
 
     mark = tmp_path / "ran"
     folder, module = reached(way, tmp_path, mark)
-    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    monkeypatch.setattr(ensemble_bench.run.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
     code, out = run_cli(monkeypatch, capsys, "run", recipe(tiny_dirs, tmp_path, folder))
     assert code == 2 and "Traceback" not in out.err
     assert f"tasks[0].name: 'my_qa' imports and runs {module}" in out.err and "set allow_task_code: true" in out.err

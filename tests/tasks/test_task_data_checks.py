@@ -46,10 +46,10 @@ KINDS = ["missing", "pattern", "pipe", "script"]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_unreadable_data_is_one_line_before_any_model_loads(kind, tiny_dirs, tmp_path, monkeypatch, capsys):
-    import ensemble_bench.build
+    import ensemble_bench.run.build
 
     folder, words = broken(kind, tmp_path)
-    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    monkeypatch.setattr(ensemble_bench.run.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
     for flags in (["--dry-run"], []):
         code, out = run_cli(monkeypatch, capsys, "run", recipe(tiny_dirs, tmp_path, folder), *flags)
         line = one_line(out)

@@ -70,8 +70,8 @@ def check_model(name: str) -> None:
 def check_settings(num_fewshot, gen_kwargs: dict | None) -> None:
     """``--num_fewshot`` and ``--gen_kwargs`` under the rules of a recipe task's ``shots`` and ``gen_kwargs``
     (the settings lm-eval takes that a recipe does not name are lm-eval's to check)."""
-    from ensemble_bench.recipe_lines import pydantic_lines
-    from ensemble_bench.recipe_schema import GenKwargs
+    from ensemble_bench.recipe.lines import pydantic_lines
+    from ensemble_bench.recipe.schema import GenKwargs
 
     lines = []
     if num_fewshot is not None and not (isinstance(num_fewshot, int) and num_fewshot >= 0):
