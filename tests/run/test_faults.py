@@ -146,14 +146,17 @@ def test_only_a_run_that_resumes_is_told_to_resume(tiny_dirs, tmp_path, monkeypa
     """`table` on a large run, interrupted, said "run the same command again to resume": it resumes nothing."""
     from tests.fake_runs import ROWS, fake_run
 
-    monkeypatch.setattr(cli, "_run_with_progress", raising(KeyboardInterrupt()))
+    def interrupt(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_with_progress", interrupt)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2))
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--threads", "1")
     assert code == 130 and one_line(out) == "interrupted: run the same command again to resume"
     import ensemble_bench.report.tables
 
-    monkeypatch.setattr(ensemble_bench.report.tables, "make_table", raising(KeyboardInterrupt()))
+    monkeypatch.setattr(ensemble_bench.report.tables, "make_table", interrupt)
     code, out = run_cli(monkeypatch, capsys, "table", str(fake_run(tmp_path / "run", ROWS)))
     assert code == 130 and one_line(out) == "interrupted: stopped before it finished"
 
