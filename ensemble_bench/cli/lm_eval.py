@@ -15,6 +15,8 @@ writes the run in ensbench's layout:
   reads the local copy, and every task is loaded before any model, so missing data is one line;
 * ``--threads N`` (ensbench's own flag, default ``$ENSBENCH_THREADS``): torch's CPU threads, as
   ``ensbench run --threads`` sets them; ``--limit`` must be positive;
+* for every model: the checks of lm_eval_checks.py (nesting, ``--model``, ``--num_fewshot``,
+  ``--gen_kwargs``, and task code only with ``--allow_task_code``, ensbench's own flag);
 * while requests run, a progress line per finished batch (examples done, elapsed time, ETA) on stderr.
 """
 
@@ -41,6 +43,7 @@ if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports t
 
 from ensemble_bench import settings  # noqa: E402
 from ensemble_bench.cache import atomic_write_text  # noqa: E402
+from ensemble_bench.cli.lm_eval_checks import check_nesting, check_run  # noqa: E402
 from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
 from ensemble_bench.run.build import recipe_from_model_args  # noqa: E402
 from ensemble_bench.run.folder import (  # noqa: E402
@@ -96,13 +99,16 @@ def run_cli() -> None:
     setup_logging()
     parser = HarnessCLI()
     add_own_flags(parser)
+    check_nesting(sys.argv[1:])  # lm-eval's JSON parsing of --model_args recurses once per level
     args = lm_eval_step(parser.parse_args)
     if getattr(args, "command", None) != "run":
         return parser.execute(args)
-    threads = vars(args).pop("threads", 0)  # ensbench's flag: lm-eval's config does not take it
+    threads = vars(args).pop("threads", 0)  # ensbench's flags: lm-eval's config does not take them
+    allow_task_code = vars(args).pop("allow_task_code", False)
     check_limit(getattr(args, "limit", None))
     with quiet_lm_eval():  # lm-eval reads args again when it runs, and warns (--limit) or prints (--config) then
         config = lm_eval_step(EvaluatorConfig.from_cli, args)
+    check_run(config, allow_task_code)  # before lm-eval matches the tasks: a task YAML in --tasks runs its code then
     if config.model not in LM_CLASSES:
         set_threads(threads)
         return parser.execute(args)
@@ -116,11 +122,14 @@ def run_cli() -> None:
 
 
 def add_own_flags(parser) -> None:
-    """``--threads`` on lm-eval's ``run`` command (shown in its --help)."""
+    """``--threads`` and ``--allow_task_code`` on lm-eval's ``run`` command (shown in its --help)."""
     run = parser._subparsers.choices["run"]
     group = run.add_argument_group("ensbench")
     group.add_argument("--threads", type=int, default=settings.threads(), metavar="<n>",
                        help="torch CPU threads (0: torch's default; $ENSBENCH_THREADS), as ensbench run --threads")
+    group.add_argument("--allow_task_code", action="store_true",
+                       help="let the tasks import and run their own Python (!function), unsandboxed, as a "
+                            "recipe's allow_task_code: true")
 
 
 def check_limit(limit) -> None:

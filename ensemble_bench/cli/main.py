@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.cli.faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted
+from ensemble_bench.cli.faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted, set_resumable
 from ensemble_bench.cli.progress import BarProgress, PlainProgress
 from ensemble_bench.errors import EnvironmentFault, UserError, several, working_folder_fault
 
@@ -154,6 +154,7 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
 
     if threads > 0:
         torch.set_num_threads(threads)
+    set_resumable(True)  # rows finished and answers in the response caches are kept: an interrupted run resumes
     run_dir = _run_with_progress(loaded, fresh)
     print((run_dir / SUMMARY).read_text())  # scores with intervals, then what the ensemble changed
     console.print(f"results: {run_dir}", soft_wrap=True)
@@ -331,6 +332,7 @@ def compare(runs: list[Path] = typer.Argument(..., help="finished run, or result
 def main() -> None:
     """The ``ensbench`` entry point: exit 0 done, 1 regression or environment fault, 2 user error,
     70 a bug (with its traceback), 130 interrupted."""
+    set_resumable(False)
     try:
         try:
             if (no_folder := working_folder_fault()) is not None:

@@ -77,12 +77,12 @@ def reuse_notes(recipe, fresh: bool) -> list[str]:
 
 
 def task_code_notes(recipe) -> list[str]:
-    """A line per module of an include_path folder that the tasks import (``!function``) and so run."""
+    """A line per module that the tasks import (``!function``, wherever it lies; installed code aside) and so run."""
     from ensemble_bench.tasks.recipe_tasks import recipe_task_code
 
     try:
         found = recipe_task_code(recipe)
     except UserError:  # the preflight names what is wrong with the folders
         return []
-    return [f"task code: {code.module} runs when the tasks load (!function {code.reference} in {code.task_yaml.name})"
+    return [f"task code: {code.shown()} runs when the tasks load ({code.origin()})"
             f"{'' if recipe.allow_task_code else ' - not allowed: set allow_task_code: true'}" for code in found]

@@ -18,6 +18,7 @@ from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.run_files import ms_per_token
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.tables import resolve_run
+from ensemble_bench.run.folder import reading_once
 
 LOG2_PARAMETERS = ("span_words", "k")
 PLOT_SUFFIXES = (".png", ".svg")
@@ -34,8 +35,9 @@ def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[di
     records = []
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
-        rows = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
+        with reading_once():
+            rows = run_rows(run_dir, recipe)
+            intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
         for row in rows:
             stats = row.stats
             fraction = stats.ensembled_fraction

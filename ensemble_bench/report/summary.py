@@ -108,7 +108,8 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     for plan in recipe.plan:
         timing = run_dir / plan.label / TIMING
         if not timing.exists():
-            raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no {TIMING}")
+            raise EnvironmentFault(f"{run_dir}: row {plan.label!r} of its recipe has no {TIMING}: run the recipe "
+                                   "again to compute the row, or leave this run out")
         _check_results(timing.parent, groups)
         rows.append(RunRow(plan, read_json(timing), row_scores(timing.parent, benches)))
     return rows

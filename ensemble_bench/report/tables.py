@@ -44,7 +44,7 @@ from ensemble_bench.report.provenance import (
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.table_text import render
-from ensemble_bench.run.folder import is_finished
+from ensemble_bench.run.folder import is_finished, reading_once
 
 HERE = Path(__file__).parent
 EXTRA_BLOCK = "(ours, not in the paper)"
@@ -160,28 +160,34 @@ def resolve_run(path: Path) -> Path:
 def collect_rows(run_dirs: list[Path]) -> OurRuns:
     """Our rows by label (merged over runs), the runs' benchmarks and hardware."""
     ours = OurRuns()
-    for run_dir in map(resolve_run, run_dirs):
-        recipe = finished_recipe(run_dir)
-        benches = recipe_benchmarks(run_dir, recipe)
-        found = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, found, benches)
-        ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
-        ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
-        shots = run_shots(run_dir, recipe, benches)
-        ours.hardware.add(run_hardware(run_dir, recipe))
-        for row in found:
-            plan = row.plan
-            declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
-                recipe.ensembles[plan.spec].paper_row
-            merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(column_key, row.scores)))
-            _add_scores(merged, row, intervals)
-            merged.shots.update({column: shots.get(column) for column in map(column_key, row.scores)})
-            _add_timing(merged, row.stats, run_dir / plan.label)
-            if plan.spec is not None:
-                params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
-                if params.get("threshold") is not None:
-                    merged.values["threshold"] = params["threshold"]
+    with reading_once():
+        for run_dir in map(resolve_run, run_dirs):
+            _collect_run(ours, run_dir)
     return ours
+
+
+def _collect_run(ours: OurRuns, run_dir: Path) -> None:
+    """Add one run's rows, benchmarks and hardware to ``ours``."""
+    recipe = finished_recipe(run_dir)
+    benches = recipe_benchmarks(run_dir, recipe)
+    found = run_rows(run_dir, recipe)
+    intervals = row_intervals(run_dir, found, benches)
+    ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
+    ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
+    shots = run_shots(run_dir, recipe, benches)
+    ours.hardware.add(run_hardware(run_dir, recipe))
+    for row in found:
+        plan = row.plan
+        declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
+            recipe.ensembles[plan.spec].paper_row
+        merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(column_key, row.scores)))
+        _add_scores(merged, row, intervals)
+        merged.shots.update({column: shots.get(column) for column in map(column_key, row.scores)})
+        _add_timing(merged, row.stats, run_dir / plan.label)
+        if plan.spec is not None:
+            params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
+            if params.get("threshold") is not None:
+                merged.values["threshold"] = params["threshold"]
 
 
 def _add_scores(merged: OurRow, row, intervals: dict) -> None:

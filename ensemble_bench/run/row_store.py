@@ -15,7 +15,8 @@ answers the other's requests (a raised limit computes only the new examples).
 Layout, under the output folder::
 
     .rows/<key>.json      {"key", "lineage", "apart_from_data", "data": {file: sha256},
-                           "run": "<recipe>/<run id>", "row": <label>, "cache": <db>}
+                           "links": {data file as named: its real path}, "run": "<recipe>/<run id>",
+                           "row": <label>, "cache": <db>}
     <recipe>/<run id>/reused.json   the rows this run copied, and from where
 
 Before reuse a stored row must prove itself (``row_check.damage``: every file there, its scores
@@ -61,6 +62,7 @@ class RowKey:
     lineage: str  # the same without tasks, shots and limits
     apart_from_data: str = ""  # the key without the bytes of the tasks' data (to say that only the data changed)
     data: dict[str, str] = field(default_factory=dict)  # data file -> SHA-256 of its bytes
+    links: dict[str, str] = field(default_factory=dict)  # data file as named -> its real path (not in the key)
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
                    "members": [_member(recipe.members[i]) for i in row.members]}
         apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
         keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),
-                                 data["files"])
+                                 data["files"], data.get("links", {}))
     return keys
 
 
@@ -205,10 +207,13 @@ class RowStore:
         for entry in self._entries():
             if entry.get("apart_from_data") != key.apart_from_data or entry.get("key") == key.key:
                 continue
+            when = f"{entry['run']}/{entry.get('row')} was computed"
+            if moved := _moved_link(entry.get("links"), key.links):
+                return f"the link {moved[0]} points to {moved[2]}, not to {moved[1]} as when {when}"
             before = entry.get("data") if isinstance(entry.get("data"), dict) else {}
             changed = sorted(set(before) ^ set(key.data) | {f for f in before if key.data.get(f) != before[f]})
             what = f"{changed[0]} has other bytes" if changed else "the data it read changed"
-            return f"{what} than when {entry['run']}/{entry.get('row')} was computed"
+            return f"{what} than when {when}"
         return None
 
     def lineage_cache(self, key: RowKey) -> Path | None:
@@ -225,8 +230,16 @@ class RowStore:
         """Point the key at a row just finished in this output folder."""
         relative = row_dir.relative_to(self.root)
         entry = {"key": key.key, "lineage": key.lineage, "apart_from_data": key.apart_from_data, "data": key.data,
-                 "run": relative.parent.as_posix(), "row": row_dir.name, "cache": db.relative_to(self.root).as_posix()}
+                 "links": key.links, "run": relative.parent.as_posix(), "row": row_dir.name,
+                 "cache": db.relative_to(self.root).as_posix()}
         atomic_write_text(self.folder / f"{key.key}.json", json.dumps(entry, indent=1))
+
+
+def _moved_link(before, now: dict[str, str]) -> tuple[str, str, str] | None:
+    """(link, its target then, its target now) of the first data link that points elsewhere than it did."""
+    before = before if isinstance(before, dict) else {}
+    return next(((link, before[link], target) for link, target in sorted(now.items())
+                 if link in before and before[link] != target), None)
 
 
 def copy_row(source: Path, target: Path, reused_from: str) -> None:

@@ -23,7 +23,8 @@ from ensemble_bench.tasks.lm_eval_tasks import (
     stock_index,
     task_index,
 )
-from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, TaskCode, task_code, task_file_problems
+from ensemble_bench.tasks.task_code import TaskCode, task_code
+from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, data_problems, task_file_problems
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:
@@ -81,7 +82,7 @@ def _as_found(name: str, index: dict[str, Found]) -> Benchmark:
 
 def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
     """A line per task that is not built in and that lm-eval's index cannot run as written: an unknown
-    name, gen_kwargs that do not apply."""
+    name, gen_kwargs that do not apply, task code without consent, data that cannot be read."""
     lines = []
     for i, task in enumerate(recipe.tasks):
         if is_builtin(task.name):
@@ -97,37 +98,38 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
         lines += _task_code_lines(recipe, i, entry, index)
+        lines += [f"tasks[{i}].name: '{task.name}' reads {line}" for line in task_data_problems(entry, index)]
         if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
 
 
-def _code_below(recipe, entry: Found, index: dict[str, Found]) -> tuple[list[TaskCode], list[str]]:
-    return task_code(entry_yamls(entry, index), include_folders(recipe))
-
-
 def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
-    """A line per ``!function`` of task ``i`` naming a module found nowhere, and, unless the recipe allows
-    task code, a line per module of an include_path folder that the task would import and run."""
-    code, missing = _code_below(recipe, entry, index)
-    lines = [f"tasks[{i}].name: {line}" for line in missing]
+    """A line per ``!function`` of task ``i`` naming a module found nowhere (or an include chain that cannot
+    be followed), and, unless the recipe allows task code, a line per module the task would import and run."""
+    code, problems = task_code(entry_yamls(entry, index))
+    lines = [f"tasks[{i}].name: {line}" for line in problems]
     if not getattr(recipe, "allow_task_code", False):
-        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.module} (!function "
-                  f"{found.reference} in {found.task_yaml.name}), unsandboxed: set allow_task_code: true (or "
-                  "--set allow_task_code=true) to run it" for found in code]
+        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.shown()} ({found.origin()}), "
+                  "unsandboxed: set allow_task_code: true (or --set allow_task_code=true) to run it" for found in code]
     return lines
 
 
+def task_data_problems(entry: Found, index: dict[str, Found]) -> list[str]:
+    """What would stop the data of every task below ``entry`` loading (``task_sources.data_problems``), once each."""
+    return list(dict.fromkeys(line for cfg in leaf_configs(entry, index) for line in data_problems(cfg)))
+
+
 def recipe_task_code(recipe) -> list[TaskCode]:
-    """The modules of include_path folders that the recipe's tasks import through ``!function``."""
+    """The modules the recipe's tasks import through ``!function`` (and so run), installed code aside."""
     if all(is_builtin(task.name) for task in recipe.tasks):
         return []
     index = task_index(include_folders(recipe))
     found: dict[Path, TaskCode] = {}
     for task in recipe.tasks:
         if not is_builtin(task.name) and task.name in index:
-            found.update((code.module, code) for code in _code_below(recipe, index[task.name], index)[0])
+            found.update((code.module, code) for code in task_code(entry_yamls(index[task.name], index))[0])
     return list(found.values())
 
 
@@ -157,7 +159,8 @@ def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool 
 def task_preflight(recipe) -> list[str]:
     """What stops the recipe's tasks on this machine, one line each: an include_path that is not a folder,
     a name that is neither built in nor an lm-eval task or group here (close matches named), gen_kwargs
-    that do not apply, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
+    that do not apply, task code without consent, a local data file that is missing or no regular file,
+    a dataset script, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
     when a task is not built in."""
     from ensemble_bench.errors import lines_of
 
@@ -189,4 +192,5 @@ def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, 
     return found
 
 
-__all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_preflight"]
+__all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_data_problems",
+           "task_preflight"]

@@ -247,7 +247,9 @@ def test_ensbench_threads_abc_is_one_line(command):
 
 
 # --- hostile task folders (issue 41): include_path entries lm-eval's index would open ---------------------------
-TASK = ("task: my_task\ndataset_path: json\ndataset_kwargs: {data_files: {test: data.jsonl}}\ntest_split: test\n"
+# data_files are read from the working folder (the sandbox's), where the folder is tasks/ (a missing data file is
+# refused since issue 47)
+TASK = ("task: my_task\ndataset_path: json\ndataset_kwargs: {data_files: {test: tasks/data.jsonl}}\ntest_split: test\n"
         "output_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
 FOLDER_ENTRIES = {  # name -> how to make it in a folder
     "pipe": lambda folder: os.mkfifo(folder / "pipe.yaml"),

@@ -98,12 +98,12 @@ HANDLED = {
                        "response cache database of the run is damaged"),
     "network": (ConnectionError("Connection refused"), 1, "error: network unavailable (Connection refused)"),
     "out of memory": (MemoryError(), 1, "error: out of memory: lower batch_size"),
-    "keyboard interrupt": (KeyboardInterrupt(), 130, "interrupted: run the same command again to resume"),
+    "keyboard interrupt": (KeyboardInterrupt(), 130, "interrupted: stopped before it finished"),
     "typer usage error": (typer.BadParameter("no such thing"), 2, "no such thing (ensbench --help)"),
     "click usage error": (click.UsageError("no such option"), 2, "error: no such option (ensbench --help)"),
 }
 for _abort in cli_faults.INTERRUPTS:
-    HANDLED[f"abort {_abort.__module__}.{_abort.__name__}"] = (_abort(), 130, "interrupted: run the same command")
+    HANDLED[f"abort {_abort.__module__}.{_abort.__name__}"] = (_abort(), 130, "interrupted: stopped before it finished")
 
 
 @pytest.mark.parametrize("case", sorted(HANDLED))
@@ -135,10 +135,30 @@ def test_a_network_fault_inside_a_library_error_is_found_through_the_chain(monke
     assert code == 1 and "network unavailable (Name or service not known)" in one_line(out)
 
 
-def test_ctrl_c_under_typer_returns_130_and_the_resume_hint(monkeypatch, capsys):
+def test_ctrl_c_under_typer_returns_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", lambda **_: 130)  # typer >= 0.2x turns a KeyboardInterrupt into Exit(130)
     code, out = run_cli(monkeypatch, capsys, "list")
+    assert code == 130 and one_line(out) == "interrupted: stopped before it finished"
+
+
+@pytest.mark.usefixtures("offline_data")
+def test_only_a_run_that_resumes_is_told_to_resume(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """`table` on a large run, interrupted, said "run the same command again to resume": it resumes nothing."""
+    from tests.fake_runs import ROWS, fake_run
+
+    def interrupt(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_with_progress", interrupt)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2))
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--threads", "1")
     assert code == 130 and one_line(out) == "interrupted: run the same command again to resume"
+    import ensemble_bench.report.tables
+
+    monkeypatch.setattr(ensemble_bench.report.tables, "make_table", interrupt)
+    code, out = run_cli(monkeypatch, capsys, "table", str(fake_run(tmp_path / "run", ROWS)))
+    assert code == 130 and one_line(out) == "interrupted: stopped before it finished"
 
 
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):

@@ -298,6 +298,28 @@ def test_a_hub_dataset_is_keyed_by_its_revision(tmp_path, monkeypatch):
     assert task_sources.data_fingerprint([{"dataset_path": "org/set"}])["hub"] == [("org/set", "None", "c0ffee")]
 
 
+def test_a_data_link_that_points_elsewhere_is_named_as_the_link(tmp_path):
+    """It was "b.jsonl has other bytes" (issue 47): the file is the same, the link changed."""
+    from ensemble_bench.run.row_store import RowKey, RowStore
+
+    then, now = tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    then.write_text("{}\n")
+    now.write_text('{"a": 1}\n')
+    link = tmp_path / "a.jsonl"
+    link.symlink_to(then)
+    config = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(link)}}}
+    read = task_sources.data_fingerprint([config])
+    assert read["links"] == {str(link): str(then)}
+    store = RowStore(tmp_path / "out", lambda row_dir: None)
+    row = tmp_path / "out" / "first" / "1" / "bpe"
+    store.remember(RowKey("k1", "lineage", "apart", read["files"], read["links"]), row, row.parent / "cache.db")
+    link.unlink()
+    link.symlink_to(now)
+    read = task_sources.data_fingerprint([config])
+    assert store.data_changed(RowKey("k2", "lineage", "apart", read["files"], read["links"])) == (
+        f"the link {link} points to {now}, not to {then} as when first/1/bpe was computed")
+
+
 @pytest.mark.slow
 def test_the_plan_marks_the_rows_a_run_would_reuse(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys):
     code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"), "--dry-run")
