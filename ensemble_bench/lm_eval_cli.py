@@ -143,14 +143,17 @@ def set_threads(threads: int) -> None:
 @contextmanager
 def request_progress(write=None):
     """While lm-eval runs an ensbench model: a line on stderr per finished batch of requests (examples
-    done of the pass, elapsed time, ETA), as ``ensbench run`` prints them to a log."""
+    done of the pass, elapsed time, ETA) and per member load or stage of a long first use, as ``ensbench
+    run`` prints them to a log."""
     from ensemble_bench.cli import PlainProgress
     from ensemble_bench.lm import EnsembleLM
+    from ensemble_bench.members import load_listener
 
     plain = PlainProgress(write=write or (lambda text, flush=True: print(text, file=sys.stderr, flush=flush)))
     EnsembleLM.default_progress = staticmethod(lambda label, done, total: plain.on_progress(label, done, total))
     try:
-        yield plain
+        with load_listener(plain.on_load):
+            yield plain
     finally:
         EnsembleLM.default_progress = None
 

@@ -3,7 +3,7 @@ NAACL 2024, arXiv 2404.09492; code xydaytoy/EVA).
 
 The lead is the paper's pivot model: by default the member with the largest vocabulary, as the
 paper chooses it. Sec. 3.1: a map from each auxiliary member's vocabulary to the lead's, learned
-from the tokens they share (vocab/eva_map.py; built once per pair and cached, eva_cache.py).
+from the tokens they share (vocab/eva_map.py; built once per pair and cached, vocab/eva_cache.py).
 Sec. 3.2, each step: every member's distribution keeps its top-k tokens (softmax over them); the
 auxiliary ones are projected into the lead's vocabulary (p M); the faithfulness filter leaves out a
 member whose top token is in no other member's top-n; the rest are averaged, and the lead emits
@@ -31,10 +31,11 @@ from ensemble_bench.decoding.method import lead_field
 from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
-from ensemble_bench.eva_cache import cached_projection
 from ensemble_bench.members.base import Member
+from ensemble_bench.members.loading import Stage, tell_load
 from ensemble_bench.methods.core import CoreFusion, CoreParams
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
+from ensemble_bench.vocab.eva_cache import cached_projection
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
@@ -107,11 +108,15 @@ class Eva(EmitterMethod):
             super().check_members(params, labels)
 
     def _projection(self, index: int) -> VocabProjection:
+        """The map from member ``index`` into the lead's vocabulary: cached, or learned (first use), saying
+        its stage and progress to the load listeners (the run's progress display)."""
         aux, lead = self.members[index], self.members[self.lead]
+        learning = f"learning EVA's map {aux.name} -> {lead.name} (first use; cached after)"
         try:
             return cached_projection(aux.vocab, lead.vocab, sorted(aux.stop_ids), sorted(lead.stop_ids),
                                      aux.output_embeddings(), lead.output_embeddings(), self.params.alignment(),
-                                     cache_dir() / "eva")
+                                     cache_dir() / "eva", lambda stage, done: tell_load(
+                                         aux.name, Stage(f"{learning}, {stage}", done)))
         except ValueError as err:
             raise UserError(f"eva: members '{aux.name}' and '{lead.name}': {err}") from None
 
