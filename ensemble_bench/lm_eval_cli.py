@@ -47,12 +47,14 @@ from ensemble_bench.run_folder import (  # noqa: E402
     LM_EVAL_OUTPUT,
     RECIPE,
     SUMMARY,
+    newest_samples,
     read_json,
     results_files,
     write_recipe,
     write_row_timing,
 )
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
+from ensemble_bench.tasks.ties import position_ties  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 HELP = "(ensbench-lm-eval run --help)"
@@ -299,8 +301,10 @@ def write_run(plan: Plan) -> None:
     newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
+    samples = {task: read_json(path) for task, path in newest_samples(row_dir).items()}  # with --log_samples
     write_row_timing(row_dir, plan.recipe, plan.row,
-                     {key: value for key, value in info.items() if key not in ("label", "members")})
+                     {**{key: value for key, value in info.items() if key not in ("label", "members")},
+                      "position_ties": position_ties(samples) if samples else None})
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:
