@@ -34,7 +34,7 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
 from ensemble_bench.members.loading import Stage, tell_load
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step
 from ensemble_bench.vocab.eva_cache import cached_projection
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
@@ -163,12 +163,29 @@ class Eva(EmitterMethod):
         projected = self.project(logprobs)
         fused = self.fuse(projected) if self.core is None else self.core_fuse(projected)
         choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
-        if targets is None:
-            return Step(choices, None)
-        rows = torch.arange(fused.shape[0], device=fused.device)
-        total = fused.sum(dim=-1)
-        chosen = fused[rows, torch.tensor(targets, device=fused.device)] / total
-        return Step(choices, [log_or_floor(p) for p in chosen.tolist()])
+        return Step(choices, None if targets is None else self.score(logprobs, targets))
+
+    def score(self, logprobs: list[torch.Tensor], targets: list[int]) -> list[float]:
+        """log P(target) per row when scoring a continuation: the target's share of the members' whole
+        distributions averaged in the lead's vocabulary (the lead's own, the others' through the map, p M),
+        in float64 and log space. Neither the paper nor the authors' code scores a continuation (they
+        generate); the step's top-k cut and faithfulness filter would give a target outside every kept
+        member's top-k probability 0, which ranks nothing, so they choose the greedy token only
+        (``Step.choices``). The lead's own term keeps every score finite."""
+        device = logprobs[self.lead].device
+        rows = torch.arange(len(targets), device=device)
+        wanted = torch.tensor(targets, device=device)
+        shares, totals = [], []
+        for index, lp in enumerate(logprobs):
+            lp = lp.to(device).double()
+            if index == self.lead:
+                shares.append(lp[rows, wanted])
+                totals.append(torch.ones(len(targets), dtype=torch.float64, device=device))
+            else:
+                projected = self.projections[index].project(lp.exp())
+                shares.append(projected[rows, wanted].log())
+                totals.append(projected.sum(dim=-1))
+        return (torch.logsumexp(torch.stack(shares), dim=0) - torch.stack(totals).sum(dim=0).log()).tolist()
 
     def statistics(self) -> EvaReport:
         return EvaReport(**vars(super().statistics()),

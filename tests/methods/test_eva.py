@@ -4,19 +4,24 @@ is in test_method_contract.py, speculative == every-token in test_speculative.py
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from ensemble_bench.members import LocalMember, load_listener
+from ensemble_bench.members import LocalMember, Prompt, load_listener
 from ensemble_bench.members.loading import Stage
+from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.eva import Eva, EvaParams, faithful, top_k_probs
 from ensemble_bench.vocab import csls, eva_map
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.csls import CslsParams, kept_scores, similarity_map
 from ensemble_bench.vocab.eva_cache import cached_projection, projection_path
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection, seed_pairs
-from tests.tiny import REQUESTS, outputs
+from tests.tiny import CORPUS, REQUESTS, outputs
+
+SCORED = [LoglikelihoodRequest(Prompt(text=CORPUS[i][:30]), CORPUS[i][30:30 + n]) for i in range(3) for n in (1, 7)]
 
 
 def view(pieces, special=()):
@@ -161,6 +166,36 @@ def test_fuse_averages_the_faithful_members_and_keeps_all_when_none_is(pair):
     agree = torch.tensor([[0.6, 0.0, 0.4]])
     assert method.fuse([lead, agree])[0].tolist() == pytest.approx([0.65, 0.15, 0.2])
     assert method.info()["eva"]["eva_no_faithful_member_steps"] == 1
+
+
+def dense(projection: VocabProjection, aux_size: int) -> torch.Tensor:
+    matrix = torch.zeros((aux_size, projection.lead_size), dtype=torch.float64)
+    matrix[projection.src, projection.dst] = projection.weight.double()
+    return matrix
+
+
+def test_a_target_outside_every_top_k_is_scored_by_the_whole_distributions(pair):
+    """top_k 1: the step keeps one token per member, yet every target gets its share of the members' whole
+    distributions averaged in the lead's space (not the floor -1e30), and the greedy flag is the step's."""
+    method = Eva(pair(), EvaParams(lead=0, top_k=1, n=None))
+    generator = torch.Generator().manual_seed(0)
+    lead_size, aux_size = method.members[0].vocab.size, method.members[1].vocab.size
+    logprobs = [torch.randn((2, lead_size), generator=generator).log_softmax(-1),
+                torch.randn((2, aux_size), generator=generator).log_softmax(-1)]
+    targets = [int(logprobs[0][0].argsort()[3]), int(logprobs[0][1].argmax())]  # a low token, the lead's best
+    step = method._step(logprobs, targets)
+    projected = logprobs[1].double().exp() @ dense(method.projections[1], aux_size)
+    fused, total = logprobs[0].double().exp() + projected, 1 + projected.sum(dim=1)  # the lead's sums to 1
+    expected = [math.log(fused[row, t] / total[row]) for row, t in enumerate(targets)]
+    assert step.target_logprobs == pytest.approx(expected, abs=1e-9)
+    assert step.choices == method._step(logprobs, None).choices
+
+
+def test_scores_are_finite_and_rank_continuations_whatever_the_top_k(pair):
+    method = Eva(pair(), EvaParams(lead=0, top_k=1))
+    scores = [s.logprob for s in method.loglikelihood(SCORED)]
+    assert all(-1e3 < score < 0 for score in scores)
+    assert len(set(scores)) == len(scores)
 
 
 def test_the_filter_is_counted_with_core_too(pair):
