@@ -36,17 +36,10 @@ BLOCK_ROWS = 16384  # rows squared at once when normalising (16k x 896 x 4 bytes
 
 
 @dataclass(frozen=True)
-class AlignParams:
-    """The alignment's parameters (EVA Sec. 3.1 and the authors' defaults)."""
+class AlignParams(CslsParams):
+    """The alignment's parameters (EVA Sec. 3.1 and the authors' defaults): the similarity's, and the overlap."""
 
-    top_t: int = 10
-    threshold: float = 0.1
-    variance: float = 0.01
-    neighborhood: int = 1
     overlap: str = "learned"  # "learned": every token through the similarity; "direct": shared tokens map to themselves
-
-    def csls(self) -> CslsParams:
-        return CslsParams(self.top_t, self.threshold, self.variance, self.neighborhood)
 
 
 @dataclass(frozen=True)
@@ -169,7 +162,7 @@ def build_projection(aux: VocabView, lead: VocabView, aux_embeddings, lead_embed
         direct = {a: b for a, b in zip(src.tolist(), trg.tolist()) if a in texts}
         text = np.array([i for i in text.tolist() if i not in direct], dtype=np.int64)
     excluded = sorted(i for i in lead.special_ids | {i for i, p in enumerate(lead.pieces) if p is None})
-    a, b, w = similarity_map(_unit(xw), _unit(zw), text, params.csls(), excluded, report)
+    a, b, w = similarity_map(_unit(xw), _unit(zw), text, params, excluded, report)
     fixed = {**direct, **stops}
     a = np.concatenate([a, np.array(list(fixed), dtype=np.int64)])
     b = np.concatenate([b, np.array(list(fixed.values()), dtype=np.int64)])
