@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Stage:
     """A long step of a first use, heard as a load event (EVA learning its map: methods/eva.py): what it
-    does and the fraction done; the display adds the time it has taken and an ETA (progress.py)."""
+    does and the fraction done; the display adds the time it has taken and an ETA (cli/progress.py)."""
 
     what: str
     done: float
@@ -42,7 +42,7 @@ _listeners: list[Callable[[str, str | Stage], None]] = []
 @contextmanager
 def load_listener(listener: Callable[[str, str | Stage], None]) -> Iterator[None]:
     """While the block runs, ``listener(member name, event)`` hears every load_member: ``loading``,
-    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, progress.py), and
+    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, cli/progress.py), and
     the ``Stage`` of a long first use after the members loaded."""
     _listeners.append(listener)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ensemble_bench.run_folder import TIMING, read_json
+from ensemble_bench.run.folder import TIMING, read_json
 
 
 def tie_warnings(run_dir: Path, labels: list[str]) -> list[str]:

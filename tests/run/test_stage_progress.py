@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from ensemble_bench.cli.progress import STAGE_LINE_EVERY, BarProgress, PlainProgress
 from ensemble_bench.members.loading import Stage
-from ensemble_bench.progress import STAGE_LINE_EVERY, BarProgress, PlainProgress
 
 
 class Clock:
