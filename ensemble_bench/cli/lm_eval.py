@@ -50,12 +50,14 @@ from ensemble_bench.run.folder import (  # noqa: E402
     LM_EVAL_OUTPUT,
     RECIPE,
     SUMMARY,
+    newest_samples,
     read_json,
     results_files,
     write_recipe,
     write_row_timing,
 )
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
+from ensemble_bench.tasks.ties import position_ties  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 HELP = "(ensbench-lm-eval run --help)"
@@ -152,14 +154,17 @@ def set_threads(threads: int) -> None:
 @contextmanager
 def request_progress(write=None):
     """While lm-eval runs an ensbench model: a line on stderr per finished batch of requests (examples
-    done of the pass, elapsed time, ETA), as ``ensbench run`` prints them to a log."""
+    done of the pass, elapsed time, ETA) and per member load or stage of a long first use, as ``ensbench
+    run`` prints them to a log."""
     from ensemble_bench.cli.main import PlainProgress
+    from ensemble_bench.members import load_listener
     from ensemble_bench.run.lm import EnsembleLM
 
     plain = PlainProgress(write=write or (lambda text, flush=True: print(text, file=sys.stderr, flush=flush)))
     EnsembleLM.default_progress = staticmethod(lambda label, done, total: plain.on_progress(label, done, total))
     try:
-        yield plain
+        with load_listener(plain.on_load):
+            yield plain
     finally:
         EnsembleLM.default_progress = None
 
@@ -305,8 +310,10 @@ def write_run(plan: Plan) -> None:
     newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
+    samples = {task: read_json(path) for task, path in newest_samples(row_dir).items()}  # with --log_samples
     write_row_timing(row_dir, plan.recipe, plan.row,
-                     {key: value for key, value in info.items() if key not in ("label", "members")})
+                     {**{key: value for key, value in info.items() if key not in ("label", "members")},
+                      "position_ties": position_ties(samples) if samples else None})
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:

@@ -4,14 +4,22 @@ row starts loading: the members being loaded and for how long, then the examples
 
 lm-eval asks a row's model once per request kind (a pass: every multiple-choice task, then every
 generation task, ...); the adapter (lm.py) reports after each batch the examples it finished and the
-examples of the pass, per task. The ETA is that of the pass in progress, at the pass's own rate.
+examples of the pass, per task. The ETA is that of the pass in progress, at the pass's own rate. A long
+first use after the members load (EVA learning its map) says its stage, the fraction done and an ETA at
+that stage's rate.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # the display reads a stage's fields only: importing members would import torch
+    from ensemble_bench.members.loading import Stage
+
+STAGE_LINE_EVERY = 5.0  # seconds between two lines of one long stage in a log
 FINISHED_STATES = ("reused from", "kept from")  # the runner's row states that end a row without computing it
 Counts = Mapping[str, int]  # task name -> examples ("" for requests without a task name)
 
@@ -95,13 +103,21 @@ class RowClock:
 
 
 class LoadClock:
-    """The member being loaded and since when, for the line that says so."""
+    """The member being loaded and since when, for the line that says so; a long stage's start."""
 
     def __init__(self):
         self.started: dict[str, float] = {}
+        self.stages: dict[str, float] = {}
 
-    def text(self, member: str, event: str, now: float) -> str:
-        """``loading qwen2.5``, ``converting qwen2.5's GGUF once ...``, ``qwen2.5 loaded in 0.9 s``."""
+    def text(self, member: str, event: str | Stage, now: float) -> str:
+        """``loading qwen2.5``, ``converting qwen2.5's GGUF once ...``, ``qwen2.5 loaded in 0.9 s``,
+        ``<stage>: 40%, 1 min 02 s elapsed, ETA 1 min 33 s``."""
+        if not isinstance(event, str):  # a Stage
+            spent = now - self.stages.setdefault(event.what, now)
+            text = f"{event}, {duration(spent)} elapsed"
+            if 0 < event.done < 1 and spent > 0:
+                text += f", ETA {duration(spent / event.done * (1 - event.done))}"
+            return text
         if event == "loading":
             self.started[member] = now
             return f"loading {member}"
@@ -123,6 +139,7 @@ class PlainProgress:
         self.rows: dict[str, RowClock] = {}
         self.loads = LoadClock()
         self.current: str | None = None
+        self.stage_line = -math.inf
 
     def _row(self, label: str) -> RowClock:
         return self.rows.setdefault(label, RowClock(self.clock()))
@@ -134,8 +151,14 @@ class PlainProgress:
             state += f", {duration(self.clock() - clock.started)} elapsed"
         self.write(f"{row.label}: {state}", flush=True)
 
-    def on_load(self, member: str, event: str) -> None:
-        self.write(f"{self.current or member}: {self.loads.text(member, event, self.clock())}", flush=True)
+    def on_load(self, member: str, event: str | Stage) -> None:
+        now = self.clock()
+        if not isinstance(event, str) and event.done < 1:  # a Stage: a line every few seconds, and its last
+            if now - self.stage_line < STAGE_LINE_EVERY:
+                self.loads.text(member, event, now)  # the stage's clock starts at its first report (0%)
+                return
+            self.stage_line = now
+        self.write(f"{self.current or member}: {self.loads.text(member, event, now)}", flush=True)
 
     def on_progress(self, label: str, done, total) -> None:
         now = self.clock()
@@ -174,7 +197,7 @@ class BarProgress:
             self.progress.update(self.bars[label], total=1, completed=1)
             self.progress.stop_task(self.bars[label])
 
-    def on_load(self, member: str, event: str) -> None:
+    def on_load(self, member: str, event: str | Stage) -> None:
         if self.current in self.bars:
             text = self.loads.text(member, event, self.clock())
             self.progress.update(self.bars[self.current], description=f"{self.current}: {text}")

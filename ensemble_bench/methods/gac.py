@@ -46,10 +46,10 @@ from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
 from ensemble_bench.vocab.union import UnionVocab
+from ensemble_bench.vocab.union_cache import cached_union
 
 
 class GacParams(WindowParams, SpeculativeParams, CoreParams):

@@ -61,11 +61,11 @@ from ensemble_bench.methods.packllm_weights import (
     score_prompts,
     sim_weights,
 )
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.union_cache import cached_union
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)

@@ -56,6 +56,7 @@ from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
 from ensemble_bench.tasks.task_sources import data_fingerprint
+from ensemble_bench.tasks.ties import position_ties
 
 if TYPE_CHECKING:
     from lm_eval.tasks import TaskManager
@@ -73,6 +74,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     cache.mkdir(parents=True, exist_ok=True)
     _carry_counts(lm, cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
+    ties: dict[str, dict[str, int]] = {}
     for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
         results = simple_evaluate(
@@ -87,6 +89,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         if results is None:
             raise RuntimeError("lm-eval returned no results")
         samples = results.pop("samples", {})
+        ties.update(position_ties(samples))
         if recipe.allow_code_execution:
             results["config"]["code_execution_isolation"] = isolation_level()
         tracker.general_config_tracker.model_name = row.label
@@ -96,7 +99,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     write_row_timing(partial, recipe, row, {**lm.method.info(), "requests_computed": lm.requests_computed,
-                                            **lm.scoring.summary(), "row_key": row_key})
+                                            **lm.scoring.summary(), "position_ties": ties, "row_key": row_key})
     traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
     if traces:
         write_span_trace(partial, traces)
