@@ -94,8 +94,8 @@ def choice_notes(recipe) -> list[str]:
     from ensemble_bench.methods import get_method
     from ensemble_bench.tasks.output_kinds import choice_benchmarks
 
-    unused = [(row, get_method(row.method).unused_on_choices(row.params)) for row in recipe.plan if row.spec is not None]
-    unused = [(row, names) for row, names in unused if names]
+    ensembles = [row for row in recipe.plan if row.spec is not None]
+    unused = [(row, names) for row in ensembles if (names := get_method(row.method).unused_on_choices(row.params))]
     choices = ", ".join(choice_benchmarks(recipe)) if unused else ""
     return [f"row {row.label}: {', '.join(names)} {'does' if len(names) == 1 else 'do'} nothing on the multiple-choice "
             f"benchmarks ({choices}): {get_method(row.method).choice_scoring}" for row, names in unused if choices]

@@ -259,7 +259,8 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
     Params = PackLLMParams
     choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
                       "perplexity weights")
-    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields})
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
+                                  *WindowParams.model_fields})
     min_members = 2
     lead = LEAD
 

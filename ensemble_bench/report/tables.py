@@ -167,7 +167,8 @@ def collect_rows(run_dirs: list[Path]) -> OurRuns:
         benches = recipe_benchmarks(run_dir, recipe)
         found = run_rows(run_dir, recipe)
         intervals = row_intervals(run_dir, found, benches)
-        ours.warnings += [f"warning: {line}" for line in whitespace_warnings(run_dir, [row.plan.label for row in found])]
+        labels = [row.plan.label for row in found]
+        ours.warnings += [f"warning: {line}" for line in whitespace_warnings(run_dir, labels)]
         ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
         ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
         shots = run_shots(run_dir, recipe, benches)
