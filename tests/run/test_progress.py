@@ -26,12 +26,18 @@ def plain():
     return PlainProgress(write=lambda text, flush=False: lines.append(text), clock=clock), lines, clock
 
 
+def start(progress, clock, row, loading: float, evaluating: float) -> None:
+    """The row starts loading at ``loading`` and evaluates from ``evaluating``."""
+    clock.now = loading
+    progress.on_row(row, "loading")
+    clock.now = evaluating
+    progress.on_row(row, "evaluating")
+
+
 def test_elapsed_counts_from_the_row_start_not_from_its_first_batch(plain):
     """One batch holding every example, after 7 minutes: the line says 7 minutes, not 0 s."""
     progress, lines, clock = plain
-    progress.on_row(ROW, "loading")
-    clock.now = 60.0
-    progress.on_row(ROW, "evaluating")
+    start(progress, clock, ROW, 0.0, 60.0)
     assert lines[-1] == "gac: evaluating, 1 min 00 s elapsed"
     clock.now = 420.0
     progress.on_progress("gac", {"nq": 6}, {"nq": 6})
@@ -79,13 +85,10 @@ def test_a_later_row_counts_only_its_own_time(plain):
     later = SimpleNamespace(label="adafuse")
     progress.on_row(ROW, "answers cached in run/cache/gac_rank0.db are reused")
     progress.on_row(later, "answers cached in run/cache/adafuse_rank0.db are reused")
-    progress.on_row(ROW, "loading")
-    progress.on_row(ROW, "evaluating")
+    start(progress, clock, ROW, 0.0, 0.0)
     clock.now = 300.0
     progress.on_progress("gac", {"nq": 4}, {"nq": 4})
-    progress.on_row(later, "loading")
-    clock.now = 302.0
-    progress.on_row(later, "evaluating")
+    start(progress, clock, later, 300.0, 302.0)
     assert lines[-1] == "adafuse: evaluating, 2 s elapsed"
     clock.now = 308.0
     progress.on_progress("adafuse", {"nq": 1}, {"nq": 4})
@@ -95,9 +98,7 @@ def test_a_later_row_counts_only_its_own_time(plain):
 def test_the_rate_counts_the_evaluation_not_a_long_first_load(plain):
     """Issue 47: EVA learning its map for 19 minutes showed 0.00 examples/s once it evaluated."""
     progress, lines, clock = plain
-    progress.on_row(ROW, "loading")
-    clock.now = 1140.0
-    progress.on_row(ROW, "evaluating")
+    start(progress, clock, ROW, 0.0, 1140.0)
     clock.now = 1170.0
     progress.on_progress("gac", {"nq": 1}, {"nq": 10})
     assert lines[-1] == "gac: nq 1 of 10 examples done, 19 min 30 s elapsed, ETA 4 min 30 s, 30.0 s/example"
