@@ -45,7 +45,7 @@ def measure(bench: str, limit: int, threads: int, folder: Path) -> list[dict]:
     """One fresh run of the three models alone on ``bench``: a record per model."""
     from ensemble_bench.report.run_files import row_wall_seconds
     from ensemble_bench.report.tables import resolve_run
-    from ensemble_bench.run_folder import read_json, results_files
+    from ensemble_bench.run.folder import read_json, results_files
 
     recipe = {"name": f"costs_{bench.replace('-', '_')}", "members": [{"model": m, "name": m} for m in MODELS],
               "method": "single", "tasks": [{"name": bench, "limit": limit}], "batch_size": 8, "seed": 1234,

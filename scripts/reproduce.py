@@ -22,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from ensemble_bench.overrides import option_overrides
 from ensemble_bench.recipe import load_recipe
+from ensemble_bench.recipe.overrides import option_overrides
 from ensemble_bench.report.estimate import HOW, Estimate, combined, estimate, estimate_lines
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,17 +12,15 @@ SCORING_KINDS = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_ro
 def choice_benchmarks(recipe) -> list[str]:
     """The names of the recipe's benchmarks whose tasks score options rather than generate (none when the
     task index cannot be read: the preflight names why)."""
-    from ensemble_bench.recipe import selected_benchmarks
     from ensemble_bench.tasks.lm_eval_tasks import leaf_configs, task_index
-    from ensemble_bench.tasks.recipe_tasks import include_folders
+    from ensemble_bench.tasks.recipe_tasks import include_folders, task_benchmarks
 
     try:
         index = task_index(include_folders(recipe))
-        chosen = selected_benchmarks(recipe)
     except UserError:
         return []
     found = []
-    for bench, _, _ in chosen:
+    for bench in task_benchmarks(recipe, index):
         entry = index.get(bench.task)
         kinds = {cfg.get("output_type") for cfg in leaf_configs(entry, index)} if entry is not None else set()
         if kinds & SCORING_KINDS:

@@ -24,9 +24,9 @@ def recipe(members, methods, tasks):
 
 @pytest.fixture()
 def measured(monkeypatch):
-    monkeypatch.setattr(estimates, "member_costs", lambda: {("smollm2-135m", "piqa"): 0.5, ("qwen2.5-0.5b", "piqa"): 1.5,
-                                                            ("smollm2-135m", "nq"): 2.0, ("qwen2.5-0.5b", "nq"): 6.0,
-                                                            ("qwen2.5-0.5b", "flores_en-de"): 10.0})
+    costs = {("smollm2-135m", "piqa"): 0.5, ("qwen2.5-0.5b", "piqa"): 1.5, ("smollm2-135m", "nq"): 2.0,
+             ("qwen2.5-0.5b", "nq"): 6.0, ("qwen2.5-0.5b", "flores_en-de"): 10.0}
+    monkeypatch.setattr(estimates, "member_costs", lambda: costs)
     monkeypatch.setattr(estimates, "method_factors", lambda: {"single": 1.0, "gac": 0.5})
 
 
