@@ -60,7 +60,7 @@ def plan_tables(recipe, fresh: bool = False) -> list:
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
     notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *task_code_notes(recipe),
-                                                 *reuse_notes(recipe, fresh)]]
+                                                 *reuse_notes(recipe, fresh), *choice_notes(recipe)]]
     notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe)]
     return [heading, results_line(recipe, fresh), rows, benches, *notes]
 
@@ -86,3 +86,16 @@ def task_code_notes(recipe) -> list[str]:
         return []
     return [f"task code: {code.shown()} runs when the tasks load ({code.origin()})"
             f"{'' if recipe.allow_task_code else ' - not allowed: set allow_task_code: true'}" for code in found]
+
+
+def choice_notes(recipe) -> list[str]:
+    """A line per ensemble row that sets parameters its method does not use to score multiple-choice
+    options (``Method.unused_on_choices``), when the recipe has multiple-choice benchmarks."""
+    from ensemble_bench.methods import get_method
+    from ensemble_bench.tasks.output_kinds import choice_benchmarks
+
+    ensembles = [row for row in recipe.plan if row.spec is not None]
+    unused = [(row, names) for row in ensembles if (names := get_method(row.method).unused_on_choices(row.params))]
+    choices = ", ".join(choice_benchmarks(recipe)) if unused else ""
+    return [f"row {row.label}: {', '.join(names)} {'does' if len(names) == 1 else 'do'} nothing on the multiple-choice "
+            f"benchmarks ({choices}): {get_method(row.method).choice_scoring}" for row, names in unused if choices]

@@ -1,6 +1,9 @@
 """What a run shows while it works: one bar (a terminal) or lines (a log) per row, from the moment the
 row starts loading: the members being loaded and for how long, then the examples done of every task
-(``piqa 10 of 10, nq 3 of 10``), the row's true elapsed time and an ETA.
+(``piqa 10 of 10, nq 3 of 10``), the row's true elapsed time and an ETA. A row's clock starts when
+the row starts loading (``loading``), not at an earlier line about it (a response cache it starts
+from), so no row counts the rows computed before it; its rate counts its evaluation only (from
+``evaluating``), so a long first load (EVA learning its map) does not read as 0.00 examples/s.
 
 lm-eval asks a row's model once per request kind (a pass: every multiple-choice task, then every
 generation task, ...); the adapter (lm.py) reports after each batch the examples it finished and the
@@ -33,6 +36,14 @@ def duration(seconds: float) -> str:
     return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
+def rate(done: int, seconds: float) -> str:
+    """``2.50 examples/s``, or below one a second ``6.7 s/example`` (``2 min 05 s/example``)."""
+    if done >= seconds:
+        return f"{done / seconds:.2f} examples/s"
+    each = seconds / done
+    return f"{each:.1f} s/example" if each < 60 else f"{duration(each)}/example"
+
+
 def as_counts(value: Counts | int | None) -> dict[str, int]:
     """Per-task counts; a bare number (an untitled pass) counts for the task ``""``."""
     if value is None:
@@ -41,11 +52,12 @@ def as_counts(value: Counts | int | None) -> dict[str, int]:
 
 
 class RowClock:
-    """One row's examples per task, its elapsed time since it started (loading included) and the ETA
-    of the pass in progress."""
+    """One row's examples per task, its elapsed time since it started (loading included), its rate since
+    its evaluation started and the ETA of the pass in progress."""
 
     def __init__(self, now: float):
         self.started = now
+        self.evaluation_started = now  # until the row says it is evaluating
         self.last_report = now  # a new pass starts when the previous one reported its last batch
         self.tasks: dict[str, list[int]] = {}  # task -> [done, total]
         self.pass_started = now
@@ -64,7 +76,7 @@ class RowClock:
 
     def evaluating(self, now: float) -> None:
         """The members are loaded: the first pass starts now."""
-        self.last_report = now
+        self.last_report = self.evaluation_started = now
 
     def add(self, done: Counts | int, total: Counts | int | None, now: float) -> None:
         done, total = as_counts(done), as_counts(total)
@@ -99,7 +111,8 @@ class RowClock:
         eta = self.eta(now)
         if eta is not None:
             text += f", ETA {duration(eta)}"
-        return text + (f", {self.done / elapsed:.2f} examples/s" if elapsed > 0 and self.done else "")
+        evaluated = now - self.evaluation_started
+        return text + (f", {rate(self.done, evaluated)}" if evaluated > 0 and self.done else "")
 
 
 class LoadClock:
@@ -145,6 +158,8 @@ class PlainProgress:
         return self.rows.setdefault(label, RowClock(self.clock()))
 
     def on_row(self, row, state: str) -> None:
+        if state == "loading":  # the row starts now: earlier lines about it (a cache it starts from) do not count
+            self.rows.pop(row.label, None)
         clock, self.current = self._row(row.label), row.label
         if state == "evaluating":  # how long the loading took
             clock.evaluating(self.clock())
@@ -189,6 +204,9 @@ class BarProgress:
         label, self.current = row.label, row.label
         if label not in self.bars:
             self.bars[label] = self.progress.add_task(label, total=None, eta="")
+            self.rows[label] = RowClock(self.clock())
+        elif state == "loading":  # the row starts now: its bar's clock too
+            self.progress.reset(self.bars[label])
             self.rows[label] = RowClock(self.clock())
         if state == "evaluating":
             self.rows[label].evaluating(self.clock())

@@ -175,6 +175,9 @@ class GacReport(MethodStats):
 class Gac(SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
+    choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
+                                  "lead", "threshold", "retokenize", "temperature", "seed"})
     min_members = 2
     samples = True
     lead_param = "lead"

@@ -259,6 +259,10 @@ class MinedFusion:
 class PackLLM(SpeculativeSteps, DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
+    choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
+                      "perplexity weights")
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
+                                  *WindowParams.model_fields})
     min_members = 2
     lead = LEAD
 

@@ -131,6 +131,8 @@ class Safe(DecodingMethod):
     Params = SafeParams
     min_members = 2
     lead_param = "lead"
+    choice_scoring = "SAFE scores an option by the drafter's (lead's) own probability"
+    inert_on_choices = frozenset(SafeParams.model_fields) - {"lead"}
 
     def __init__(self, members: Sequence[Member], params: SafeParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

@@ -44,6 +44,7 @@ from ensemble_bench.report.provenance import (
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.table_text import render
+from ensemble_bench.report.whitespace_notes import whitespace_warnings
 from ensemble_bench.run.folder import is_finished, reading_once
 
 HERE = Path(__file__).parent
@@ -85,6 +86,7 @@ class OurRuns:
     hardware: set[str] = field(default_factory=set)
     kept_apart: list[str] = field(default_factory=list)  # one line per label two runs measured on one benchmark
     metrics: dict[str, str] = field(default_factory=dict)  # benchmark column -> its metric (acc, exact_match ...)
+    warnings: list[str] = field(default_factory=list)  # the summaries' warnings (answers wrong by whitespace)
 
     def row_for(self, label: str, method: str, declared: str | None, run_dir: Path, columns: list[str]) -> OurRow:
         """The merged row a run's row goes into: the row of its label, unless an earlier run already
@@ -172,6 +174,7 @@ def _collect_run(ours: OurRuns, run_dir: Path) -> None:
     benches = recipe_benchmarks(run_dir, recipe)
     found = run_rows(run_dir, recipe)
     intervals = row_intervals(run_dir, found, benches)
+    ours.warnings += [f"warning: {line}" for line in whitespace_warnings(run_dir, [row.plan.label for row in found])]
     ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
     ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
     shots = run_shots(run_dir, recipe, benches)
@@ -296,7 +299,7 @@ def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_ap
         paper = layout.hardware or "hardware this layout does not record"
         notes.append(f"latency: no difference to the paper's, which was timed on {paper}; these runs: "
                      f"{', '.join(sorted(ours.hardware))}")
-    return [note for note in notes if note] + ours.kept_apart
+    return [note for note in notes if note] + ours.kept_apart + ours.warnings
 
 
 def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
@@ -347,7 +350,7 @@ def build_run_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, Layout]:
     setup_notes = add_setups(records, layout.benchmark_columns, list(ours.rows.values()))
     frame = setup_frame(records)
     averaged = average_note(ours.benchmarks, ours.metrics) if len(ours.benchmarks) > 1 else []
-    frame.attrs["notes"] = _run_notes(layout) + setup_notes + averaged + ours.kept_apart
+    frame.attrs["notes"] = _run_notes(layout) + setup_notes + averaged + ours.kept_apart + ours.warnings
     return frame, layout
 
 

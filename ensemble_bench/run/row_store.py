@@ -43,8 +43,8 @@ from ensemble_bench import __version__
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
-from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
-from ensemble_bench.run.folder import REUSED, TIMING, parse_json, recorded_key, write_timing
+from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label, selected_benchmarks
+from ensemble_bench.run.folder import REUSED, TIMING, parse_json, read_json, recorded_key, results_files, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
@@ -63,6 +63,7 @@ class RowKey:
     apart_from_data: str = ""  # the key without the bytes of the tasks' data (to say that only the data changed)
     data: dict[str, str] = field(default_factory=dict)  # data file -> SHA-256 of its bytes
     links: dict[str, str] = field(default_factory=dict)  # data file as named -> its real path (not in the key)
+    tasks: dict[str, int] = field(default_factory=dict)  # lm-eval task or group -> shots, as the row evaluates them
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,8 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
               "allow_code_execution": recipe.allow_code_execution}
     tasks = {"files": _folders_digest(task_folders, data["files"]), "groups": groups, "data": recipe.data,
              "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
+    evaluated = {bench.task: bench.default_shots if shots is None else shots
+                 for bench, shots, _ in selected_benchmarks(recipe)}
     keys = {}
     for row in rows:
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
@@ -160,7 +163,7 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
                    "members": [_member(recipe.members[i]) for i in row.members]}
         apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
         keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),
-                                 data["files"], data.get("links", {}))
+                                 data["files"], data.get("links", {}), evaluated)
     return keys
 
 
@@ -216,15 +219,17 @@ class RowStore:
             return f"{what} than when {when}"
         return None
 
-    def lineage_cache(self, key: RowKey) -> Path | None:
-        """The largest response cache of a finished row of the same lineage, if any."""
+    def lineage_cache(self, key: RowKey) -> tuple[Path, list[str]] | None:
+        """The response cache of a finished row of the same lineage that ran the most of this key's tasks
+        (with the same shots), the largest of those; and those tasks (none: its answers are to other
+        requests). None when no row of the lineage is stored."""
         found = []
         for entry in self._entries():
             if entry.get("lineage") == key.lineage and isinstance(entry.get("cache"), str):
-                db = self._inside(entry["cache"])
-                if db is not None and db.is_file():
-                    found.append(db)
-        return max(found, key=lambda db: db.stat().st_size, default=None)
+                db, run = self._inside(entry["cache"]), self._inside(entry["run"])
+                if db is not None and db.is_file() and run is not None and is_safe_label(str(entry.get("row"))):
+                    found.append((db, shared_tasks(run / entry["row"], key.tasks)))
+        return max(found, key=lambda pair: (len(pair[1]), pair[0].stat().st_size), default=None)
 
     def remember(self, key: RowKey, row_dir: Path, db: Path) -> None:
         """Point the key at a row just finished in this output folder."""
@@ -266,6 +271,24 @@ def seed_cache(source: Path, target: Path) -> bool:
         return False
     os.replace(partial, target)
     return True
+
+
+def shared_tasks(row_dir: Path, tasks: dict[str, int]) -> list[str]:
+    """Those of ``tasks`` (lm-eval task or group -> shots) that the finished row in ``row_dir`` evaluated
+    with the same shots, as its results files record them: the tasks whose requests its cache can hold."""
+    ran: dict[str, object] = {}
+    for path in results_files(row_dir):
+        results = read_json(path)
+        shots = results.get("n-shot") if isinstance(results.get("n-shot"), dict) else {}
+        subtasks = results.get("group_subtasks") if isinstance(results.get("group_subtasks"), dict) else {}
+        for name in results.get("results") or {}:
+            leaf = name
+            for _ in range(16):  # a group's shots are its first task's (lm-eval records them per task)
+                if leaf in shots or not subtasks.get(leaf):
+                    break
+                leaf = subtasks[leaf][0]
+            ran[name] = shots.get(leaf)
+    return [task for task, wanted in tasks.items() if task in ran and ran[task] == wanted]
 
 
 def record_reuse(run_dir: Path, label: str, record: dict[str, str]) -> None:

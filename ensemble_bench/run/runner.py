@@ -175,11 +175,16 @@ def _lend_cache(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -
     """A row about to be computed for the first time starts from the response cache of a finished row
     of its lineage (same members, method and parameters; other tasks or limits): only new requests run."""
     db = cache_db(run_dir, row.label)
-    source = None if db.exists() else store.lineage_cache(key)
-    if source is not None and seed_cache(source, db):
-        name = source.relative_to(store.root).as_posix()
+    found = None if db.exists() else store.lineage_cache(key)
+    if found is None:
+        return
+    source, tasks = found
+    name = source.relative_to(store.root).as_posix()
+    if not tasks:  # its answers are to other tasks or shots: nothing to reuse, and the line says so
+        on_row and on_row(row, f"no cached answers ({name} holds none of its tasks with their shots)")
+    elif seed_cache(source, db):
         record_reuse(run_dir, row.label, {"cache_from": name, "note": LENT_NOTE})
-        on_row and on_row(row, f"answers cached in {name} are reused")
+        on_row and on_row(row, f"answers cached in {name} are reused where the requests match ({', '.join(tasks)})")
 
 
 def _stale(row_dir: Path, key: RowKey | None) -> str | None:

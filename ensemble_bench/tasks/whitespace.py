@@ -14,6 +14,8 @@ from pathlib import Path
 DEFAULT_DELIMITER = " "  # lm-eval's target_delimiter when a task sets none
 FEW = 3  # answers that differ only by whitespace: warn at this many (or when every answer does)
 MAX_DEPTH = 8  # groups of groups walked when looking for the task YAMLs of a recipe task
+SPACE_FIX = ("add a remove_whitespace filter to the task's filter_list (as lm-eval's nq_open does), or end "
+             "doc_to_text with the space and set target_delimiter: '' (docs/own_experiment.md)")
 
 
 def _adds_whitespace(delimiter: object) -> bool:
@@ -121,7 +123,7 @@ def answer_warning(row: str, task: str, samples: list[dict]) -> str | None:
         return None
     answer, target = first
     return (f"{row}: {task}: {count} of {total} answers differ from the target only by surrounding whitespace "
-            f"(e.g. {answer!r} for {target!r}): check the prompt's spacing (doc_to_target, target_delimiter)")
+            f"(e.g. {answer!r} for {target!r}), so they score 0: {SPACE_FIX}")
 
 
 def sample_target_warning(task: str, samples: list[dict], delimiter: object) -> str | None:

@@ -209,6 +209,31 @@ def test_scoring_with_itself_keeps_the_members_scores(twins, by_itself, name, in
         assert_close([s.logprob for s in got], [s.logprob for s in expected], TINY_MODEL)
 
 
+# ------------------------------------------------------------------ parameters inert on choices
+def without_inert(name: str, entry: dict) -> dict:
+    return {key: value for key, value in entry.items() if key not in METHODS[name].inert_on_choices}
+
+
+INERT_CASES = [pytest.param(name, i, id=f"{name}-{i}") for name, sets in CONTRACT_PARAMS.items()
+               for i, entry in enumerate(sets) if without_inert(name, entry) != entry]
+
+
+def test_what_each_method_declares_inert_on_choices_is_its_own_parameters():
+    for cls in METHODS.values():
+        assert cls.inert_on_choices <= set(cls.Params.model_fields), cls.name
+        assert not cls.inert_on_choices or cls.choice_scoring, cls.name  # the plan's note says how it scores instead
+    assert {"gac", "packllm", "sweetspan", "safe"} <= {name for name, _ in (p.values for p in INERT_CASES)}
+
+
+@pytest.mark.parametrize("name,index", INERT_CASES)
+def test_parameters_declared_inert_on_choices_leave_the_choice_scores_as_they_are(mixed, name, index):
+    """What the plan's note says (issue 47: core: true on multiple choice for GaC): setting them changes
+    no option's score."""
+    cls, entry = METHODS[name], CONTRACT_PARAMS[name][index]
+    plain = cls(mixed, params_of(cls, without_inert(name, entry)), batch_size=3).loglikelihood(SCORED)
+    assert cls(mixed, params_of(cls, entry), batch_size=3).loglikelihood(SCORED) == plain
+
+
 # ------------------------------------------------------------------ batch invariance
 @pytest.mark.parametrize("name,index", cases())
 def test_batch_size_does_not_change_outputs(mixed, name, index):

@@ -98,7 +98,7 @@ def test_progress_lines_show_examples_elapsed_and_eta():
     now[0] = 150.0
     progress.on_progress("gac", 30, 40)  # the first pass is done; a second pass of 20 begins
     progress.on_progress("gac", 5, 20)
-    assert lines[1] == "gac: 10 of 40 examples done, 30 s elapsed, ETA 1 min 30 s, 0.33 examples/s"
+    assert lines[1] == "gac: 10 of 40 examples done, 30 s elapsed, ETA 1 min 30 s, 3.0 s/example"
     assert lines[2].startswith("gac: 40 of 40 examples done, 2 min 30 s elapsed, ETA 0 s")
     assert lines[3].startswith("gac: 45 of 60 examples done")
 

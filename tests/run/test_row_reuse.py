@@ -137,6 +137,28 @@ def test_a_raised_limit_computes_only_the_new_examples(tiny_dirs, tmp_path, monk
 
 
 @pytest.mark.slow
+def test_a_lineage_that_ran_other_shots_gives_no_cached_answers_and_says_so(tiny_dirs, tmp_path, monkeypatch, capsys,
+                                                                           output):
+    """Issue 47: "answers cached in ... are reused" was said of a row whose lineage's cache held none of its tasks."""
+    run_a = output
+    lines = {}
+    for name, limit, shots in (("shots", 3, "    shots: 1\n"), ("more", 5, "")):
+        text = recipe_text(tiny_dirs, tmp_path / "results", limit=limit).replace(f"limit: {limit}\n",
+                                                                                 f"limit: {limit}\n{shots}")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace("name: tiny-gac", f"name: tiny-{name}"))
+        code, out = run_cli(monkeypatch, capsys, "run", str(path))
+        assert code == 0, out.err[-2000:]
+        lines[name] = [line for line in out.out.splitlines() if line.startswith("x: ") and "cached" in line]
+    source = f"tiny-gac/{run_a.name}/cache/x_rank0.db"
+    assert lines["shots"] == [f"x: no cached answers ({source} holds none of its tasks with their shots)"]
+    assert lines["more"] == [f"x: answers cached in {source} are reused where the requests match (piqa)"]
+    [run_shots] = (tmp_path / "results" / "tiny-shots").iterdir()
+    assert timing(run_shots, "x")["requests_computed"] == 3 * PIQA_CHOICES
+    assert not (run_shots / REUSED).exists()  # nothing taken from the other run
+
+
+@pytest.mark.slow
 def test_a_changed_member_or_fresh_run_is_not_reused(tiny_dirs, tmp_path, monkeypatch, capsys, output):
     text = recipe_text(tiny_dirs, tmp_path / "results", x_dtype="bfloat16")
     built, run_d = cli_run(monkeypatch, capsys, tmp_path, text)
