@@ -8,8 +8,8 @@ from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.members.vllm import VllmMember
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.run import preflight
-from ensemble_bench.run.setup import run_setup
 from ensemble_bench.run.row_store import _member
+from ensemble_bench.run.setup import run_setup
 
 
 def recipe(tmp_path, members, method="gac", **extra):

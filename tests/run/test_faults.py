@@ -247,7 +247,8 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     [results] = (run_dir / "bpe").glob("results_*.json")
     results.write_text(results.read_text()[:100])
     events = []
-    assert run_recipe(run_setup(recipe), write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert events[0][0] == "bpe" and events[0][1].startswith(f"damaged ({results.name} does not parse")
     assert events.index(("bpe", "loading")) > events.index(("sp", "kept from the interrupted run"))
     assert {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")} == first

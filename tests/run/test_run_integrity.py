@@ -162,7 +162,8 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     [short] = (run_dir / "sp").glob("samples_piqa_*.jsonl")  # one example fewer, every line still parses
     short.write_text("".join(short.read_text().splitlines(keepends=True)[:-1]))
     events = []
-    assert run_recipe(run_setup(recipe), write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert ("bpe", f"damaged ({lost.name} is missing): recomputed from the response cache") in events
     results_name = short.name.replace('samples_piqa', 'results')[:-1]
     assert ("sp", f"damaged ({short.name} does not hold the examples {results_name}"
