@@ -64,3 +64,27 @@ def test_each_fact_of_a_run_is_derived_once_per_command(tiny_dirs, tmp_path, mon
     assert dict(run) == {"output_root": 1, "include_folders": 1, "row_keys": 1, "task_configs": 1,
                          "run_folder_scans": 2}
     assert out.out.count("answers cached in first/") == 3  # what the setup decided, done
+
+
+@pytest.mark.usefixtures("offline_data")
+def test_a_run_folder_changed_since_the_setup_stops_the_run_in_one_line(tiny_dirs, tmp_path):
+    """The run folder is chosen again under the run lock: an unfinished run of the recipe that appeared
+    after the setup planned a new one (another `ensbench run` in between) stops the run before anything
+    loads, since the rows' states were decided for another folder."""
+    from ensemble_bench.errors import EnvironmentFault, lines_of
+    from ensemble_bench.recipe import load_recipe
+    from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import COMPUTE, run_setup
+
+    recipe = load_recipe(recipe_file(tmp_path, tiny_dirs, "changed", 2))
+    setup = run_setup(recipe)
+    assert not setup.resumed and {state.kind for state in setup.states.values()} == {COMPUTE}
+    other = tmp_path / "results" / "changed" / "20260101-000000-other"
+    other.mkdir(parents=True)
+    folder.write_recipe(other, recipe)  # an unfinished run of this very recipe
+    with pytest.raises(EnvironmentFault) as caught:
+        run_recipe(setup, lambda run_dir, recipe: None)
+    [line] = lines_of(caught.value)
+    assert "changed its run folders while this one was planned: run the same command again" in line
+    assert sorted(p.name for p in other.iterdir()) == ["recipe.yaml"]  # nothing written into it
+    assert run_setup(recipe).run_dir == other  # planned again: that run is resumed
