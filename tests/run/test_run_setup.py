@@ -88,3 +88,11 @@ def test_a_run_folder_changed_since_the_setup_stops_the_run_in_one_line(tiny_dir
     assert "changed its run folders while this one was planned: run the same command again" in line
     assert sorted(p.name for p in other.iterdir()) == ["recipe.yaml"]  # nothing written into it
     assert run_setup(recipe).run_dir == other  # planned again: that run is resumed
+
+
+def test_the_plan_prints_the_setup_and_imports_no_runner():
+    from tests.package.test_imports import imports_of
+
+    top, inner, typing = imports_of("ensemble_bench.cli.plan")
+    assert not any(name.startswith("ensemble_bench.run.runner") for name in top | inner | typing)
+    assert "ensemble_bench.run.setup" in inner
