@@ -96,13 +96,12 @@ def run_setup(recipe: Recipe, source: str = "recipe", fresh: bool = False, dry_r
     except UserError as err:
         folders, folder_lines = [], list(lines_of(err))
     index = None if folder_lines else recipe_tasks.task_index_of(recipe, folders)
-    problems = tuple(preflight(recipe, source, root, folder_lines or recipe_tasks.task_preflight(recipe, folders,
-                                                                                                 index)))
+    task_lines = folder_lines or recipe_tasks.task_preflight(recipe, folders, index)
+    problems = tuple(preflight(recipe, source, root, task_lines))
     benchmarks = tuple(selected_benchmarks(recipe, index))
     run_dir, resumed = _planned_run_dir(recipe, root, fresh, problems)
     tasks, keys, states = None, {}, {}
-    if not problems and (not dry_run or not fresh and (resumed or (root / INDEX).is_dir())
-                         and _offline_data_built(recipe, benchmarks)):
+    if not problems and (not dry_run or _rows_to_take(recipe, root, fresh, resumed, benchmarks)):
         tasks, keys = _write_tasks(recipe, benchmarks, folders)
         groups = tasks.group_names
         store = None if fresh else RowStore(root, lambda row_dir: damage(row_dir, groups))
@@ -127,10 +126,13 @@ def _planned_run_dir(recipe: Recipe, root: Path, fresh: bool, problems: tuple[st
     return root.resolve() / recipe.name / f"<date>-<time>-{recipe.fingerprint()}", False
 
 
-def _offline_data_built(recipe: Recipe, benchmarks) -> bool:
-    """Whether every packaged dataset the recipe's built-in benchmarks read is already built here."""
+def _rows_to_take(recipe: Recipe, root: Path, fresh: bool, resumed: bool, benchmarks) -> bool:
+    """Whether a dry run is to say which rows would be taken rather than computed: not with --fresh; with a
+    run to resume or finished rows in the output folder; and only once every packaged dataset the
+    recipe's built-in benchmarks read is built here (a dry run builds none: the run does, and decides then)."""
     builtin = [bench for bench, _, _ in benchmarks if bench.builtin]
-    return recipe.data != "offline" or all(is_complete(local_dataset(bench), data_root()) for bench in builtin)
+    built = recipe.data != "offline" or all(is_complete(local_dataset(bench), data_root()) for bench in builtin)
+    return not fresh and (resumed or (root / INDEX).is_dir()) and built
 
 
 def _write_tasks(recipe: Recipe, benchmarks, folders: list[Path]) -> tuple[TaskFolder, dict[str, RowKey]]:
