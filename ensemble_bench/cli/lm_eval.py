@@ -259,11 +259,16 @@ def run_name(row: Row, recipe: Recipe) -> str:
 def _check_machine(recipe: Recipe, run_dir: Path | None) -> None:
     """The recipe preflight of ``ensbench run`` (models, packages, devices, output and cache folders).
     The data is checked by loading the tasks (hub offline) or by lm-eval itself, so the preflight
-    sees the recipe with data: offline and its placeholder task, which needs no network."""
+    sees the recipe with data: offline and its placeholder task (built in: no task lines), which needs no
+    network."""
+    from ensemble_bench import settings
+    from ensemble_bench.run.folder import output_root
     from ensemble_bench.run.preflight import preflight
 
+    settings.check_environment()
     output = str(run_dir.parent) if run_dir is not None else recipe.output
-    problems = preflight(recipe.model_copy(update={"data": "offline", "output": output}), "--model_args")
+    checked = recipe.model_copy(update={"data": "offline", "output": output})
+    problems = preflight(checked, "--model_args", output_root(checked), [])
     if problems:
         raise EnvironmentFault("; ".join(problems))
 

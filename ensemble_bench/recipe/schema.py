@@ -350,11 +350,12 @@ def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
     return rows
 
 
-def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
+def selected_benchmarks(recipe: Recipe, index: dict | None) -> list[tuple[Benchmark, int | None, int | None]]:
     """(benchmark, shots, limit) per recipe task; refuses built-in benchmarks that cannot run yet. A task
-    that is not built in is looked up in lm-eval's task index (seconds, once a process: tasks.lm_eval_tasks)."""
+    that is not built in is looked up in ``index``, lm-eval's task index with the recipe's include_path
+    folders (``recipe_tasks.task_index_of``; None when every task is built in)."""
     chosen = []
-    for task, bench in zip(recipe.tasks, task_benchmarks(recipe)):
+    for task, bench in zip(recipe.tasks, task_benchmarks(recipe, index)):
         if bench.needs:
             raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
         if recipe.data == "offline" and bench.builtin and not bench.offline:

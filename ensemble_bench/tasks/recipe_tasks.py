@@ -20,7 +20,6 @@ from ensemble_bench.tasks.lm_eval_tasks import (
     generation_kwargs,
     leaf_configs,
     lm_eval_benchmark,
-    stock_index,
     task_index,
 )
 from ensemble_bench.tasks.task_code import TaskCode, task_code
@@ -60,16 +59,17 @@ def include_folders(recipe) -> list[Path]:
     return folders
 
 
-def task_benchmarks(recipe, index: dict[str, Found] | None = None) -> list[Benchmark]:
+def task_index_of(recipe, folders: Sequence[Path]) -> dict[str, Found] | None:
+    """lm-eval's task index with the recipe's include_path ``folders`` over it (seconds, once a process for
+    the stock tasks), or None when every recipe task is built in (nothing to look up)."""
+    return None if all(is_builtin(task.name) for task in recipe.tasks) else task_index(folders)
+
+
+def task_benchmarks(recipe, index: dict[str, Found] | None) -> list[Benchmark]:
     """The Benchmark of every recipe task; a task that is not built in is looked up in lm-eval's task
-    index (``index``, else the stock one with the recipe's include_path folders: seconds, once a process).
-    One that cannot be found is given as named, with no metric: :func:`task_preflight` says why."""
-    if index is None and not all(is_builtin(task.name) for task in recipe.tasks):
-        try:
-            index = task_index(include_folders(recipe))
-        except UserError:  # a folder that is not there: task_preflight names it
-            index = stock_index()
-    return [get_benchmark(task.name, task.variant) if is_builtin(task.name) else _as_found(task.name, index)
+    index (``index``: :func:`task_index_of`). One that cannot be found is given as named, with no metric:
+    :func:`task_preflight` says why."""
+    return [get_benchmark(task.name, task.variant) if is_builtin(task.name) else _as_found(task.name, index or {})
             for task in recipe.tasks]
 
 
@@ -97,7 +97,7 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
-        lines += _task_code_lines(recipe, i, entry, index)
+        lines += _task_code_lines(recipe, i, task_code(entry_yamls(entry, index)))
         lines += [f"tasks[{i}].name: '{task.name}' reads {line}" for line in task_data_problems(entry, index)]
         if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
@@ -105,10 +105,11 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
     return lines
 
 
-def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
+def _task_code_lines(recipe, i: int, found_code: tuple[list[TaskCode], list[str]]) -> list[str]:
     """A line per ``!function`` of task ``i`` naming a module found nowhere (or an include chain that cannot
-    be followed), and, unless the recipe allows task code, a line per module the task would import and run."""
-    code, problems = task_code(entry_yamls(entry, index))
+    be followed), and, unless the recipe allows task code, a line per module the task would import and run
+    (``found_code``: ``task_code.task_code`` of its YAML files)."""
+    code, problems = found_code
     lines = [f"tasks[{i}].name: {line}" for line in problems]
     if not getattr(recipe, "allow_task_code", False):
         lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.shown()} ({found.origin()}), "
@@ -121,14 +122,12 @@ def task_data_problems(entry: Found, index: dict[str, Found]) -> list[str]:
     return list(dict.fromkeys(line for cfg in leaf_configs(entry, index) for line in data_problems(cfg)))
 
 
-def recipe_task_code(recipe) -> list[TaskCode]:
-    """The modules the recipe's tasks import through ``!function`` (and so run), installed code aside."""
-    if all(is_builtin(task.name) for task in recipe.tasks):
-        return []
-    index = task_index(include_folders(recipe))
+def recipe_task_code(recipe, index: dict[str, Found] | None) -> list[TaskCode]:
+    """The modules the recipe's tasks import through ``!function`` (and so run), installed code aside
+    (``index``: :func:`task_index_of`)."""
     found: dict[Path, TaskCode] = {}
     for task in recipe.tasks:
-        if not is_builtin(task.name) and task.name in index:
+        if index is not None and not is_builtin(task.name) and task.name in index:
             found.update((code.module, code) for code in task_code(entry_yamls(index[task.name], index))[0])
     return list(found.values())
 
@@ -156,21 +155,13 @@ def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool 
     return None
 
 
-def task_preflight(recipe) -> list[str]:
-    """What stops the recipe's tasks on this machine, one line each: an include_path that is not a folder,
-    a name that is neither built in nor an lm-eval task or group here (close matches named), gen_kwargs
-    that do not apply, task code without consent, a local data file that is missing or no regular file,
-    a dataset script, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
-    when a task is not built in."""
-    from ensemble_bench.errors import lines_of
-
-    try:
-        folders = include_folders(recipe)
-    except UserError as err:
-        return list(lines_of(err))
-    if all(is_builtin(task.name) for task in recipe.tasks):
-        return []
-    return _task_lines(recipe, task_index(folders))
+def task_preflight(recipe, index: dict[str, Found] | None) -> list[str]:
+    """What stops the recipe's tasks on this machine, one line each: a name that is neither built in nor an
+    lm-eval task or group here (close matches named), gen_kwargs that do not apply, task code without
+    consent, a local data file that is missing or no regular file, a dataset script, a hub dataset not
+    cached while the hub is off (an include_path that is not a folder: :func:`include_folders`).
+    ``index``: :func:`task_index_of`."""
+    return [] if index is None else _task_lines(recipe, index)
 
 
 def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Found]) -> dict[str, dict[str, Any]]:
@@ -193,4 +184,4 @@ def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, 
 
 
 __all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_data_problems",
-           "task_preflight"]
+           "task_index_of", "task_preflight"]

@@ -76,21 +76,14 @@ def plan_warnings(task_names: Iterable[str], index: dict) -> list[str]:
     return lines
 
 
-def recipe_warnings(recipe) -> list[str]:
+def recipe_warnings(recipe, index: dict | None) -> list[str]:
     """:func:`plan_warnings` of a recipe's tasks that are not built in (none when all are: their
-    templates are ensbench's own); a task the index cannot find is the preflight's to name."""
-    from ensemble_bench.errors import UserError
+    templates are ensbench's own), looked up in ``index`` (``recipe_tasks.task_index_of``: lm-eval's
+    tasks with the include_path folders); a task the index cannot find is the preflight's to name."""
     from ensemble_bench.tasks import is_builtin
-    from ensemble_bench.tasks.lm_eval_tasks import task_index
-    from ensemble_bench.tasks.recipe_tasks import include_folders
 
     names = [task.name for task in recipe.tasks if not is_builtin(task.name)]
-    if not names:
-        return []
-    try:
-        return plan_warnings(names, task_index(include_folders(recipe)))
-    except UserError:
-        return []
+    return plan_warnings(names, index) if names and index is not None else []
 
 
 def _generated(sample: dict) -> str | None:

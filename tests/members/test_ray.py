@@ -242,16 +242,17 @@ def test_good_placement_fields():
 
 def test_quantization_without_bitsandbytes_is_one_line(monkeypatch, tmp_path):
     import ensemble_bench.run.preflight as preflight_module  # the preflight checks packages; parsing reads no machine
+    from ensemble_bench.run.setup import run_setup
 
     monkeypatch.setattr(preflight_module, "_installed", lambda package: package != "bitsandbytes")
     fields = {"members": [{"model": "smollm2-135m", "quantization": "4bit"}, {"model": "qwen2.5-0.5b"}],
               "output": str(tmp_path)}
     with pytest.raises(UserError, match=r"^r.yaml: members\[0\].quantization: '4bit' needs the bitsandbytes package"):
-        preflight_module.preflight(parse_recipe({**BASE, **fields}, "r.yaml"), "r.yaml")
+        run_setup(parse_recipe({**BASE, **fields}, "r.yaml"), "r.yaml", dry_run=True)
     monkeypatch.setattr(preflight_module, "_installed", lambda package: package != "ray")
     with pytest.raises(UserError, match=r"^r.yaml: placement.kind: ray needs the ray package"):
-        preflight_module.preflight(parse_recipe({**BASE, "placement": {"kind": "ray"}, "output": str(tmp_path)}),
-                                   "r.yaml")
+        run_setup(parse_recipe({**BASE, "placement": {"kind": "ray"}, "output": str(tmp_path)}), "r.yaml",
+                  dry_run=True)
 
 
 def test_load_member_quantization_needs_bitsandbytes(monkeypatch):

@@ -252,12 +252,13 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     monkeypatch.chdir(tmp_path)  # not a git checkout: lm-eval's git lookup must stay quiet
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results"))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe, write_summary)
+    run_dir = run_recipe(run_setup(recipe), write_summary)
     assert "fatal" not in capfd.readouterr().err
     first = {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
@@ -266,7 +267,8 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     [results] = (run_dir / "bpe").glob("results_*.json")
     results.write_text(results.read_text()[:100])
     events = []
-    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert events[0][0] == "bpe" and events[0][1].startswith(f"damaged ({results.name} does not parse")
     assert events.index(("bpe", "loading")) > events.index(("sp", "kept from the interrupted run"))
     assert {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")} == first
@@ -494,11 +496,12 @@ def uninterrupted(tiny_dirs, tmp_path_factory):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     folder = tmp_path_factory.mktemp("whole")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=8))
-    run_dir = run_recipe(load_recipe(recipe), write_summary)
+    run_dir = run_recipe(run_setup(load_recipe(recipe)), write_summary)
     return {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
 

@@ -145,7 +145,7 @@ def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.setattr("ensemble_bench.run.runs.time.strftime", lambda _: "20260101-000000")
     names = []
     for _ in range(3):
-        run_dir, resumed = run_dir_of(load_recipe(recipe), fresh=True)
+        run_dir, resumed = run_dir_of(load_recipe(recipe), tmp_path / "results", fresh=True)
         assert not resumed and run_dir.name not in names
         run_dir.mkdir(parents=True)
         names.append(run_dir.name)
@@ -159,6 +159,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     monkeypatch.chdir(tmp_path)
     recipe_path = tmp_path / "recipe.yaml"
@@ -166,7 +167,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2)
                            .replace("- {name: piqa, limit: 2}", two_tasks))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe, write_summary)
+    run_dir = run_recipe(run_setup(recipe), write_summary)
     first = {row: row_files(run_dir / row) for row in ROWS}
     assert all(set(files) == {"piqa", "arc", "results"} for files in first.values())
 
@@ -176,7 +177,8 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     [short] = (run_dir / "sp").glob("samples_piqa_*.jsonl")  # one example fewer, every line still parses
     short.write_text("".join(short.read_text().splitlines(keepends=True)[:-1]))
     events = []
-    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert ("bpe", f"damaged ({lost.name} is missing): recomputed from the response cache") in events
     results_name = short.name.replace('samples_piqa', 'results')[:-1]
     assert ("sp", f"damaged ({short.name} does not hold the examples {results_name}"
@@ -228,11 +230,12 @@ def finished_tiny_run(tiny_dirs, tmp_path_factory, offline_data):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     folder = tmp_path_factory.mktemp("finished")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=2))
-    run_recipe(load_recipe(recipe), write_summary)
+    run_recipe(run_setup(load_recipe(recipe)), write_summary)
     return folder / "results"
 
 
