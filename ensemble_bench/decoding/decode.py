@@ -47,6 +47,7 @@ from ensemble_bench.decoding.method import (
     excerpt,
     request_excerpt,
 )
+from ensemble_bench.decoding.sampling import Sampler
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member, Prompt
 
@@ -101,11 +102,13 @@ class RequestState:
     count: int = 0
     finish: str | None = None
     held: dict = field(default_factory=dict)  # member index -> how it holds the text (decoding/feeding.Held)
+    sampler: Sampler | None = None  # a request that samples: its settings and generator (decoding/sampling.py)
 
     @classmethod
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
-        """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
-        return cls(StopRule(request.until, request.max_new_tokens), **fields)
+        """A new state for ``request`` (its stop strings, budget and sampler), with a subclass's ``fields``."""
+        sampler = request.sampling.sampler() if request.sampling is not None else None
+        return cls(StopRule(request.until, request.max_new_tokens), sampler=sampler, **fields)
 
     def copy(self) -> RequestState:
         """A copy that can change without changing this state (a subclass copies its own mutable fields)."""

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
@@ -74,6 +75,7 @@ class GenerationRequest:
     prompt: Prompt
     until: tuple[str, ...]
     max_new_tokens: int
+    sampling: RequestSampling | None = None  # None: greedy; else what the request draws with (decoding/sampling.py)
 
 
 @dataclass(frozen=True)
