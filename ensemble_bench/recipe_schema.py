@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from ensemble_bench.decoding.sampling import SamplingOverride
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.methods import ALONE, get_method, is_alone
 from ensemble_bench.recipe_lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
@@ -149,6 +150,7 @@ class MethodSpec(BaseModel):
     label: str | None = Field(default=None, pattern=LABEL)
     members: list[str] | None = Field(default=None, min_length=1)
     paper_row: str | None = None  # the row of a paper's table this entry fills (`ensbench table --layout`)
+    sampling: SamplingOverride | None = None  # over the tasks' settings and the recipe's sampling, for its rows
 
     @property
     def params(self) -> dict[str, Any]:
@@ -224,6 +226,7 @@ class Recipe(BaseModel):
     allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
     allow_task_code: bool = False  # include_path tasks may import their own Python (!function), unsandboxed
     placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
+    sampling: SamplingOverride | None = None  # over every task's own settings, for every row (docs/sampling.md)
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 
     @field_validator("sweep")

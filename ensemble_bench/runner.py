@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ensemble_bench.build import MemberPool, build_method
+from ensemble_bench.decoding.request_sampling import applied_sampling, row_policy
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
 from ensemble_bench.row_check import damage
@@ -89,6 +90,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         samples = results.pop("samples", {})
         if recipe.allow_code_execution:
             results["config"]["code_execution_isolation"] = isolation_level()
+        results["config"]["sampling"] = applied_sampling(results["configs"], lm.sampling)  # what was decoded
         tracker.general_config_tracker.model_name = row.label
         tracker.general_config_tracker.model_name_sanitized = ""  # files go straight into the row dir
         tracker.save_results_aggregated(results=results, samples=samples)
@@ -354,7 +356,7 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
         row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
-        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress)
+        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress, sampling=row_policy(recipe, row))
         on_row and on_row(row, "evaluating")
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
         store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))

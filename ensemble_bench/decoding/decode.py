@@ -294,6 +294,7 @@ class DecodingMethod(Method, Steps):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Each request rendered by each member's own template; batches longest prompts first."""
+        self.refuse_sampling(requests)
         prompts = [[self.render(i, r.prompt) for r in requests] for i in range(len(self.members))]
         lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
         return in_batches(lengths, self.batch_size, lambda batch: self._generate_batch(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,10 +217,9 @@ class RequestSampling:
     key: str
     repeat: int = 0
 
-    def sampler(self, salt: str = "") -> Sampler:
-        """A fresh sampler (its generator at the start); ``salt`` gives a member of a sample-level
-        ensemble a stream of its own."""
-        return Sampler(self.params, request_generator(self.seed, self.key + salt, self.repeat))
+    def sampler(self) -> Sampler:
+        """A fresh sampler: the settings, and the generator at its start."""
+        return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))
 
 
 @dataclass
@@ -273,3 +272,38 @@ def draw_rows(logprobs: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
 def sampling_rows(samplers: Sequence[Sampler | None]) -> list[int]:
     """The rows that draw (their sampler is not greedy)."""
     return [row for row, sampler in enumerate(samplers) if sampler is not None and not sampler.params.greedy]
+
+
+def rows_of(values: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """These rows of a [rows, n] tensor (no copy when they are all of them, in order)."""
+    if list(rows) == list(range(values.shape[0])):
+        return values
+    return values.index_select(0, torch.tensor(list(rows), dtype=torch.long, device=values.device))
+
+
+def decide(samplers: Sequence[Sampler | None], greedy: Callable[[list[int]], list[int]],
+           sample: Callable[[list[int], list[Sampler]], list[int]]) -> list[int]:
+    """Each row's choice: the method's ``greedy(rows)`` for the rows that decode greedily (every row, as
+    before sampling existed, when none samples), ``sample(rows, their samplers)`` for the rows that draw."""
+    drawn = sampling_rows(samplers)
+    if not drawn:
+        return greedy(list(range(len(samplers))))
+    chosen = [0] * len(samplers)
+    if kept := sorted(set(range(len(samplers))) - set(drawn)):
+        for row, choice in zip(kept, greedy(kept)):
+            chosen[row] = choice
+    for row, choice in zip(drawn, sample(drawn, [samplers[row] for row in drawn])):
+        chosen[row] = choice
+    return chosen
+
+
+def decide_on(values: torch.Tensor, samplers: Sequence[Sampler | None], greedy: Callable[[torch.Tensor], list[int]],
+              probabilities: bool = False) -> list[int]:
+    """``decide`` over one [rows, n] tensor: the method's ``greedy`` of the greedy rows' values, a draw
+    (``draw_rows``) for the others. ``values`` are log-weights, or with ``probabilities`` weights >= 0 of any
+    scale (a fusion's output; drawn from their logarithm, 0 never drawn)."""
+    def sample(rows: list[int], drawing: list[Sampler]) -> list[int]:
+        chosen = rows_of(values, rows)
+        return draw_rows(chosen.clamp(min=0).log() if probabilities else chosen, drawing)
+
+    return decide(samplers, lambda rows: greedy(rows_of(values, rows)), sample)

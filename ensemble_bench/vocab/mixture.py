@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ensemble_bench.decoding.sampling import Sampler, draw_rows
 from ensemble_bench.vocab.fast_topk import block_argmax, block_topk
 from ensemble_bench.vocab.union import MemberMap, UnionVocab
 
@@ -101,27 +102,6 @@ def project(logprobs: torch.Tensor, tables: MemberTables, out: torch.Tensor | No
     return projected
 
 
-def tempered(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """exp((log p - max log p) / T) per row, floored at LOG_FLOOR: p^(1/T) up to its row's scale,
-    the weights ``draw`` takes (a softmax without the division, and without exp's slow underflow)."""
-    scaled = logprobs.float() / temperature
-    scaled -= scaled.max(dim=-1, keepdim=True).values
-    return scaled.clamp_(min=LOG_FLOOR).exp_()
-
-
-def draw(weights: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One index per row of ``weights`` [rows, n] (>= 0, any scale) with probability proportional
-    to its weight: the first index whose cumulative weight exceeds u x the row's total, u ~ U[0, 1)
-    from the row's own generator (one number per row, drawn on the host). Entries of weight 0
-    are never drawn."""
-    uniform = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
-    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
-    total = cumulative[:, -1:].contiguous()
-    drawn = torch.searchsorted(cumulative, uniform.to(weights.device)[:, None] * total, right=True)
-    last = torch.searchsorted(cumulative, total)  # the last entry of positive weight (u x total rounded up)
-    return torch.minimum(drawn, last).flatten()
-
-
 @dataclass
 class BoundCounts:
     """Rows ``greedy`` chose, and those the bound decided (no full projection)."""
@@ -165,17 +145,15 @@ class UnionMixture:
         return torch.stack([project(lp, self._tables(index, lp.device), floor=LOG_FLOOR).to(device)
                             for index, lp in enumerate(logprobs)])
 
-    def sample(self, logprobs: Sequence[torch.Tensor], temperature: float,
-               generators: Sequence[torch.Generator]) -> list[int]:
-        """One union entry per row drawn from q^(1/T) (GaC Eq. 3 with a temperature), each row with
-        its own generator: a row's draw does not depend on the other rows of the batch."""
-        drawn = []
+    def sample(self, logprobs: Sequence[torch.Tensor], samplers: Sequence[Sampler]) -> list[int]:
+        """One union entry per row drawn from q (GaC Eq. 3) shaped by the row's settings (q^(1/T) with a
+        temperature), each row with its own generator: a row's draw does not depend on the other rows of
+        the batch."""
+        drawn: list[int] = []
         for rows in self._blocks(logprobs):
             mixed = self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR)
-            if temperature != 1.0:
-                mixed = tempered(mixed.log_(), temperature)
-            drawn.append(draw(mixed, generators[rows]))
-        return torch.cat(drawn).tolist()
+            drawn += draw_rows(mixed.log_(), samplers[rows])
+        return drawn
 
     def _argmax_full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
         """argmax_u q(u) per row through the full projection (ties: the lowest union index)."""
