@@ -173,8 +173,8 @@ class EnsembleLM(LM):
             return
         marked = [key for (key,) in dbdict.conn.select(
             f'SELECT key FROM "{dbdict.tablename}" WHERE key LIKE ?', (SAMPLED_MARK + "%",))]
-        if marked:
-            gone = [(key,) for mark in marked for key in (mark, mark[len(SAMPLED_MARK):])]
+        if marked:  # the marks stay: lm-eval writes those entries again at the end of every pass
+            gone = [(mark[len(SAMPLED_MARK):],) for mark in marked]
             dbdict.conn.executemany(f'DELETE FROM "{dbdict.tablename}" WHERE key = ?', gone)
             dbdict.commit()
 

@@ -43,7 +43,8 @@ def results_line(recipe, fresh: bool) -> Text:
 def plan_tables(recipe, fresh: bool = False) -> list:
     """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
     readable at 80 columns."""
-    from ensemble_bench.recipe import selected_benchmarks, task_notes
+    from ensemble_bench.recipe import selected_benchmarks
+    from ensemble_bench.tasks.task_sampling import sampling_notes
     from ensemble_bench.tasks.whitespace import recipe_warnings
 
     heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
@@ -59,7 +60,7 @@ def plan_tables(recipe, fresh: bool = False) -> list:
     for bench, shots, limit in selected_benchmarks(recipe):
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *task_code_notes(recipe),
+    notes = [Text(f"note: {line}") for line in [*sampling_notes(recipe), *task_code_notes(recipe),
                                                  *reuse_notes(recipe, fresh)]]
     notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe)]
     return [heading, results_line(recipe, fresh), rows, benches, *notes]

@@ -1,6 +1,7 @@
 """What would stop a run on this machine, found before any model loads (``run`` and ``run --dry-run``):
 members' models (missing files, hub models not cached while offline), optional packages, benchmark
-data, the output and cache folders, the members' devices, and the network for ``data: hub``."""
+data, a task that samples under a method that cannot, the output and cache folders, the members'
+devices, and the network for ``data: hub``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import Recipe
 from ensemble_bench.run_folder import output_root
 from ensemble_bench.tasks import get_benchmark, is_builtin, recipe_tasks
+from ensemble_bench.tasks.task_sampling import sampling_problems
 
 HUB = ("huggingface.co", 443)
 
@@ -152,7 +154,7 @@ def preflight(recipe: Recipe, source: str = "recipe") -> list[str]:
     models = _model_problems(recipe)
     mistakes = [f"{source}: {line}" for line in (*[line for kind, line in models if kind is UserError],
                                                  *_package_problems(recipe), *_data_problems(recipe),
-                                                 *recipe_tasks.task_preflight(recipe))]
+                                                 *recipe_tasks.task_preflight(recipe), *sampling_problems(recipe))]
     problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe),
                 _cache_problem(), *_device_problems(recipe), _network_problem(recipe)]
     problems = [p for p in problems if p]

@@ -46,7 +46,7 @@ from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.p
 
 __all__ = ["LIMIT_MAX", "SEED_MAX", "STRICT", "MemberSpec", "MethodSpec", "PlacementSpec", "Recipe", "Row",
            "TaskSpec", "is_safe_label", "load_recipe", "parse_recipe", "plan_rows", "selected_benchmarks",
-           "task_notes", "task_problems", "validate_method"]
+           "task_problems", "validate_method"]
 
 
 def _method_problems(recipe: Recipe, source: str) -> list[str]:
@@ -138,14 +138,6 @@ def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
                          "each benchmark once (another variant: a recipe of its own)")
         listed.setdefault(key, i)
     return [f"{source}: {line}" for line in lines]
-
-
-def task_notes(recipe: Recipe) -> list[str]:
-    """Lines to show beside the plan: gen_kwargs that ask for sampling (written into the task config, but
-    ensbench's methods decode greedily: a method that samples takes its own parameters)."""
-    return [f"tasks[{i}].gen_kwargs: {', '.join(asked)} asks for sampling: written into the task config, but "
-            "ensbench's methods decode greedily, so the answers do not change"
-            for i, task in enumerate(recipe.tasks) if task.gen_kwargs and (asked := task.gen_kwargs.sampling())]
 
 
 def _read_text(path: Path) -> str:

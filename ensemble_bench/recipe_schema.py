@@ -173,16 +173,11 @@ class GenKwargs(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
 
     def given(self) -> dict[str, Any]:
         """The settings the recipe gives (lm-eval's names)."""
         return self.model_dump(exclude_none=True)
-
-    def sampling(self) -> list[str]:
-        """The settings that ask for sampling rather than greedy decoding."""
-        asked = {"do_sample": self.do_sample, "temperature": (self.temperature or 0) > 0,
-                 "top_p": self.top_p is not None and self.top_p < 1, "top_k": bool(self.top_k)}
-        return [name for name, on in asked.items() if on]
 
 
 class TaskSpec(BaseModel):

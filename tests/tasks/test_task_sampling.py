@@ -1,0 +1,91 @@
+"""The plan's sampling lines (tasks/task_sampling.py): which tasks sample and how, and the one-line refusal
+of a row whose method cannot sample (or decodes speculatively) while a task asks it to."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ensemble_bench.decoding.sampling import SamplingParams
+from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.tasks import REGISTRY
+from ensemble_bench.tasks.task_sampling import sampling_notes, sampling_problems, task_settings
+from tests.cli_helpers import run_cli
+
+SAMPLING = {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+
+
+def recipe(method, tasks=None, **extra):
+    return parse_recipe({"name": "x", "members": [{"model": "m", "name": "a"}, {"model": "n", "name": "b"}],
+                         "method": method, "tasks": tasks or [{"name": "gsm8k", "gen_kwargs": SAMPLING}], **extra})
+
+
+def test_every_built_in_benchmark_decodes_greedily_by_its_own_settings(tmp_path):
+    """task_sampling reads a built-in benchmark's settings from the recipe alone: its own are greedy, once each."""
+    from ensemble_bench.tasks import get_benchmark
+    from ensemble_bench.tasks.lm_eval_tasks import leaf_configs, task_index
+    from ensemble_bench.tasks.task_configs import write_task_configs
+
+    generating = [get_benchmark(name, variant) for name, variants in REGISTRY.items() for variant in variants
+                  if not get_benchmark(name, variant).primary_metric.startswith("acc,")]
+    group = write_task_configs([(bench, None) for bench in generating], tmp_path, "hub")
+    index = task_index([tmp_path])
+    configs = [cfg for cfg in leaf_configs(index[group], index) if cfg.get("output_type") == "generate_until"]
+    assert len(configs) >= len(generating)
+    for cfg in configs:
+        assert SamplingParams.from_gen_kwargs(cfg.get("generation_kwargs") or {}).greedy, cfg.get("task")
+        assert (cfg.get("repeats") or 1) == 1, cfg.get("task")
+
+
+def test_a_method_that_cannot_sample_is_refused_in_one_line_per_row():
+    lines = sampling_problems(recipe({"name": "safe"}))
+    assert lines == ["row safe: method 'safe' decodes greedily only, but tasks[0] 'gsm8k' samples (temperature 0.7, "
+                     "top_p 0.9, seed 1234): use a method that samples (docs/sampling.md), or give the entry "
+                     "sampling: {do_sample: false}"]
+    assert sampling_problems(recipe({"name": "safe", "sampling": {"do_sample": False}})) == []
+    assert sampling_problems(recipe({"name": "gac"})) == []
+    assert sampling_problems(recipe({"name": "safe"}, [{"name": "gsm8k"}])) == []  # greedy task
+
+
+def test_speculative_with_sampling_is_refused_and_an_override_can_ask_for_sampling():
+    [line] = sampling_problems(recipe({"name": "gac", "speculative": 2}))
+    assert line.startswith("row gac: method 'gac' with speculative decodes greedily only") and "speculative: 0" in line
+    [line] = sampling_problems(recipe({"name": "unite", "speculative": 2}, [{"name": "nq"}],
+                                      sampling={"temperature": 0.5}))
+    assert "tasks[0] 'nq' samples (temperature 0.5, seed 1234)" in line
+
+
+def test_notes_say_how_each_task_samples():
+    parsed = recipe({"name": "gac", "sampling": {"top_k": 5}}, [{"name": "gsm8k", "gen_kwargs": SAMPLING},
+                                                                 {"name": "nq"}], seed=7)
+    assert sampling_notes(parsed) == ["tasks[0] 'gsm8k' samples: temperature 0.7, top_p 0.9, seed 7",
+                                      "method gac: sampling: {'top_k': 5} over the tasks' settings"]
+
+
+@pytest.mark.slow
+def test_an_lm_eval_task_with_repeats_is_read_from_its_yaml():
+    """lm-eval's gsm8k_cot_self_consistency: do_sample, temperature 0.2, 64 repeats (and a vote), from its YAML."""
+    parsed = recipe({"name": "safe"}, [{"name": "gsm8k_cot_self_consistency"}])
+    [settings] = task_settings(parsed)
+    assert settings.repeats == 64 and SamplingParams.from_gen_kwargs(settings.gen_kwargs).temperature == 0.2
+    assert sampling_notes(parsed) == ["tasks[0] 'gsm8k_cot_self_consistency' samples: temperature 0.2, 64 samples "
+                                      "per request, seed 1234"]
+    [line] = sampling_problems(parsed)
+    assert "but tasks[0] 'gsm8k_cot_self_consistency' samples (temperature 0.2, 64 samples per request" in line
+
+
+def test_the_dry_run_refuses_a_greedy_only_method_on_a_sampled_task(tiny_dirs, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "safe.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: sampled
+        members: [{{model: {tiny_dirs[0]}, name: bpe}}, {{model: {tiny_dirs[1]}, name: sp}}]
+        method: safe
+        tasks: [{{name: nq, gen_kwargs: {{do_sample: true, temperature: 0.8}}}}]
+        data: offline
+        output: {tmp_path / "results"}
+        """))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    assert code != 0
+    [line] = [text for text in out.err.splitlines() if "decodes greedily only" in text]
+    assert "row safe: method 'safe' decodes greedily only, but tasks[0] 'nq' samples (temperature 0.8" in line
