@@ -111,6 +111,9 @@ def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
     if most is not None and shots > most:
         lines.append(f"tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
                      f"(its few-shot pool), got {shots}")
+    if bench.pass_k is not None and task.repeats is not None and task.repeats < bench.pass_k:
+        lines.append(f"tasks[{i}].repeats: benchmark '{task.name}' ({bench.variant}) reports pass@{bench.pass_k} from "
+                     f"its samples: give at least {bench.pass_k} repeats, got {task.repeats}")
     if task.gen_kwargs is not None and bench.primary_metric.startswith("acc,"):
         lines.append(f"tasks[{i}].gen_kwargs: benchmark '{task.name}' is scored by log-likelihood and generates "
                      "no text: remove gen_kwargs")

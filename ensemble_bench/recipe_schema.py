@@ -190,6 +190,7 @@ class TaskSpec(BaseModel):
     shots: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("shots", "num_fewshot"))
     limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
     gen_kwargs: GenKwargs | None = None
+    repeats: int | None = Field(default=None, gt=0, le=1000)  # answers per request (lm-eval's repeats), for the task
     include_path: IncludePath = None
 
     @model_validator(mode="before")

@@ -3,8 +3,8 @@
 repeats; and, one line per row, a row whose method cannot sample (or decodes speculatively) while a task
 asks it to: the dry run refuses it, so that no task is decoded greedily while its results say it sampled.
 
-A built-in benchmark decodes greedily unless the recipe's ``gen_kwargs`` say otherwise (its own settings
-are greedy: tests/tasks/test_task_sampling.py); any other task is read from lm-eval's task index."""
+A built-in benchmark's own settings are its template's (MBPP's pass_at_k variant samples), else greedy;
+any other task is read from lm-eval's task index."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
 from ensemble_bench.decoding.sampling import SamplingParams
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
-from ensemble_bench.tasks import is_builtin
+from ensemble_bench.tasks import get_benchmark, is_builtin
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ def task_settings(recipe) -> list[TaskSettings]:
     for i, task in enumerate(recipe.tasks):
         given = task.gen_kwargs.given() if task.gen_kwargs else {}
         if is_builtin(task.name):
-            found.append(TaskSettings(i, task.name, given))
+            own, repeats = _builtin_settings(task)
+            found.append(TaskSettings(i, task.name, {**own, **given}, task.repeats or repeats))
             continue
         try:
             index = index if index is not None else task_index(include_folders(recipe))
@@ -47,9 +48,22 @@ def task_settings(recipe) -> list[TaskSettings]:
         except UserError:
             continue
         found += [TaskSettings(i, cfg.get("task") or task.name, {**(cfg.get("generation_kwargs") or {}), **given},
-                               int(cfg.get("repeats") or 1))
+                               task.repeats or int(cfg.get("repeats") or 1))
                   for cfg in leaves if cfg.get("output_type", "generate_until") == "generate_until"]
     return found
+
+
+def _builtin_settings(task) -> tuple[dict[str, Any], int]:
+    """A built-in benchmark's own generation settings and repeats: its template's (tasks/templates), else
+    greedy and one (the stock tasks they name decode greedily: tests/tasks/test_task_sampling.py)."""
+    from ensemble_bench.tasks.task_configs import template_path
+    from ensemble_bench.tasks.task_sources import read_task_yaml
+
+    path = template_path(get_benchmark(task.name, task.variant).task)
+    config = read_task_yaml(path).config if path is not None else None
+    if not isinstance(config, dict):
+        return {}, 1
+    return dict(config.get("generation_kwargs") or {}), int(config.get("repeats") or 1)
 
 
 def _said(policy: SamplingPolicy, settings: TaskSettings) -> str | None:

@@ -83,3 +83,64 @@ def test_greedy_requests_keep_lm_eval_s_cache(pair, tmp_path):
     first, computed = answers(pair, db, requests, batch_size=4)
     assert computed == len(requests) and all(len(set(first[k:k + REPEATS])) == 1 for k in range(0, 12, REPEATS))
     assert answers(pair, db, requests, batch_size=4) == (first, 0)
+
+
+# ------------------------------------------------------------------ end to end: ensbench run, an own task
+VOTE_TASK = """\
+task: my_vote
+dataset_path: json
+dataset_kwargs: {{data_files: {{test: {data}}}}}
+test_split: test
+output_type: generate_until
+doc_to_text: "Q: {{{{question}}}}\\nA:"
+doc_to_target: " {{{{answer}}}}"
+generation_kwargs: {{until: ["\\n"], do_sample: true, temperature: 1.5, max_gen_toks: 6}}
+repeats: 5
+filter_list:
+  - name: vote
+    filter: [{{function: majority_vote}}, {{function: take_first}}]
+metric_list: [{{metric: exact_match, aggregation: mean, higher_is_better: true}}]
+metadata: {{version: 1}}
+"""
+
+
+def test_a_sampled_task_with_repeats_runs_votes_and_records_its_sampling(tiny_dirs, tmp_path, monkeypatch, capsys):
+    import json
+    import textwrap
+
+    from tests.cli_helpers import run_cli
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a} plus {a}?", "answer": str(2 * a)}) + "\n" for a in range(3)))
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "my_vote.yaml").write_text(VOTE_TASK.format(data=data))
+    recipe = tmp_path / "vote.yaml"
+    recipe.write_text(textwrap.dedent(f"""\
+        name: vote
+        members: [{{model: {tiny_dirs[0]}, name: bpe}}, {{model: {tiny_dirs[1]}, name: sp}}]
+        methods: [gac, {{name: gac, label: gac-greedy, sampling: {{do_sample: false}}}}]
+        tasks: [{{name: my_vote, repeats: 3}}]
+        include_path: {folder}
+        batch_size: 2
+        data: offline
+        output: {tmp_path / "results"}
+        """))
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe))
+    assert code == 0, out.err
+    [run_dir] = (tmp_path / "results" / "vote").iterdir()
+    responses = {}
+    for row in ("gac", "gac-greedy"):
+        [samples] = (run_dir / row).glob("samples_my_vote_*.jsonl")
+        records = [json.loads(line) for line in samples.read_text().splitlines()]
+        responses[row] = [record["resps"][0] for record in records]  # one request: its repeats' answers
+        assert all(len(answers) == 3 for answers in responses[row])  # the recipe's repeats, not the task's 5
+        [results] = (run_dir / row).glob("results_*.json")
+        applied = json.loads(results.read_text())["config"]["sampling"]
+        expected = ({"my_vote": {"do_sample": True, "temperature": 1.5, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                                 "seed": 1234, "repeats": 3}} if row == "gac" else {"my_vote": {"do_sample": False}})
+        assert applied == expected
+    assert any(len(set(answers)) > 1 for answers in responses["gac"])  # sampled: the repeats differ
+    assert all(len(set(answers)) == 1 for answers in responses["gac-greedy"])  # greedy: all the same
+    assert "note: tasks[0] 'my_vote' samples: temperature 1.5, 3 samples per request, seed 1234" in out.out
+    assert "note: method gac-greedy: sampling: {'do_sample': False} over the tasks' settings" in out.out

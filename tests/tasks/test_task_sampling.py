@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from ensemble_bench.decoding.sampling import SamplingParams
+from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.tasks import REGISTRY
 from ensemble_bench.tasks.task_sampling import sampling_notes, sampling_problems, task_settings
@@ -21,21 +22,27 @@ def recipe(method, tasks=None, **extra):
                          "method": method, "tasks": tasks or [{"name": "gsm8k", "gen_kwargs": SAMPLING}], **extra})
 
 
-def test_every_built_in_benchmark_decodes_greedily_by_its_own_settings(tmp_path):
-    """task_sampling reads a built-in benchmark's settings from the recipe alone: its own are greedy, once each."""
+def test_the_plan_reads_each_built_in_benchmark_s_settings_as_the_run_writes_them(tmp_path):
+    """task_settings reads a built-in benchmark from the recipe and its template, without lm-eval's index: the
+    generation settings and repeats of the configs the run writes, for every generating built-in benchmark."""
     from ensemble_bench.tasks import get_benchmark
     from ensemble_bench.tasks.lm_eval_tasks import leaf_configs, task_index
     from ensemble_bench.tasks.task_configs import write_task_configs
 
     generating = [get_benchmark(name, variant) for name, variants in REGISTRY.items() for variant in variants
                   if not get_benchmark(name, variant).primary_metric.startswith("acc,")]
-    group = write_task_configs([(bench, None) for bench in generating], tmp_path, "hub")
-    index = task_index([tmp_path])
-    configs = [cfg for cfg in leaf_configs(index[group], index) if cfg.get("output_type") == "generate_until"]
-    assert len(configs) >= len(generating)
-    for cfg in configs:
-        assert SamplingParams.from_gen_kwargs(cfg.get("generation_kwargs") or {}).greedy, cfg.get("task")
-        assert (cfg.get("repeats") or 1) == 1, cfg.get("task")
+    sampled = set()
+    for k, bench in enumerate(generating):
+        group = write_task_configs([(bench, None)], tmp_path, "hub", f"_{k}")
+        index = task_index([tmp_path])
+        written = [(cfg.get("generation_kwargs") or {}, cfg.get("repeats") or 1)
+                   for cfg in leaf_configs(index[group], index) if cfg.get("output_type") == "generate_until"]
+        settings = task_settings(recipe({"name": "gac"}, [{"name": bench.name, "variant": bench.variant}],
+                                        allow_code_execution=True))
+        read = {(SamplingParams.from_gen_kwargs(s.gen_kwargs), s.repeats) for s in settings}
+        assert read == {(SamplingParams.from_gen_kwargs(g), r) for g, r in written}, bench
+        sampled |= {bench.task for params, _ in read if not params.greedy}
+    assert sampled == {"mbpp_pass_at_k"}
 
 
 def test_a_method_that_cannot_sample_is_refused_in_one_line_per_row():
@@ -89,3 +96,15 @@ def test_the_dry_run_refuses_a_greedy_only_method_on_a_sampled_task(tiny_dirs, t
     assert code != 0
     [line] = [text for text in out.err.splitlines() if "decodes greedily only" in text]
     assert "row safe: method 'safe' decodes greedily only, but tasks[0] 'nq' samples (temperature 0.8" in line
+
+
+def test_a_task_s_repeats_are_the_recipe_s_and_a_pass_at_k_task_needs_k_of_them():
+    assert sampling_notes(recipe({"name": "gac"}, [{"name": "nq", "repeats": 3}])) == [
+        "tasks[0] 'nq' asks for 3 repeats but decodes greedily: they are all the same answer"]
+    with pytest.raises(UserError, match=r"tasks\[0\].repeats: benchmark 'mbpp' \(pass_at_k\) reports pass@2 from its "
+                                        "samples: give at least 2 repeats, got 1"):
+        recipe({"name": "gac"}, [{"name": "mbpp", "variant": "pass_at_k", "repeats": 1}], allow_code_execution=True)
+    sampled = recipe({"name": "gac"}, [{"name": "mbpp", "variant": "pass_at_k", "repeats": 3}],
+                     allow_code_execution=True)
+    assert sampling_notes(sampled) == ["tasks[0] 'mbpp' samples: temperature 0.8, top_p 0.95, 3 samples per request, "
+                                       "seed 1234"]
