@@ -13,8 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ensemble_bench.decoding.sampling import RequestSampling, SamplingOverride, SamplingParams, request_key
+from pydantic import ValidationError
 
+from ensemble_bench.decoding.sampling import RequestSampling, SamplingOverride, SamplingParams, request_key
+from ensemble_bench.errors import UserError
+
+SETTINGS = ("do_sample", "temperature", "top_p", "top_k", "min_p")  # the gen_kwargs that say how a request samples
 DEFAULT_SEED = 1234  # a recipe's default seed (recipe_schema.Recipe.seed), for a model made without a policy
 
 
@@ -27,8 +31,15 @@ class SamplingPolicy:
     override: SamplingOverride | None = None
 
     def params(self, gen_kwargs: dict[str, Any]) -> SamplingParams:
-        """The settings a request decodes with: lm-eval's reading of its gen_kwargs, the override over them."""
-        params = SamplingParams.from_gen_kwargs(gen_kwargs)
+        """The settings a request decodes with: lm-eval's reading of its gen_kwargs, the override over them;
+        UserError (one line) for a setting out of range or of the wrong type."""
+        try:
+            params = SamplingParams.from_gen_kwargs(gen_kwargs)
+        except (ValidationError, TypeError, ValueError) as err:
+            shown = {key: gen_kwargs[key] for key in SETTINGS if key in gen_kwargs}
+            first = err.errors()[0] if isinstance(err, ValidationError) else {"loc": (), "msg": str(err)}
+            where = ".".join(str(part) for part in first["loc"])
+            raise UserError(f"generation settings {shown}: {where + ': ' if where else ''}{first['msg']}") from None
         return params if self.override is None else self.override.over(params)
 
     def assign(self, requests: Sequence[tuple[str, dict[str, Any]]]) -> list[RequestSampling | None]:

@@ -79,15 +79,23 @@ def _said(policy: SamplingPolicy, settings: TaskSettings) -> str | None:
 
 
 def sampling_problems(recipe) -> list[str]:
-    """A line per row whose method decodes greedily only (or speculatively) while one of the recipe's
-    tasks samples under the row's settings."""
-    settings, lines = None, []
+    """A line per task whose generation settings cannot be read (out of range), and per row whose method
+    decodes greedily only (or speculatively) while one of the recipe's tasks samples under the row's
+    settings."""
+    settings = task_settings(recipe)
+    lines = []
+    for found in settings:
+        try:
+            SamplingPolicy().params(found.gen_kwargs)
+        except UserError as err:
+            lines.append(f"tasks[{found.task}] '{found.name}': {err}")
+    if lines:
+        return lines
     for row in recipe.plan:
         method = get_method(row.method)
         speculative = bool(getattr(row.params, "speculative", 0))
         if method.samples and not speculative:
             continue
-        settings = task_settings(recipe) if settings is None else settings
         policy = row_policy(recipe, row)
         asking = next((s for s in settings if _said(policy, s)), None)
         if asking is None:

@@ -108,3 +108,13 @@ def test_a_task_s_repeats_are_the_recipe_s_and_a_pass_at_k_task_needs_k_of_them(
                      allow_code_execution=True)
     assert sampling_notes(sampled) == ["tasks[0] 'mbpp' samples: temperature 0.8, top_p 0.95, 3 samples per request, "
                                        "seed 1234"]
+
+
+def test_settings_out_of_range_in_a_task_s_own_yaml_are_one_line(tmp_path):
+    (tmp_path / "hot.yaml").write_text(
+        "task: hot\ndataset_path: json\ndataset_kwargs: {data_files: {test: x.jsonl}}\ntest_split: test\n"
+        "output_type: generate_until\ndoc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n"
+        "generation_kwargs: {do_sample: true, temperature: -0.5}\nmetadata: {version: 1}\n")
+    lines = sampling_problems(recipe({"name": "gac"}, [{"name": "hot"}], include_path=str(tmp_path)))
+    assert lines == ["tasks[0] 'hot': generation settings {'do_sample': True, 'temperature': -0.5}: temperature: "
+                     "Input should be greater than or equal to 0"]
