@@ -314,7 +314,7 @@ class Method(ABC):
 
     def refuse_sampling(self, requests: Sequence[GenerationRequest]) -> None:
         """UserError when a request samples and this method cannot (the dry run says so first:
-        tasks/sampling_plan.py); no request falls back to greedy decoding."""
+        tasks/task_sampling.py); no request falls back to greedy decoding."""
         asked = next((r.sampling.params for r in requests if r.sampling and not r.sampling.params.greedy), None)
         if asked is None:
             return

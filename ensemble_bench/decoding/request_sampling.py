@@ -19,7 +19,7 @@ from ensemble_bench.decoding.sampling import RequestSampling, SamplingOverride, 
 from ensemble_bench.errors import UserError
 
 SETTINGS = ("do_sample", "temperature", "top_p", "top_k", "min_p")  # the gen_kwargs that say how a request samples
-DEFAULT_SEED = 1234  # a recipe's default seed (recipe_schema.Recipe.seed), for a model made without a policy
+DEFAULT_SEED = 1234  # a recipe's default seed (recipe/schema.py, Recipe.seed), for a model made without a policy
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,6 +267,15 @@ def draw_rows(logprobs: torch.Tensor, samplers: Sequence[Sampler]) -> list[int]:
         for row, index in zip(rows, draw(picked, params, [samplers[r].generator for r in rows]).tolist()):
             chosen[row] = index
     return chosen
+
+
+def draw_blocks(blocks: Iterable[tuple[slice, torch.Tensor]], samplers: Sequence[Sampler]) -> list[int]:
+    """``draw_rows`` over a distribution given a block of rows at a time: (the block's rows, their log-weights)
+    pairs, such as vocab/mixture.py's ``log_blocks`` of GaC's q."""
+    drawn: list[int] = []
+    for rows, logweights in blocks:
+        drawn += draw_rows(logweights, samplers[rows])
+    return drawn
 
 
 def sampling_rows(samplers: Sequence[Sampler | None]) -> list[int]:

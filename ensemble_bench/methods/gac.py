@@ -39,7 +39,7 @@ from ensemble_bench.decoding.method import (
     score_with_members,
     weights_problem,
 )
-from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, rows_of
+from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.errors import UserError
@@ -285,7 +285,8 @@ class Gac(SpeculativeSteps, DecodingMethod):
         if self.core is not None:
             return self._core_pick(chosen, samplers)
         return decide(samplers, lambda kept: self.mixture.greedy([rows_of(lp, kept) for lp in chosen]),
-                      lambda drawn, drawing: self.mixture.sample([rows_of(lp, drawn) for lp in chosen], drawing))
+                      lambda drawn, drawing: draw_blocks(
+                          self.mixture.log_blocks([rows_of(lp, drawn) for lp in chosen]), drawing))
 
     def _core_pick(self, logprobs, samplers: list[Sampler | None]) -> list[int]:
         """Eq. 3 under CoRE (methods/core.py): the members' union projections fused by consistency,

@@ -42,7 +42,7 @@ from ensemble_bench.decoding.method import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, rows_of
+from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Prompt, Score
@@ -149,7 +149,8 @@ class UnionFusion:
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
         shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
         chosen = decide(samplers, lambda rows: self.mixture.greedy([rows_of(lp, rows) for lp in shifted]),
-                        lambda rows, drawing: self.mixture.sample([rows_of(lp, rows) for lp in shifted], drawing))
+                        lambda rows, drawing: draw_blocks(
+                            self.mixture.log_blocks([rows_of(lp, rows) for lp in shifted]), drawing))
         return [self._advance(u) for u in chosen]
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:

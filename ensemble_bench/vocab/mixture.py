@@ -15,23 +15,23 @@ of member i that share one entry. A row whose best candidate exceeds B is decide
 rows fall back to ``full``. The candidates' q is computed with the same float operations in the
 same order as ``full``, so both paths choose the same entry (ties: the lowest union index).
 
-``full`` and the paths built on it (the greedy fallback, ``sample``) are one exponential and one
+``full`` and the paths built on it (the greedy fallback, ``log_blocks``) are one exponential and one
 gather per member straight into the union's layout: each entry takes its lowest id's probability
 (a zero column stands in for the entries the member lacks), and the few entries holding several
 ids of a member (duplicate byte strings) add the others slot by slot in ascending id order. On a
-CPU the rows go in blocks whose working set stays in cache; on a GPU in one block. ``sample``
-draws each row from q^(1/T) on q's device by inverse transform sampling, with one uniform number
-from the row's own generator.
+CPU the rows go in blocks whose working set stays in cache; on a GPU in one block. ``log_blocks``
+gives log q block by block on q's device, for a draw (decoding/sampling.py ``draw_blocks``: each row
+shaped by its own settings, then drawn by inverse transform sampling with one uniform number from
+its own generator).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ensemble_bench.decoding.sampling import Sampler, draw_rows
 from ensemble_bench.vocab.fast_topk import block_argmax, block_topk
 from ensemble_bench.vocab.union import MemberMap, UnionVocab
 
@@ -145,15 +145,11 @@ class UnionMixture:
         return torch.stack([project(lp, self._tables(index, lp.device), floor=LOG_FLOOR).to(device)
                             for index, lp in enumerate(logprobs)])
 
-    def sample(self, logprobs: Sequence[torch.Tensor], samplers: Sequence[Sampler]) -> list[int]:
-        """One union entry per row drawn from q (GaC Eq. 3) shaped by the row's settings (q^(1/T) with a
-        temperature), each row with its own generator: a row's draw does not depend on the other rows of
-        the batch."""
-        drawn: list[int] = []
+    def log_blocks(self, logprobs: Sequence[torch.Tensor]) -> Iterator[tuple[slice, torch.Tensor]]:
+        """log q (Eq. 3) of every row, a block of rows at a time (``_blocks``; log-probabilities floored as
+        the argmax path floors them): (the block's rows, their [rows, U] log q), what a draw reads."""
         for rows in self._blocks(logprobs):
-            mixed = self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR)
-            drawn += draw_rows(mixed.log_(), samplers[rows])
-        return drawn
+            yield rows, self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR).log_()
 
     def _argmax_full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
         """argmax_u q(u) per row through the full projection (ties: the lowest union index)."""

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ensemble_bench.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from ensemble_bench.errors import UserError
+from ensemble_bench.run.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from tests.cli_helpers import one_line, run_cli
 
 
@@ -18,7 +18,7 @@ def members(tiny_dirs, **extra) -> list[dict]:
 
 def lm_eval(monkeypatch, capsys, *argv):
     """``ensbench-lm-eval ARGV`` in this process: (exit code, captured stdout and stderr)."""
-    from ensemble_bench.lm_eval_cli import main
+    from ensemble_bench.cli.lm_eval import main
 
     monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", *argv])
     try:
@@ -80,9 +80,9 @@ def test_a_mistake_on_the_command_line_is_one_line_before_any_model_loads(tiny_d
 ])
 def test_a_bad_limit_or_threads_is_one_line_before_any_model_loads(tiny_dirs, monkeypatch, capsys, flag, value, words):
     """lm-eval took --limit -1 and failed in islice after the members loaded."""
-    import ensemble_bench.build
+    import ensemble_bench.run.build
 
-    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    monkeypatch.setattr(ensemble_bench.run.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
     code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--tasks", "piqa", flag, value,
                         "--model_args", json.dumps({"members": members(tiny_dirs)}))
     assert code == 2 and words in one_line(out)
@@ -154,7 +154,7 @@ def test_model_args_carry_the_seed_and_the_sampling_override(tiny_dirs):
     """--model_args is a recipe fragment: its seed and sampling: reach the model, as a recipe's do."""
     from ensemble_bench.decoding.request_sampling import SamplingPolicy
     from ensemble_bench.decoding.sampling import SamplingOverride
-    from ensemble_bench.lm import LM_CLASSES
+    from ensemble_bench.run.lm import LM_CLASSES
 
     lm = LM_CLASSES["gac"].create_from_arg_obj({"members": members(tiny_dirs), "seed": 7,
                                                 "sampling": {"temperature": 0.5}}, {})

@@ -10,8 +10,8 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 
 from ensemble_bench.decoding.request_sampling import SamplingPolicy
-from ensemble_bench.lm import EnsembleLM
 from ensemble_bench.methods.gac import Gac, GacParams
+from ensemble_bench.run.lm import EnsembleLM
 from tests.tiny import CORPUS
 
 REPEATS = 3

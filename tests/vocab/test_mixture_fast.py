@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ensemble_bench.vocab.mixture as mixture_module
-from ensemble_bench.decoding.sampling import Sampler, SamplingParams, inverse_cdf
+from ensemble_bench.decoding.sampling import Sampler, SamplingParams, draw_blocks, inverse_cdf
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.vocab import VocabView, build_vocab_view
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -131,7 +131,8 @@ def test_sampling_equals_naive_sampling_whatever_the_batch(temperature, scale):
         for batch in ([0, 1, 2, 3, 4, 5], [5, 3, 1], [2], [4, 0]):
             generators = {k: torch.Generator().manual_seed(100 * seed + k) for k in batch}
             for step in range(5):
-                drawn = mixture.sample([lp[batch] for lp in rows], [Sampler(params, generators[k]) for k in batch])
+                drawn = draw_blocks(mixture.log_blocks([lp[batch] for lp in rows]),
+                                    [Sampler(params, generators[k]) for k in batch])
                 assert drawn == [expected[step][k] for k in batch], (seed, batch, step)
 
 
@@ -144,7 +145,7 @@ def test_sampling_in_blocks_equals_sampling_at_once(tiny_pair, monkeypatch):
         monkeypatch.setattr(mixture_module, "CPU_BLOCK_BYTES", block_bytes)
         samplers = [Sampler(SamplingParams(do_sample=True, temperature=0.8), torch.Generator().manual_seed(k))
                     for k in range(9)]
-        draws.append([mixture.sample(logprobs, samplers) for _ in range(4)])
+        draws.append([draw_blocks(mixture.log_blocks(logprobs), samplers) for _ in range(4)])
     assert draws[0] == draws[1]
 
 

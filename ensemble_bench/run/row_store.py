@@ -44,7 +44,7 @@ from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
-from ensemble_bench.run_folder import REUSED, TIMING, parse_json, recorded_key, write_timing
+from ensemble_bench.run.folder import REUSED, TIMING, parse_json, recorded_key, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
