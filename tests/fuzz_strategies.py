@@ -94,7 +94,8 @@ FIELD_NAMES = sorted({*Recipe.model_fields, *MemberSpec.model_fields, *TaskSpec.
                       *PlacementSpec.model_fields, *(f for fields in METHOD_FIELDS.values() for f in fields)})
 # fields read only when a row runs, and values of their type but out of their range: where the runtime
 # failures of issue 30 lived (seed -1, NaN weights, shots above the data)
-RUNTIME_FIELDS = ["seed", "shots", "limit", "batch_size", "weights", "weight", "threshold", "temperature", "window",
+RUNTIME_FIELDS = ["seed", "shots", "limit", "batch_size", "weights", "weight", "threshold", "temperature", "top_p",
+                  "top_k", "min_p", "repeats", "window",
                   "scores", "ece", "k", "steps", "eta", "support", "span_words", "draft_tokens", "tau",
                   "gate_threshold",
                   "candidate_floor", "filter_ratio", "chance", "num_gpus", "num_cpus", "schedule_timeout_s"]

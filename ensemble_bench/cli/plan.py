@@ -37,7 +37,7 @@ def results_line(setup) -> Text:
 def plan_tables(setup) -> list:
     """The plan of a resolved run (``run.setup.RunSetup``) as a heading line, where results go and two
     narrow tables (rows, then benchmarks), readable at 80 columns; then its notes."""
-    from ensemble_bench.recipe import task_notes
+    from ensemble_bench.tasks.task_sampling import sampling_notes
     from ensemble_bench.tasks.whitespace import recipe_warnings
 
     recipe = setup.recipe
@@ -54,8 +54,8 @@ def plan_tables(setup) -> list:
     for bench, shots, limit in setup.benchmarks:
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *task_code_notes(setup), *reuse_notes(setup),
-                                                 *choice_notes(recipe)]]
+    notes = [Text(f"note: {line}") for line in [*sampling_notes(recipe, setup.task_index), *task_code_notes(setup),
+                                                 *reuse_notes(setup), *choice_notes(recipe)]]
     notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe, setup.task_index)]
     return [heading, results_line(setup), rows, benches, *notes]
 

@@ -49,6 +49,7 @@ from ensemble_bench.decoding.method import (
     excerpt,
     request_excerpt,
 )
+from ensemble_bench.decoding.sampling import Sampler
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member, Prompt
 from ensemble_bench.members.batching import in_batches
@@ -104,11 +105,13 @@ class RequestState:
     count: int = 0
     finish: str | None = None
     held: dict = field(default_factory=dict)  # member index -> how it holds the text (decoding/feeding.Held)
+    sampler: Sampler | None = None  # a request that samples: its settings and generator (decoding/sampling.py)
 
     @classmethod
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
-        """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
-        return cls(StopRule(request.until, request.max_new_tokens), **fields)
+        """A new state for ``request`` (its stop strings, budget and sampler), with a subclass's ``fields``."""
+        sampler = request.sampling.sampler() if request.sampling is not None else None
+        return cls(StopRule(request.until, request.max_new_tokens), sampler=sampler, **fields)
 
     def copy(self) -> RequestState:
         """A copy that can change without changing this state (a subclass copies its own mutable fields)."""
@@ -312,6 +315,7 @@ class DecodingMethod(Method, Steps):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Each request rendered by each member's own template; batches longest prompts first."""
+        self.refuse_sampling(requests)
         prompts = [[self.render(i, r.prompt) for r in requests] for i in range(len(self.members))]
         lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
         return in_batches(lengths, self.batch_size, lambda batch: self._generate_batch(

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
@@ -74,6 +75,7 @@ class GenerationRequest:
     prompt: Prompt
     until: tuple[str, ...]
     max_new_tokens: int
+    sampling: RequestSampling | None = None  # None: greedy; else what the request draws with (decoding/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,8 @@ class Method(ABC):
     min_members: ClassVar[int] = 1
     max_members: ClassVar[int | None] = None
     alone: ClassVar[bool] = False  # a member alone (one row per member), not an ensemble
-    samples: ClassVar[bool] = False  # can draw at random (seeded) rather than decode greedily
+    samples: ClassVar[bool] = False  # can draw from its distribution when a request samples (decoding/sampling.py)
+    retired: ClassVar[dict[str, Any]] = {}  # parameters it no longer has -> the value that meant what it does now
     lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
     version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
     # how the method scores a multiple-choice option where some of its parameters play no part, and those
@@ -326,7 +329,20 @@ class Method(ABC):
 
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Greedy generation for every request (each with its own stop strings and budget)."""
+        """Generation for every request (each with its own stop strings, budget and sampling)."""
+
+    def refuse_sampling(self, requests: Sequence[GenerationRequest]) -> None:
+        """UserError when a request samples and this method cannot (the dry run says so first:
+        tasks/task_sampling.py); no request falls back to greedy decoding."""
+        asked = next((r.sampling.params for r in requests if r.sampling and not r.sampling.params.greedy), None)
+        if asked is None:
+            return
+        if not self.samples:
+            raise UserError(f"method '{self.name}' decodes greedily only, but a request samples ({asked.record()}): "
+                            "use a method that samples (docs/sampling.md) or set sampling: {do_sample: false}")
+        if getattr(self, "speculation", None) is not None:
+            raise UserError(f"method '{self.name}' with speculative decodes greedily only, but a request samples: "
+                            "set speculative: 0, or sampling: {do_sample: false}")
 
     @abstractmethod
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:

@@ -29,6 +29,7 @@ from pydantic import Field
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field
+from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
@@ -160,10 +161,12 @@ class Eva(EmitterMethod):
         kept = self.faithful_members(projected)
         return self.core.fuse(torch.stack(projected), kept.T.float(), self.lead).float()
 
-    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None, samplers=()) -> Step:
         projected = self.project(logprobs)
         fused = checked_fusion(self.fuse(projected) if self.core is None else self.core_fuse(projected))
-        choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
+        # the first of equal values, as torch.argmax in the authors' code; a row that samples draws from fused
+        choices = decide_on(fused, samplers or [None] * len(fused), lambda kept: kept.argmax(dim=-1).tolist(),
+                            probabilities=True)
         return Step(choices, None if targets is None else self.score(logprobs, targets))
 
     def score(self, logprobs: list[torch.Tensor], targets: list[int]) -> list[float]:

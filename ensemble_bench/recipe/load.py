@@ -115,6 +115,9 @@ def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
     if most is not None and shots > most:
         lines.append(f"tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
                      f"(its few-shot pool), got {shots}")
+    if bench.pass_k is not None and task.repeats is not None and task.repeats < bench.pass_k:
+        lines.append(f"tasks[{i}].repeats: benchmark '{task.name}' ({bench.variant}) reports pass@{bench.pass_k} from "
+                     f"its samples: give at least {bench.pass_k} repeats, got {task.repeats}")
     if task.gen_kwargs is not None and bench.primary_metric.startswith("acc,"):
         lines.append(f"tasks[{i}].gen_kwargs: benchmark '{task.name}' is scored by log-likelihood and generates "
                      "no text: remove gen_kwargs")
@@ -142,14 +145,6 @@ def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
                          "each benchmark once (another variant: a recipe of its own)")
         listed.setdefault(key, i)
     return [f"{source}: {line}" for line in lines]
-
-
-def task_notes(recipe: Recipe) -> list[str]:
-    """Lines to show beside the plan: gen_kwargs that ask for sampling (written into the task config, but
-    ensbench's methods decode greedily: a method that samples takes its own parameters)."""
-    return [f"tasks[{i}].gen_kwargs: {', '.join(asked)} asks for sampling: written into the task config, but "
-            "ensbench's methods decode greedily, so the answers do not change"
-            for i, task in enumerate(recipe.tasks) if task.gen_kwargs and (asked := task.gen_kwargs.sampling())]
 
 
 def _read_text(path: Path) -> str:

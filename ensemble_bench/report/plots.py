@@ -18,8 +18,8 @@ from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.run_files import ms_per_token
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.tables import resolve_run
-from ensemble_bench.run.folder import reading_once
 from ensemble_bench.report.whitespace_notes import whitespace_warnings
+from ensemble_bench.run.folder import reading_once
 
 LOG2_PARAMETERS = ("span_words", "k")
 PLOT_SUFFIXES = (".png", ".svg")

@@ -6,6 +6,7 @@ of the stock lm-eval CLI hold a recipe fragment).
 
 from __future__ import annotations
 
+from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, load_member
 from ensemble_bench.members.remote import RemoteMember, connect, launch, wait_placed
@@ -48,12 +49,13 @@ AUTO_BATCH_SIZE = 8  # ``--batch_size auto`` without a batch_size in --model_arg
 ONE_ROW_ONLY = ("methods", "sweep", "singles")  # recipe keys that plan several rows
 
 
-def build_from_model_args(data: dict, method_name: str | None, extra: dict) -> tuple[Row, Method]:
-    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method); the
-    row it plans and its method."""
+def build_from_model_args(data: dict, method_name: str | None,
+                          extra: dict) -> tuple[Row, Method, SamplingPolicy]:
+    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method, seed,
+    sampling); the row it plans, its method and how it samples."""
     recipe = recipe_from_model_args(data, method_name, extra)
     row = recipe.plan[-1]
-    return row, build_method(recipe, row, MemberPool(recipe))
+    return row, build_method(recipe, row, MemberPool(recipe)), row_policy(recipe, row)
 
 
 def recipe_from_model_args(data: dict, method_name: str | None, extra: dict) -> Recipe:

@@ -5,6 +5,12 @@ This is the only module that imports lm-eval's model API. Requests arrive as lm-
 into lm-eval's response cache a chunk at a time (``cache_chunk``: an interrupted run resumes where it
 stopped, with the numbers of a run that was never interrupted).
 
+A generation request that samples (its gen_kwargs, or the row's ``sampling:``: decoding/request_sampling.py)
+draws from a generator of its own, seeded by the recipe's seed, the request and its repeat index. lm-eval
+keeps no cached answer for such requests (every repeat is the same request), so ensbench keys each
+sample by request and repeat in the same database (``SAMPLE_KIND``): a resumed run answers the samples
+it has and draws the rest, the same samples an uninterrupted run draws.
+
 Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
 returns the messages themselves (JSON behind a marker, with each member's SHA-256 of its rendering:
 members/rendered.py) and each member renders them with its own template, or as plain text when it has none.
@@ -14,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 from lm_eval.api.model import LM, hash_args
 
 from ensemble_bench.decoding.method import NonFiniteScore, check_finite
+from ensemble_bench.decoding.request_sampling import SamplingPolicy
+from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
@@ -31,7 +38,9 @@ from ensemble_bench.run.build import build_from_model_args
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
 ENSEMBLE, COMBINING = "the ensemble", "combining its members' scores"  # who and when, in NonFiniteScore
-log = logging.getLogger(__name__)
+GENERATE = "generate_until"
+SAMPLE_KIND = "generate_until/sample"  # a sampled answer's key in the response cache, beside lm-eval's own
+SAMPLED_MARK = "ensbench-sampled:"  # + lm-eval's key of a sampled request lm-eval itself would cache (no do_sample)
 
 
 def to_prompt(context: str) -> Prompt:
@@ -47,20 +56,27 @@ def stop_strings(until) -> tuple[str, ...]:
     return (until,) if isinstance(until, str) else tuple(until)
 
 
-def cache_chunk(hook, kind: str, answered: list[tuple[tuple, object]]) -> None:
+def cache_chunk(hook, answered: list[tuple[str, tuple, object]]) -> None:
     """Put a chunk's answers into lm-eval's response cache in one SQL statement, so that a run
     interrupted or killed at any moment leaves all of the chunk cached or none of it. sqlite commits
     each statement of that cache on its own: written one by one (lm-eval's ``add_partial``), half a
     chunk could be kept, and the resumed run would batch the rest differently from the run that was
     never interrupted; a row's batch decides its padding, and the padding the last bit of its scores.
-    The commit waits, so that a failed write surfaces here (cache_thread). A hook without a database
+    The commit waits, so that a failed write surfaces here (cache_thread). Each answer is
+    ``(kind, args, answer)`` under ``hash_args(kind, args)``; kind ``SAMPLED_MARK`` marks lm-eval's own key
+    of a generation request's ``args`` (``EnsembleLM.set_cache_hook``). A hook without a database
     (caching off, a test's stand-in) gets the answers one by one."""
     dbdict = getattr(hook, "dbdict", None)
     if dbdict is None:
-        for args, answer in answered:
-            hook.add_partial(kind, args, answer)
+        for kind, args, answer in answered:
+            if kind != SAMPLED_MARK:
+                hook.add_partial(kind, args, answer)
         return
-    values = [v for args, answer in answered for v in (dbdict.encode_key(hash_args(kind, args)), dbdict.encode(answer))]
+
+    def key(kind: str, args: tuple) -> str:
+        return SAMPLED_MARK + hash_args(GENERATE, args) if kind == SAMPLED_MARK else hash_args(kind, args)
+
+    values = [v for kind, args, answer in answered for v in (dbdict.encode_key(key(kind, args)), dbdict.encode(answer))]
     rows = ", ".join(["(?, ?)"] * len(answered))
     dbdict.conn.execute(f'REPLACE INTO "{dbdict.tablename}" (key, value) VALUES {rows}', values)
     dbdict.commit()
@@ -93,10 +109,11 @@ class EnsembleLM(LM):
 
     def __init__(self, method: Method, label: str,
                  progress: Callable[[dict[str, int], dict[str, int]], None] | None = None,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, sampling: SamplingPolicy | None = None):
         super().__init__()
         self.method = method
         self.label = label
+        self.sampling = sampling or SamplingPolicy()  # the recipe's seed and the row's sampling: override
         if progress is None and self.default_progress is not None:
             progress = functools.partial(self.default_progress, label)
         self.progress = progress
@@ -120,8 +137,8 @@ class EnsembleLM(LM):
         """lm-eval's ``batch_size`` (a number, ``auto``), ``max_batch_size`` and ``device`` come in
         ``additional_config`` (build.recipe_from_model_args says how they apply)."""
         extra = additional_config or {}
-        row, method = build_from_model_args(dict(arg_dict), cls.method_name, extra)
-        lm = LM_CLASSES[row.method](method, row.label)
+        row, method, policy = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        lm = LM_CLASSES[row.method](method, row.label, sampling=policy)
         if str(extra.get("batch_size")).startswith("auto"):
             lm.batch_sizes = {"auto": method.batch_size}  # lm-eval records the size 'auto' chose
         return lm
@@ -140,25 +157,47 @@ class EnsembleLM(LM):
         return CHAT_MARK + json.dumps(self.rendered.record(self.method.members, chat_history), ensure_ascii=False)
 
     def get_model_info(self) -> dict:
+        override = self.sampling.override.model_dump(exclude_none=True) if self.sampling.override else None
         return {"ensbench": {"label": self.label, **self.method.info(), **self.scoring.summary(),
-                             "members": [m.name for m in self.method.members], **self.rendered.info()}}
+                             "members": [m.name for m in self.method.members], **self.rendered.info(),
+                             "sampling_seed": self.sampling.seed, "sampling_override": override}}
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """lm-eval's response cache for the pass about to start. A sampled request without ``do_sample``
+        (sampling by its temperature, or by the row's ``sampling:``) is one lm-eval caches under its
+        arguments: its cached answer would stand for every repeat. Those entries go (``SAMPLED_MARK``);
+        the samples stay under their own keys (``SAMPLE_KIND``)."""
+        super().set_cache_hook(cache_hook)
+        dbdict = getattr(cache_hook, "dbdict", None)
+        if dbdict is None:
+            return
+        marked = [key for (key,) in dbdict.conn.select(
+            f'SELECT key FROM "{dbdict.tablename}" WHERE key LIKE ?', (SAMPLED_MARK + "%",))]
+        if marked:  # the marks stay: lm-eval writes those entries again at the end of every pass
+            gone = [(mark[len(SAMPLED_MARK):],) for mark in marked]
+            dbdict.conn.executemany(f'DELETE FROM "{dbdict.tablename}" WHERE key = ?', gone)
+            dbdict.commit()
 
     # --- requests -------------------------------------------------------------------------------
-    def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
-        """Answer requests in chunks (longest first), caching each answer as soon as it exists.
-        A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
+    def _run_in_chunks(self, kind: str, requests, convert, call, cached=None, apart=frozenset()) -> list:
+        """Answer requests in chunks (longest first), caching each answer as soon as it exists: under
+        lm-eval's key (``kind`` and the request's arguments), or ``cached(i, answer)``'s entries.
+        ``convert(i)``: request i as the method takes it; ``apart``: requests that share no chunk with the
+        other requests of their context. A NaN or infinite score stops here, naming the benchmark's
+        request (``_located``)."""
         answers: list = [None] * len(requests)
         examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
         if self.progress:  # the pass starts: its examples per task are known before the first batch ends
             self.progress({}, examples)
-        for chunk in self._chunks(requests):
+        for chunk in self._chunks(requests, apart):
             try:
-                computed = call([convert(requests[i].args) for i in chunk])
+                computed = call([convert(i) for i in chunk])
             except NonFiniteScore as err:
                 raise _located(err.of_row(self.method, self.label), requests, chunk) from None
             for i, answer in zip(chunk, computed):
                 answers[i] = answer
-            cache_chunk(self.cache_hook, kind, [(requests[i].args, answers[i]) for i in chunk])
+            cache_chunk(self.cache_hook, [entry for i in chunk for entry in (
+                cached(i, answers[i]) if cached else [(kind, requests[i].args, answers[i])])])
             self.requests_computed += len(chunk)
             if self.after_chunk:
                 self.after_chunk()
@@ -166,13 +205,15 @@ class EnsembleLM(LM):
                 self.progress(_tally(requests, chunk), examples)
         return answers
 
-    def _chunks(self, requests) -> list[list[int]]:
+    def _chunks(self, requests, apart=frozenset()) -> list[list[int]]:
         """Request indices in chunks, longest context first; requests sharing a context (the
-        choices of one question) stay in one chunk."""
+        choices of one question) stay in one chunk, unless they are ``apart`` (the repeats of a sampled
+        request: a chunk of the usual size is cached at a time)."""
         order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].args[0]), requests[i].args[0]))
         chunks: list[list[int]] = []
         for i in order:
-            same_context = chunks and requests[chunks[-1][-1]].args[0] == requests[i].args[0]
+            same_context = (chunks and i not in apart
+                            and requests[chunks[-1][-1]].args[0] == requests[i].args[0])
             if chunks and (same_context or len(chunks[-1]) < self.chunk_size):
                 chunks[-1].append(i)
             else:
@@ -180,22 +221,38 @@ class EnsembleLM(LM):
         return chunks
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        def convert(args) -> GenerationRequest:
-            context, gen_kwargs = args
+        """Each request's text: greedy, or drawn as its settings and the row's ``sampling:`` say (a sample
+        already in the response cache under its request and repeat is not drawn again)."""
+        draws = self.sampling.assign([(r.args[0], dict(r.args[1] or {})) for r in requests])
+        answers = _sampled_answers(self.cache_hook, requests, draws)
+        todo = [i for i in range(len(requests)) if i not in answers]
+
+        def convert(k: int) -> GenerationRequest:
+            context, gen_kwargs = requests[todo[k]].args
             gen_kwargs = dict(gen_kwargs or {})
-            if gen_kwargs.get("do_sample") or (gen_kwargs.get("temperature") or 0) > 0:
-                log.warning("ensbench decodes greedily; ignoring sampling settings %s", gen_kwargs)
             return GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
-                                     int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)))
+                                     int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), draws[todo[k]])
+
+        def cached(k: int, answer: str) -> list[tuple[str, tuple, object]]:
+            request, drawn = requests[todo[k]], draws[todo[k]]
+            if drawn is None:
+                return [(GENERATE, request.args, answer)]
+            entries = [(SAMPLE_KIND, _sample_args(request.args, drawn), answer)]
+            if not (request.args[1] or {}).get("do_sample"):  # lm-eval caches it under its arguments
+                entries.append((SAMPLED_MARK, request.args, True))
+            return entries
 
         def call(batch):
             return [g.text for g in self.method.generate(batch)]
 
-        return self._run_in_chunks("generate_until", requests, convert, call)
+        sampled = frozenset(k for k, i in enumerate(todo) if draws[i] is not None)
+        computed = self._run_in_chunks(GENERATE, [requests[i] for i in todo], convert, call, cached, sampled)
+        answers.update(zip(todo, computed))
+        return [answers[i] for i in range(len(requests))]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        def convert(args) -> LoglikelihoodRequest:
-            context, continuation = args
+        def convert(i: int) -> LoglikelihoodRequest:
+            context, continuation = requests[i].args
             return LoglikelihoodRequest(to_prompt(context), continuation)
 
         def call(batch):
@@ -217,7 +274,24 @@ class EnsembleLM(LM):
             check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
             return totals
 
-        return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
+        return self._run_in_chunks("loglikelihood_rolling", requests, lambda i: requests[i].args[0], call)
+
+
+def _sample_args(args: tuple, drawn: RequestSampling) -> tuple:
+    """What a sample is cached under: the request, the settings it drew with, the seed and its repeat."""
+    return (*args, drawn.params.record(), drawn.seed, drawn.repeat)
+
+
+def _sampled_answers(hook, requests, draws: list[RequestSampling | None]) -> dict[int, str]:
+    """The samples an earlier sitting cached (by request and repeat), by request index."""
+    dbdict = getattr(hook, "dbdict", None)
+    if dbdict is None:
+        return {}
+    found = {}
+    for i, drawn in enumerate(draws):
+        if drawn is not None and (key := hash_args(SAMPLE_KIND, _sample_args(requests[i].args, drawn))) in dbdict:
+            found[i] = dbdict[key]
+    return found
 
 
 def _tally(requests, indices) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """What would stop a run on this machine, found before any model loads (``run`` and ``run --dry-run``):
 members' models (missing files, hub models not cached while offline), optional packages, benchmark
-data, the output and cache folders, the members' devices, and the network for ``data: hub``."""
+data, a task that samples under a method that cannot, the output and cache folders, the members'
+devices, and the network for ``data: hub``."""
 
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from ensemble_bench import __version__
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label, selected_benchmarks
@@ -161,6 +162,8 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
                    "params": row.params.model_dump(mode="json"),
                    "members": [_member(recipe.members[i]) for i in row.members]}
+        if (override := row_policy(recipe, row).override) is not None:  # absent: the keys rows had before it
+            lineage["sampling"] = override.model_dump(mode="json")
         apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
         keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),
                                  data["files"], data.get("links", {}), evaluated)

@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from ensemble_bench.decoding.request_sampling import applied_sampling, row_policy
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault
 from ensemble_bench.recipe import Recipe, Row
 from ensemble_bench.run.build import MemberPool, build_method
@@ -44,9 +45,6 @@ from ensemble_bench.run.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import lm_eval_tasks
 from ensemble_bench.tasks.code_exec import check_isolation, isolation_level
 from ensemble_bench.tasks.ties import position_ties
-
-if TYPE_CHECKING:
-    from lm_eval.tasks import TaskManager
 
 log = logging.getLogger(__name__)
 # --- evaluation -----------------------------------------------------------------------------------
@@ -79,6 +77,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         ties.update(position_ties(samples))
         if recipe.allow_code_execution:
             results["config"]["code_execution_isolation"] = isolation_level()
+        results["config"]["sampling"] = applied_sampling(results["configs"], lm.sampling)  # what was decoded
         tracker.general_config_tracker.model_name = row.label
         tracker.general_config_tracker.model_name_sanitized = ""  # files go straight into the row dir
         tracker.save_results_aggregated(results=results, samples=samples)
@@ -248,7 +247,7 @@ def _run_locked(setup: RunSetup, progress, on_row) -> Path:
         on_row and on_row(row, "loading")
         method = build_method(recipe, row, pool)
         row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
-        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress)
+        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress, sampling=row_policy(recipe, row))
         on_row and on_row(row, "evaluating")
         _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
         store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))

@@ -34,6 +34,7 @@ from ensemble_bench.tasks.code_exec import Consent
 from ensemble_bench.tasks.data_store import data_root, is_complete, local_dataset
 from ensemble_bench.tasks.lm_eval_tasks import Found
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
+from ensemble_bench.tasks.task_sampling import sampling_problems
 from ensemble_bench.tasks.task_sources import data_fingerprint
 
 KEPT, REUSED, LENT, COMPUTE = "kept", "reused", "lent", "compute"
@@ -97,7 +98,7 @@ def run_setup(recipe: Recipe, source: str = "recipe", fresh: bool = False, dry_r
     except UserError as err:
         folders, folder_lines = [], list(lines_of(err))
     index = None if folder_lines else recipe_tasks.task_index_of(recipe, folders)
-    task_lines = folder_lines or recipe_tasks.task_preflight(recipe, index)
+    task_lines = folder_lines or [*recipe_tasks.task_preflight(recipe, index), *sampling_problems(recipe, index)]
     problems = tuple(preflight(recipe, source, root, task_lines))
     benchmarks = tuple(selected_benchmarks(recipe, index))
     run_dir, resumed = _planned_run_dir(recipe, root, fresh, problems)

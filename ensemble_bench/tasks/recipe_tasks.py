@@ -165,17 +165,20 @@ def task_preflight(recipe, index: dict[str, Found] | None) -> list[str]:
 
 
 def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Found]) -> dict[str, dict[str, Any]]:
-    """lm-eval task name -> ``{"generation_kwargs": ...}`` for every recipe task with gen_kwargs (``benches``:
-    the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder included)."""
+    """lm-eval task name -> ``{"generation_kwargs": ..., "repeats": n}`` for every recipe task with gen_kwargs or
+    repeats (``benches``: the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder
+    included)."""
     from ensemble_bench.errors import several
 
     found, lines = {}, []
     for i, (task, bench) in enumerate(zip(recipe.tasks, benches)):
+        if task.repeats is not None:
+            found[bench.task] = {"repeats": task.repeats}
         if task.gen_kwargs is None:
             continue
         try:
-            found[bench.task] = {"generation_kwargs": generation_kwargs(find_entry(bench.task, index), index,
-                                                                        task.gen_kwargs.given())}
+            found.setdefault(bench.task, {})["generation_kwargs"] = generation_kwargs(
+                find_entry(bench.task, index), index, task.gen_kwargs.given())
         except UserError as err:
             lines.append(f"tasks[{i}].gen_kwargs: {err}")
     if lines:

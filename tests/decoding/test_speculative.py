@@ -15,7 +15,7 @@ from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.unite import Unite, UniteParams
-from tests.tiny import REQUESTS, outputs
+from tests.tiny import REQUESTS, outputs, sampled
 
 LONG = [r.__class__(r.prompt, r.until, 24) for r in REQUESTS]
 
@@ -100,9 +100,10 @@ def test_draft_length_adapts_down_when_drafts_fail(pair):
     assert all(r["tokens"] >= r["rounds"] for r in rows)
 
 
-def test_sampling_is_every_token_only():
-    with pytest.raises(ValueError, match="greedy only"):
-        GacParams(speculative=2, temperature=0.7)
+def test_sampling_is_every_token_only(pair):
+    method = Gac(pair("bpe", "sp"), GacParams(speculative=2))
+    with pytest.raises(UserError, match="with speculative decodes greedily only, but a request samples"):
+        method.generate(sampled(REQUESTS[:1]))
 
 
 def test_unknown_proposer_is_one_line():

@@ -67,7 +67,8 @@ NON_FINITE = {
     "unite weights list": ({"method": "unite, weights: [1.0, -.inf]"}, "method.weights[1]", "-inf"),
     "gac scores": ({"method": "gac, weights: score, scores: [0.5, .inf]"}, "method.scores[1]", "inf"),
     "gac threshold": ({"method": "gac, threshold: .inf"}, "method.threshold", "inf"),
-    "gac temperature": ({"method": "gac, temperature: .nan"}, "method.temperature", "nan"),
+    "sampling temperature": ({"extra": "sampling: {temperature: .nan}"}, "sampling.temperature", "nan"),
+    "entry top_p": ({"method": "gac, sampling: {top_p: .inf}"}, "method.sampling.top_p", "inf"),
     "deepen eta": ({"method": "deepen, eta: .inf"}, "method.eta", "inf"),
     "packllm tau": ({"method": "packllm, tau: .NaN"}, "method.tau", "nan"),
     "sweetspan lambda": ({"method": "sweetspan, lambda: .inf"}, "method.lambda", "inf"),
@@ -156,8 +157,8 @@ def test_a_seed_out_of_range_is_one_line(tmp_path, monkeypatch, capsys, seed, me
 def test_the_seed_range_is_what_lm_eval_takes(tmp_path):
     assert parsed(tmp_path, extra="seed: 0").seed == 0
     assert parsed(tmp_path, extra=f"seed: {2**32 - 1}").seed == 2**32 - 1
-    with pytest.raises(UserError, match=r"method.seed: Input should be less than or equal to 4294967295"):
-        parsed(tmp_path, method=f"gac, temperature: 0.5, seed: {2**32}")
+    with pytest.raises(UserError, match=r"'seed' is no longer a GaC parameter: .* the seed is the recipe's seed"):
+        parsed(tmp_path, method="gac, seed: 3")
 
 
 # ---------------------------------------------------------------- tasks

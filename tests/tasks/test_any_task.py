@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from ensemble_bench.errors import UserError, lines_of
-from ensemble_bench.recipe import parse_recipe, task_notes
+from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
+from ensemble_bench.tasks.task_sampling import sampling_notes
 from tests.cli_helpers import one_line, run_cli
 
 QA = [{"question": f"{a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (2, 2), (3, 4), (1, 1))]
@@ -160,8 +161,8 @@ def test_task_fields_are_refused_in_one_line(task, message):
 def test_sampling_settings_are_allowed_and_noted():
     parsed = parse_recipe({"name": "x", "members": [{"model": "m"}], "method": "single",
                            "tasks": [{"name": "gsm8k", "gen_kwargs": {"temperature": 0.7, "do_sample": True}}]})
-    [note] = task_notes(parsed)
-    assert note.startswith("tasks[0].gen_kwargs: do_sample, temperature asks for sampling")
+    index = recipe_tasks.task_index_of(parsed, recipe_tasks.include_folders(parsed))
+    assert sampling_notes(parsed, index) == ["tasks[0] 'gsm8k' samples: temperature 0.7, seed 1234"]
 
 
 def test_the_dry_run_notes_sampling_settings(tiny_dirs, tmp_path, monkeypatch, capsys):
@@ -170,7 +171,7 @@ def test_the_dry_run_notes_sampling_settings(tiny_dirs, tmp_path, monkeypatch, c
     path.write_text(recipe(tiny_dirs, tmp_path / "results", sampling))
     code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
     assert code == 0, out.err
-    assert "note: tasks[0].gen_kwargs: do_sample, temperature asks for sampling" in out.out
+    assert "note: tasks[0] 'nq' samples: temperature 0.7, seed 1234" in out.out
 
 
 def test_dry_run_names_close_matches_and_missing_folders(tiny_dirs, tmp_path, monkeypatch, capsys):
