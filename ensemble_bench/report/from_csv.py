@@ -88,7 +88,7 @@ def read_rows(path: Path, layout: Layout) -> tuple[OurRuns, bool]:
     found = [_our_row(line, layout) for line in lines if (line.get(ROW_COLUMN) or line[OLD_ROW_COLUMN]) != NOT_RUN]
     ours = OurRuns(rows={row.label: row for row in found}, hardware={f"not recorded in {path.name}"})
     ours.benchmarks = [c for c in layout.benchmark_columns if any(c in row.values for row in found)]
-    return ours, f"{layout.columns[0]} (paper)" in header
+    return ours, any(f"{column} (paper)" in header for column in layout.columns)
 
 
 def _lacking(path: Path, ours: OurRuns) -> list[str]:
