@@ -29,3 +29,11 @@ def test_committed_table_carries_its_legend(csv):
     assert f"| {ROW_COLUMN} " in header and "| ours " not in header
     assert f"\n- {legend(with_paper=True)}\n" in markdown
     assert legend(with_paper=True).replace("%", "\\%") in csv.with_suffix(".tex").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("csv", CSVS, ids=lambda path: path.stem)
+def test_results_page_quotes_the_table_as_committed(csv):
+    title, blank, body = csv.with_suffix(".md").read_text(encoding="utf-8").split("\n", 2)
+    assert title.startswith("### ") and blank == ""
+    assert body.rstrip("\n") in (TABLES.parent / "results.md").read_text(encoding="utf-8"), \
+        f"docs/results.md does not quote {csv.stem}.md as committed: copy its table and notes there"
