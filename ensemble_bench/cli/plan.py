@@ -55,7 +55,7 @@ def plan_tables(setup) -> list:
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
     notes = [Text(f"note: {line}") for line in [*sampling_notes(recipe, setup.task_index), *task_code_notes(setup),
-                                                 *reuse_notes(setup), *choice_notes(recipe)]]
+                                                 *reuse_notes(setup), *choice_notes(setup)]]
     notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe, setup.task_index)]
     return [heading, results_line(setup), rows, benches, *notes]
 
@@ -81,14 +81,15 @@ def task_code_notes(setup) -> list[str]:
             for code in recipe_task_code(setup.recipe, setup.task_index)]
 
 
-def choice_notes(recipe) -> list[str]:
+def choice_notes(setup) -> list[str]:
     """A line per ensemble row that sets parameters its method does not use to score multiple-choice
     options (``Method.unused_on_choices``), when the recipe has multiple-choice benchmarks."""
     from ensemble_bench.methods import get_method
     from ensemble_bench.tasks.output_kinds import choice_benchmarks
 
-    ensembles = [row for row in recipe.plan if row.spec is not None]
+    ensembles = [row for row in setup.recipe.plan if row.spec is not None]
     unused = [(row, names) for row in ensembles if (names := get_method(row.method).unused_on_choices(row.params))]
-    choices = ", ".join(choice_benchmarks(recipe)) if unused else ""
+    choices = ", ".join(choice_benchmarks([bench for bench, _, _ in setup.benchmarks], setup.task_index)) \
+        if unused else ""
     return [f"row {row.label}: {', '.join(names)} {'does' if len(names) == 1 else 'do'} nothing on the multiple-choice "
             f"benchmarks ({choices}): {get_method(row.method).choice_scoring}" for row, names in unused if choices]

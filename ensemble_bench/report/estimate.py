@@ -61,9 +61,10 @@ class Estimate:
 def estimate(recipe) -> Estimate:
     """The estimate of ``recipe`` (a loaded Recipe, overrides applied) run from scratch."""
     from ensemble_bench.recipe import selected_benchmarks
+    from ensemble_bench.tasks.recipe_tasks import include_folders, task_index_of
 
     found = Estimate()
-    tasks = selected_benchmarks(recipe)
+    tasks = selected_benchmarks(recipe, task_index_of(recipe, include_folders(recipe)))
     factors = method_factors()
     measured = {model for model, _ in member_costs()}
     for row in recipe.plan:

@@ -44,7 +44,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
-from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label, selected_benchmarks
+from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
 from ensemble_bench.run.folder import REUSED, TIMING, parse_json, read_json, recorded_key, results_files, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
@@ -145,18 +145,19 @@ def _folders_digest(folders: list[Path], data_files: Collection[str] = ()) -> st
     return digest.hexdigest()
 
 
-def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
-             groups: list[tuple[int | None, str]], data: dict[str, Any] | None = None) -> dict[str, RowKey]:
+def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path], groups: list[tuple[int | None, str]],
+             benchmarks, data: dict[str, Any] | None = None) -> dict[str, RowKey]:
     """The key and lineage of every row of a run, by label. ``task_folders``: the run's task configs
-    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits; ``data``:
-    what the tasks read (``task_sources.data_fingerprint``: data files' bytes, hub revisions)."""
+    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits;
+    ``benchmarks``: the selected (benchmark, shots, limit) of each task (``recipe.selected_benchmarks``);
+    ``data``: what the tasks read (``task_sources.data_fingerprint``: data files' bytes, hub revisions)."""
     data = data or {"files": {}, "hub": []}
     shared = {"versions": _versions(), "seed": recipe.seed, "fewshot_as_multiturn": recipe.fewshot_as_multiturn,
               "allow_code_execution": recipe.allow_code_execution}
     tasks = {"files": _folders_digest(task_folders, data["files"]), "groups": groups, "data": recipe.data,
              "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
     evaluated = {bench.task: bench.default_shots if shots is None else shots
-                 for bench, shots, _ in selected_benchmarks(recipe)}
+                 for bench, shots, _ in benchmarks}
     keys = {}
     for row in rows:
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,

@@ -146,7 +146,7 @@ def _write_tasks(recipe: Recipe, benchmarks, folders: list[Path]) -> tuple[TaskF
         names = [group for _, group in groups]
         index = lm_eval_tasks.task_index([*folders, dest])
         data = data_fingerprint(cfg for group in names for cfg in lm_eval_tasks.leaf_configs(index[group], index))
-        keys = row_keys(recipe, recipe.plan, [dest, *folders], groups, data)
+        keys = row_keys(recipe, recipe.plan, [dest, *folders], groups, benchmarks, data)
         files = {path.relative_to(dest).as_posix(): path.read_bytes()
                  for path in sorted(dest.rglob("*")) if path.is_file()}
     return TaskFolder(MappingProxyType(files), tuple(groups)), keys

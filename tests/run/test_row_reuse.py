@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from ensemble_bench.cli import main as cli
-from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.recipe import parse_recipe, selected_benchmarks
 from ensemble_bench.run import runner
 from ensemble_bench.run.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.cli_helpers import run_cli
@@ -176,7 +176,7 @@ def keys_of(dirs, tmp_path, **changes):
     data = {"name": "k", "members": [{"model": dirs[0], "name": "x"}, {"model": dirs[1], "name": "y"}],
             "method": {"name": "gac"}, "singles": True, "tasks": ["piqa"], "data": "offline", **changes}
     recipe = parse_recipe(data)
-    return row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")])
+    return row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")], selected_benchmarks(recipe, None))
 
 
 def test_the_key_holds_what_decides_outputs_and_nothing_else(tiny_dirs, tmp_path, monkeypatch):
@@ -273,7 +273,7 @@ def test_a_packaged_member_is_keyed_by_its_checked_sha256_unread(tmp_path, monke
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "group.yaml").write_text("task: piqa\n")
-    assert row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")])["s"].key
+    assert row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")], selected_benchmarks(recipe, None))["s"].key
 
 
 def test_only_a_large_file_is_announced_when_it_is_hashed(tiny_dirs, tmp_path, monkeypatch, caplog):
