@@ -17,7 +17,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 	bench-speculative bench-speculative-check \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
-	reproduce-core reproduce-adafuse
+	reproduce-core reproduce-adafuse docs-tables
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine. DRY_RUN=1 checks each
 # recipe and prints its plan (runs nothing); LIMIT=n caps every task at n examples; OUTPUT=dir writes
@@ -141,6 +141,11 @@ reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-co
 reproduce-core reproduce-adafuse: install
 	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
+
+# The committed tables in docs/tables/ rendered again from their CSVs by today's code (legend, columns,
+# notes); the numbers are the CSVs'. After a reproduction, copy its CSV there first (docs/reproduction.md).
+docs-tables: install
+	$(BIN)/python -m ensemble_bench.report.from_csv
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 from ensemble_bench.recipe import load_recipe
 from ensemble_bench.recipe.overrides import option_overrides
 from ensemble_bench.report.estimate import HOW, Estimate, combined, estimate, estimate_lines
+from ensemble_bench.report.from_csv import table_stem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None, run=ensbench) -> None:
         runs = run_block(args, recipes, layout + (f", block {block}" if block else ""), planned, estimates, run)
         if args.dry_run:
             continue
-        stem = layout + (f"-{re.sub(r'[^a-z0-9]+', '_', block.lower()).strip('_')}" if block else "")
-        out = ROOT / (args.output or "results") / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
+        out = ROOT / (args.output or "results") / "tables" / table_stem(layout, block, args.scale == "offline")
         out.parent.mkdir(parents=True, exist_ok=True)
         block_args = ["--block", block] if block else []
         run("table", *runs, "--layout", layout, "--paper", "--out", str(out), *block_args)

@@ -246,7 +246,12 @@ def build_table(layout: Layout, run_dirs: list[Path], with_paper: bool = False,
                 block: str | None = None) -> pd.DataFrame:
     """One line per paper row (ours beside it, or "not run"), then our unmatched rows; the notes
     (``frame.attrs["notes"]``) say what the runs lack and what the layout leaves out."""
-    ours = collect_rows(run_dirs)
+    return layout_table(layout, collect_rows(run_dirs), with_paper, block)
+
+
+def layout_table(layout: Layout, ours: OurRuns, with_paper: bool = False, block: str | None = None) -> pd.DataFrame:
+    """The table of :func:`build_table` from rows already gathered (from runs, or from a table's CSV:
+    report/from_csv.py)."""
     rows = ours.rows
     slots = [(b, r) for b, r in paper_rows(layout) if block is None or b == block]
     if block is not None and not slots:
@@ -374,5 +379,5 @@ def make_table(run_dirs: list[Path], layout_name: str | None, with_paper: bool =
 
 
 __all__ = ["EXTRA_BLOCK", "NOT_RUN", "ROW_COLUMN", "Layout", "OurRow", "OurRuns", "build_run_table",
-           "build_table", "collect_rows", "get_layout", "layouts", "make_table", "paper_numbers", "paper_rows",
-           "render", "resolve_run"]
+           "build_table", "collect_rows", "get_layout", "layout_table", "layouts", "make_table", "paper_numbers",
+           "paper_rows", "render", "resolve_run"]
