@@ -173,6 +173,11 @@ class EngineThread(threading.Thread):
 
     def run(self) -> None:
         steering = self.steering
+        # OpenMP keeps a thread count per thread: this new thread starts at the process default (the cores,
+        # or OMP_NUM_THREADS) until torch's first parallel call sets the count torch was given (--threads).
+        # vLLM's CPU attention plans a step with the count it reads first and checks it again inside the
+        # kernel ("thread_num == thread_num (2 vs. 1)"): asking torch first makes both read torch's.
+        torch.get_num_threads()
         try:
             busy = False
             while True:

@@ -11,6 +11,11 @@ try:
 except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) raises RuntimeError, not ImportError
     pytest.skip(f"vllm does not import here ({type(err).__name__}); make test-vllm runs these", allow_module_level=True)
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
 import torch  # noqa: E402
 
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
@@ -203,3 +208,24 @@ def test_a_kv_cache_too_small_for_the_window_is_one_line(smollm_vllm):
     with pytest.raises(UserError, match="cannot hold one request of its max_model_len"):
         load_member("smollm2-135m", name="tiny-cache", backend="vllm", vllm={**ENGINE, "kv_cache_gib": 0.001})
     assert ENGINE["max_model_len"] <= smollm_vllm.kv_blocks * smollm_vllm.block_size < 0.25 * 2**30 / 46080
+
+
+def test_threads_given_to_torch_run_a_vllm_member():
+    """``--threads N`` (torch.set_num_threads before the engine starts) with OMP_NUM_THREADS unset: the
+    engine thread used to start at OpenMP's default count while torch's first parallel call set N, and
+    vLLM's CPU attention failed its check (``thread_num == thread_num (2 vs. 1)``). A fresh process,
+    with a count other than OpenMP's default here."""
+    threads = 1 if len(os.sched_getaffinity(0)) > 1 else 2
+    script = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads({threads})
+        from ensemble_bench.members import Prompt, load_member
+        from ensemble_bench.methods import GenerationRequest
+        from ensemble_bench.methods.single import Single
+        member = load_member("smollm2-135m", name="m", backend="vllm", vllm={ENGINE!r})
+        [out] = Single([member], Single.Params()).generate([GenerationRequest(Prompt(text="Paris is"), (), 4)])
+        print("generated", out.tokens)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "generated 4" in done.stdout, done.stderr[-2000:]
