@@ -1,4 +1,4 @@
-"""Expected faults: one clear line, a meaningful exit code, no traceback (see cli.main).
+"""Expected faults: one clear line, a meaningful exit code, no traceback (see cli/main.py).
 
 Exit codes: 0 done; 1 a regression (``ensbench regress``) or an environment fault; 2 a user error;
 70 a bug in ensbench (the traceback is printed); 130 interrupted.
@@ -46,7 +46,7 @@ NOT_WRITABLE = ("cannot write{where}: {why} (read-only, or not writable by this 
 # sqlite's own verdicts that a file is not a sound database: the only ones that call a cache damaged
 DAMAGED_SQLITE = ("file is not a database", "database disk image is malformed")
 # A row's response cache is CACHE/<row>CACHE_DB_SUFFIX in its run folder (lm-eval appends _rank<n>.db to the name it
-# is given): defined here, below every other module, so that run_folder.cache_db and DAMAGED_CACHE read one name.
+# is given): defined here, below every other module, so that run/folder.py's cache_db and DAMAGED_CACHE read one name.
 CACHE = "cache"
 CACHE_DB_SUFFIX = "_rank0.db"
 DAMAGED_CACHE = ("a response cache database of the run is damaged ({why}): remove the run's "
@@ -78,7 +78,7 @@ def _fault_of(err: BaseException) -> EnvironmentFault | None:
         return EnvironmentFault(NOT_WRITABLE.format(where=where, why=err.strerror or text))
     if isinstance(err, sqlite3.DatabaseError) and (message := _sqlite_message(err, text)):
         return EnvironmentFault(message.format(why=text))
-    # a broken pipe is a ConnectionError to Python, not the network (stdout's is handled by cli.main)
+    # a broken pipe is a ConnectionError to Python, not the network (stdout's is handled by cli/main.py)
     if not isinstance(err, BrokenPipeError) and NETWORK_CLASSES & {cls.__name__ for cls in type(err).__mro__}:
         return EnvironmentFault(f"network unavailable ({text}): check the connection, or use data: offline "
                                 "and local or packaged models")

@@ -37,7 +37,7 @@ def paired_steps_ms(member, prompts: list[str], tokens: int) -> list[tuple[float
     import torch
     from transformers import DynamicCache
 
-    from ensemble_bench.batching import left_padded
+    from ensemble_bench.members.batching import left_padded
 
     rows = [member.encode(p) for p in prompts]
     ids, mask = left_padded(rows, member.pad_id)

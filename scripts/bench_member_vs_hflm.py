@@ -44,9 +44,9 @@ def main() -> None:
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    from ensemble_bench.lm import LM_CLASSES
     from ensemble_bench.members import load_member
     from ensemble_bench.methods.single import Single
+    from ensemble_bench.run.lm import LM_CLASSES
 
     torch.set_num_threads(args.threads)
     rows = []

@@ -148,7 +148,7 @@ def raw_forward_ms(member, prompts: list[str], tokens: int) -> float:
     import torch
     from transformers import DynamicCache
 
-    from ensemble_bench.batching import left_padded
+    from ensemble_bench.members.batching import left_padded
 
     ids, mask = left_padded([member.encode(p) for p in prompts], member.pad_id)
     ids, mask = ids.to(member.device), mask.to(member.device)

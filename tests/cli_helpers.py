@@ -5,7 +5,7 @@ import re
 import sys
 import textwrap
 
-from ensemble_bench import cli
+from ensemble_bench.cli import main as cli
 
 ONE_MEMBER = textwrap.dedent("""\
     name: hostile

@@ -28,7 +28,7 @@ import typer.main
 import yaml
 from hypothesis import strategies as st
 
-from ensemble_bench import cli
+from ensemble_bench.cli import main as cli
 from ensemble_bench.methods import METHODS
 from ensemble_bench.recipe import MemberSpec, MethodSpec, PlacementSpec, Recipe, TaskSpec
 from tests.fake_runs import BASE_RECIPE, ROWS, fake_run

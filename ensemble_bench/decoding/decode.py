@@ -36,7 +36,6 @@ from typing import NamedTuple
 
 import torch
 
-from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.method import (
     Generation,
@@ -49,6 +48,7 @@ from ensemble_bench.decoding.method import (
 )
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member, Prompt
+from ensemble_bench.members.batching import in_batches
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ensemble_bench.batching import in_batches, left_padded, positions_of
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import ForwardClock, Member, Score, flatten_messages
+from ensemble_bench.members.batching import in_batches, left_padded, positions_of
 from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view

@@ -34,9 +34,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 
-from ensemble_bench.batching import positions_of, right_padded
 from ensemble_bench.members import kv
 from ensemble_bench.members.base import ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last, no_room
+from ensemble_bench.members.batching import positions_of, right_padded
 from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.local import log_probs_of, max_length_of, stop_ids_of
 from ensemble_bench.members.tokenizer_side import TokenizerSide

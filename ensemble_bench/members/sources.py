@@ -18,17 +18,9 @@ from pathlib import Path
 from rich.progress import Progress
 
 from ensemble_bench import settings
-from ensemble_bench.cache import (
-    atomic_file,
-    cache_dir,
-    extract_member,
-    fetch_wheel,
-    file_sha256,
-    forget_wheel,
-    record_stamp,
-    verified,
-)
+from ensemble_bench.cache import atomic_file, cache_dir, file_sha256, record_stamp, verified
 from ensemble_bench.errors import EnvironmentFault, UserError
+from ensemble_bench.fetch import extract_member, fetch_wheel, forget_wheel
 
 log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

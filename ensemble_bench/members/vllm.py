@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from ensemble_bench.batching import in_batches
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.batching import in_batches
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.members.vllm_engine import (

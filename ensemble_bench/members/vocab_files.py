@@ -14,8 +14,9 @@ import logging
 import tarfile
 from pathlib import Path
 
-from ensemble_bench.cache import atomic_file, cache_dir, fetch_sdist, file_sha256, record_stamp, still_as_recorded
+from ensemble_bench.cache import atomic_file, cache_dir, file_sha256, record_stamp, still_as_recorded
 from ensemble_bench.errors import UserError
+from ensemble_bench.fetch import fetch_sdist
 from ensemble_bench.members.loading import cached_tokenizer
 
 SDIST = ("llama-cpp-python", "0.3.36")

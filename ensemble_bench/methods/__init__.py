@@ -1,6 +1,6 @@
 """Registry of methods: name -> class. A method is one module and one line of ``BUILT_IN`` below
 (or, for a method defined elsewhere, one call of ``register_method``); its lm-eval model
-(``ensemble_bench.lm``), its row in ``ensbench list`` and its docs table follow from the class."""
+(``ensemble_bench.run.lm``), its row in ``ensbench list`` and its docs table follow from the class."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ __all__ = ["ALONE", "METHODS", "Generation", "GenerationRequest", "Loglikelihood
 
 def register_method(cls: type[Method]) -> type[Method]:
     """Add a method to the registry under ``cls.name`` (also usable as a class decorator). Its
-    lm-eval model (``ensemble_bench.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made here, by the
+    lm-eval model (``ensemble_bench.run.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made here, by the
     hook lm.py adds (``when_registered``) once it is imported."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier() or not name.islower():

@@ -57,7 +57,6 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import decode_batch, prefill
 from ensemble_bench.decoding.method import (
@@ -71,6 +70,7 @@ from ensemble_bench.decoding.method import (
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.members.batching import in_batches
 from ensemble_bench.methods.covering_decoder import (
     CoveringDecoder,
     CoverState,

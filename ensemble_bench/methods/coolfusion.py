@@ -20,8 +20,8 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.decoding.method import Generation, GenerationRequest, MethodParams
-from ensemble_bench.decoding.scorers import PerplexityScorer
 from ensemble_bench.members.base import Member
+from ensemble_bench.methods.scorers import PerplexityScorer
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import SpanMethod, SpanParams
 

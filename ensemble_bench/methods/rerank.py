@@ -24,7 +24,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ensemble_bench.decoding.method import GenerationRequest
-from ensemble_bench.decoding.scorers import (
+from ensemble_bench.members.base import Member
+from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, SampleReport
+from ensemble_bench.methods.scorers import (
     DEFAULT_PAIR_TEMPLATE,
     BlenderRanker,
     Classifier,
@@ -34,8 +36,6 @@ from ensemble_bench.decoding.scorers import (
     PerplexityScorer,
     RewardScorer,
 )
-from ensemble_bench.members.base import Member
-from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, SampleReport
 
 
 class RerankParams(SampleLevelParams):

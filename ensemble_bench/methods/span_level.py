@@ -50,9 +50,9 @@ from ensemble_bench.decoding.method import (
     rolling_with_members,
     score_with_members,
 )
-from ensemble_bench.decoding.scorers import perplexity
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.scorers import perplexity
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends

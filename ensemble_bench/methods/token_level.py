@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
-from ensemble_bench.batching import in_batches
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
@@ -29,6 +28,7 @@ from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, 
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
+from ensemble_bench.members.batching import in_batches
 
 
 class EmitterParams(WindowParams, SpeculativeParams):

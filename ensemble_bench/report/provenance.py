@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ensemble_bench.run_folder import RESULTS_GLOB, parse_json
+from ensemble_bench.run.folder import RESULTS_GLOB, parse_json
 
 NOT_RUN = "not run"
 ROW_COLUMN = "ensbench row"  # the label of our result row that fills a paper row (the paper's own: "paper row")

@@ -1,4 +1,4 @@
-"""Reading the files of a run folder (named and parsed by run_folder.py): one row of a run (``RunRow``),
+"""Reading the files of a run folder (named and parsed by run/folder.py): one row of a run (``RunRow``),
 the leaf tasks of an lm-eval group, the metrics lm-eval reports on 0-100, a row's wall time and the
 hardware a run ran on."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ensemble_bench.methods import RunStats, read_stats
 from ensemble_bench.recipe import Row
-from ensemble_bench.run_folder import read_json, results_files
+from ensemble_bench.run.folder import read_json, results_files
 
 # lm-eval reports these corpus metrics (sacrebleu) on 0-100; every score in a report is 0..1
 PERCENT_METRICS = ("bleu", "chrf", "ter")

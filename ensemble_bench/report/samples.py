@@ -17,7 +17,7 @@ from pathlib import Path
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.errors import UserError
 from ensemble_bench.report.run_files import PERCENT_METRICS, leaf_tasks
-from ensemble_bench.run_folder import (
+from ensemble_bench.run.folder import (
     EXTRACT_GLOB,
     SAMPLES_GLOB,
     extract_file,

@@ -14,7 +14,7 @@ from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
 from ensemble_bench.report.run_files import PERCENT_METRICS, RunRow, leaf_tasks, ms_per_token, row_wall_seconds
 from ensemble_bench.report.whitespace_notes import whitespace_section
-from ensemble_bench.run_folder import (
+from ensemble_bench.run.folder import (
     PAIRED_CSV,
     RECIPE,
     RESULTS_GLOB,

@@ -44,7 +44,7 @@ from ensemble_bench.report.provenance import (
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.table_text import render
-from ensemble_bench.run_folder import is_finished
+from ensemble_bench.run.folder import is_finished
 
 HERE = Path(__file__).parent
 EXTRA_BLOCK = "(ours, not in the paper)"

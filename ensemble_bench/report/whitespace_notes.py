@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ensemble_bench.run_folder import newest_samples, read_json, results_files
+from ensemble_bench.run.folder import newest_samples, read_json, results_files
 from ensemble_bench.tasks.whitespace import DEFAULT_DELIMITER, answer_warning, sample_target_warning
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ensemble_bench import settings
-from ensemble_bench.cache import fetch_wheel
 from ensemble_bench.errors import UserError
+from ensemble_bench.fetch import fetch_wheel
 from ensemble_bench.tasks.flores import DIRECTIONS as FLORES_DIRECTIONS
 from ensemble_bench.tasks.flores import HUB_ID as FLORES_HUB_ID
 from ensemble_bench.tasks.flores import build_fixture as build_flores_fixture

@@ -4,7 +4,8 @@ arguments read RECIPE; an unknown recipe field names the close ones, and close t
 
 import pytest
 
-from ensemble_bench import cli, listing
+from ensemble_bench.cli import listing
+from ensemble_bench.cli import main as cli
 from ensemble_bench.errors import UserError
 from ensemble_bench.recipe import parse_recipe
 from tests.cli_helpers import run_cli

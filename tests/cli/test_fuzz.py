@@ -339,7 +339,7 @@ def test_hostile_lm_eval_arguments_are_one_line_before_any_model_loads(chosen, d
         out, err = io.StringIO(), io.StringIO()
         monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", *argv])
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            from ensemble_bench import lm_eval_cli
+            from ensemble_bench.cli import lm_eval as lm_eval_cli
 
             try:
                 lm_eval_cli.main()

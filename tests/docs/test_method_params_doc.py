@@ -6,8 +6,8 @@ same rows."""
 import re
 from pathlib import Path
 
-from ensemble_bench import docgen
-from ensemble_bench.docgen import FAMILIES, PAGES, params_tables, updated
+from ensemble_bench.cli import docgen
+from ensemble_bench.cli.docgen import FAMILIES, PAGES, params_tables, updated
 from ensemble_bench.methods import BUILT_IN, METHODS, describe_params
 from tests.cli_helpers import one_line, run_cli
 
@@ -15,7 +15,7 @@ from tests.cli_helpers import one_line, run_cli
 def test_docs_parameter_tables_match_the_code():
     for page_name, names in FAMILIES.items():
         page = (PAGES / page_name).read_text(encoding="utf-8")
-        assert params_tables(names) in page, f"{page_name} is out of date: run python -m ensemble_bench.docgen"
+        assert params_tables(names) in page, f"{page_name} is out of date: run python -m ensemble_bench.cli.docgen"
         assert updated(page, names) == page
 
 

@@ -4,9 +4,9 @@ import pytest
 from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 
-from ensemble_bench.lm import LM_CLASSES
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.single import Single
+from ensemble_bench.run.lm import LM_CLASSES
 from tests.tiny import CORPUS
 
 
@@ -76,7 +76,7 @@ def test_rolling_loglikelihood_matches_hflm(models):
 def test_chat_rendering_matches_hflm(bpe_tokenizer, bpe_model):
     hflm, ours = pair(bpe_tokenizer, bpe_model)
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2+2?\nA:"}]
-    from ensemble_bench.lm import to_prompt
+    from ensemble_bench.run.lm import to_prompt
 
     prompt = to_prompt(ours.apply_chat_template(history))
     assert ours.method.member.render_text(prompt) == hflm.apply_chat_template(history)

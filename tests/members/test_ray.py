@@ -80,8 +80,8 @@ def test_bytes_per_step(ray_members):
 
 @pytest.mark.slow
 def test_member_pool_builds_remote_members(ray_cluster, tiny_dirs):
-    from ensemble_bench.build import MemberPool
     from ensemble_bench.members.remote import RemoteMember
+    from ensemble_bench.run.build import MemberPool
 
     recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "bpe", "num_cpus": 0}],
                            "method": "single", "tasks": ["piqa"], "placement": {"kind": "ray"}})
@@ -112,8 +112,8 @@ def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_c
 
     import yaml
 
-    from ensemble_bench import build
-    from ensemble_bench.cli import main
+    from ensemble_bench.cli.main import main
+    from ensemble_bench.run import build
 
     waited = []
 
@@ -244,7 +244,7 @@ def test_good_placement_fields():
 
 
 def test_quantization_without_bitsandbytes_is_one_line(monkeypatch, tmp_path):
-    import ensemble_bench.preflight as preflight_module  # the preflight checks packages; parsing reads no machine
+    import ensemble_bench.run.preflight as preflight_module  # the preflight checks packages; parsing reads no machine
 
     monkeypatch.setattr(preflight_module, "_installed", lambda package: package != "bitsandbytes")
     fields = {"members": [{"model": "smollm2-135m", "quantization": "4bit"}, {"model": "qwen2.5-0.5b"}],

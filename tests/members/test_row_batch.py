@@ -1,13 +1,13 @@
 """RowBatch (members/rows.py): the batch bookkeeping every member composes, and the padding and
-batching helpers of ensemble_bench/batching.py."""
+batching helpers of ensemble_bench/members/batching.py."""
 
 import math
 
 import pytest
 import torch
 
-from ensemble_bench.batching import in_batches, left_padded, positions_of, right_padded
 from ensemble_bench.members import LocalMember
+from ensemble_bench.members.batching import in_batches, left_padded, positions_of, right_padded
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100

@@ -209,7 +209,7 @@ def test_causal_and_seq2seq_recipe_runs_flores_end_to_end(seq2seq_dir, tiny_dirs
     import sys
     import textwrap
 
-    from ensemble_bench.cli import main
+    from ensemble_bench.cli.main import main
 
     recipe = tmp_path / "flores.yaml"
     recipe.write_text(textwrap.dedent(f"""\

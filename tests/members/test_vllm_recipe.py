@@ -4,11 +4,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench import preflight
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.members.vllm import VllmMember
 from ensemble_bench.recipe import parse_recipe
-from ensemble_bench.row_store import _member
+from ensemble_bench.run import preflight
+from ensemble_bench.run.row_store import _member
 
 
 def recipe(tmp_path, members, method="gac", **extra):

@@ -39,12 +39,12 @@ def shortest(tmp_path, monkeypatch):
     cls = register_method(example_module(tmp_path, monkeypatch).Shortest)
     yield cls
     METHODS.pop(cls.name)
-    if (lm := sys.modules.get("ensemble_bench.lm")) is not None:  # its lm-eval model goes with it
+    if (lm := sys.modules.get("ensemble_bench.run.lm")) is not None:  # its lm-eval model goes with it
         lm.LM_CLASSES.pop(cls.name, None)
 
 
 def test_the_registry_line_makes_the_method_and_its_lm_eval_model(shortest):
-    import ensemble_bench.lm as lm
+    import ensemble_bench.run.lm as lm
 
     assert get_method("shortest") is shortest and lm.LM_CLASSES["shortest"] is lm.ShortestLM
     assert lm.ShortestLM.method_name == "shortest" and "shortest" in list(lm.LM_CLASSES)
@@ -87,7 +87,7 @@ def test_it_runs_through_the_lm_eval_adapter(shortest, tiny_dirs):
     from lm_eval.api.instance import Instance
     from lm_eval.api.registry import get_model
 
-    from ensemble_bench.lm import register_all
+    from ensemble_bench.run.lm import register_all
 
     register_all()
     args = {"members": [{"model": tiny_dirs[0], "name": "a"}, {"model": tiny_dirs[1], "name": "b"}],
@@ -129,5 +129,5 @@ def test_the_token_level_example_decodes_speculatively_with_its_every_token_outp
         assert outputs(cls(twins, cls.Params())) == outputs(Single(twins[:1], Single.Params()))
     finally:
         METHODS.pop(cls.name)
-        if (lm := sys.modules.get("ensemble_bench.lm")) is not None:  # its lm-eval model goes with it
+        if (lm := sys.modules.get("ensemble_bench.run.lm")) is not None:  # its lm-eval model goes with it
             lm.LM_CLASSES.pop(cls.name, None)

@@ -1,7 +1,7 @@
 """The lm-eval adapter registers one model per method, each a class of lm.py made when its method is
 registered."""
 
-import ensemble_bench.lm as lm
+import ensemble_bench.run.lm as lm
 from ensemble_bench.methods import METHODS, register_method
 from ensemble_bench.methods.single import Single
 

@@ -116,8 +116,8 @@ def test_read_stats_names_an_old_rows_params_as_today():
 
 def test_a_run_stored_with_the_papers_names_is_still_the_same_run(tiny_dirs, tmp_path):
     from ensemble_bench.recipe import parse_recipe
-    from ensemble_bench.run_folder import PARAMS
-    from ensemble_bench.runs import resolved_params, same_params
+    from ensemble_bench.run.folder import PARAMS
+    from ensemble_bench.run.runs import resolved_params, same_params
 
     recipe = parse_recipe({"name": "r", "members": [{"model": tiny_dirs[0], "name": "a"}, {"model": tiny_dirs[1],
                                                                                         "name": "b"}],

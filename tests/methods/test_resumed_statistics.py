@@ -15,7 +15,7 @@ import pytest
 
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest, get_method
-from ensemble_bench.sittings import resume_counts, save_counts, snapshot
+from ensemble_bench.run.sittings import resume_counts, save_counts, snapshot
 from tests.decoding.test_speculative import IdleMachineCosts
 from tests.tiny import CORPUS, REQUESTS, outputs
 

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ensemble_bench.lm import EnsembleLM
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.mbr import Mbr, mbr_scores
@@ -16,6 +15,7 @@ from ensemble_bench.methods.rerank import Rerank, RerankParams
 from ensemble_bench.methods.sample_level import SampleLevelParams, choose_by_vote
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.voting import Voting, VotingParams, answer_key
+from ensemble_bench.run.lm import EnsembleLM
 from tests.tiny import CORPUS
 
 

@@ -6,7 +6,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-from ensemble_bench.decoding.scorers import (
+from ensemble_bench.errors import UserError
+from ensemble_bench.members import Prompt
+from ensemble_bench.methods.rerank import Rerank, RerankParams
+from ensemble_bench.methods.scorers import (
     Classifier,
     ClassifierComparator,
     ClassifierReward,
@@ -15,9 +18,6 @@ from ensemble_bench.decoding.scorers import (
     best_by_score,
     most_wins,
 )
-from ensemble_bench.errors import UserError
-from ensemble_bench.members import Prompt
-from ensemble_bench.methods.rerank import Rerank, RerankParams
 from ensemble_bench.methods.single import Single
 from tests.tiny import REQUESTS
 

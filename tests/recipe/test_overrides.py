@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from ensemble_bench.cli import PlainProgress
+from ensemble_bench.cli.main import PlainProgress
 from ensemble_bench.errors import UserError
-from ensemble_bench.overrides import apply, option_overrides, parse_set
 from ensemble_bench.recipe import load_recipe
+from ensemble_bench.recipe.overrides import apply, option_overrides, parse_set
 from tests.cli_helpers import run_cli
 
 RECIPE = textwrap.dedent("""\
@@ -104,7 +104,7 @@ def test_progress_lines_show_examples_elapsed_and_eta():
 
 
 def test_list_details_reads_at_80_columns(monkeypatch, capsys):
-    from ensemble_bench import cli
+    from ensemble_bench.cli import main as cli
 
     monkeypatch.setattr(cli, "console", cli.PipeConsole(width=80))
     code, out = run_cli(monkeypatch, capsys, "list", "--details")

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.overrides import parse_set
 from ensemble_bench.recipe import MAX_YAML_DEPTH, load_recipe, parse_recipe
+from ensemble_bench.recipe.overrides import parse_set
 from tests.cli_helpers import one_line, run_cli
 
 METHODS = textwrap.dedent("""\
@@ -68,7 +68,7 @@ def test_seed_is_a_flag_and_the_plan_shows_it_and_each_rows_parameters(methods_r
 
 
 def test_the_plan_says_defaults_for_a_row_that_sets_nothing(methods_recipe, monkeypatch, capsys):
-    from ensemble_bench.plan import row_parameters
+    from ensemble_bench.cli.plan import row_parameters
 
     recipe = load_recipe(methods_recipe)
     shown = {row.label: row_parameters(row) for row in recipe.plan}

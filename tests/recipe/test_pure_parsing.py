@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from ensemble_bench import preflight, runs
 from ensemble_bench.errors import EnvironmentFault, UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.run import preflight, runs
 from tests.cli_helpers import run_cli
 from tests.fake_runs import fake_run
 from tests.report.test_compare import ARC, NQ, RECIPE, write_samples

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 
 GOOD = textwrap.dedent("""\
     name: good
@@ -156,14 +156,14 @@ def test_shipped_recipes_validate():
 
 
 def test_every_shipped_recipe_reads_back_as_a_run_folder_stores_it(tmp_path):
-    """A run folder's recipe.yaml (run_folder.write_recipe: defaults included) parses to the same recipe:
+    """A run folder's recipe.yaml (run/folder.py's write_recipe: defaults included) parses to the same recipe:
     resume and `ensbench table` find finished runs by it."""
     from pathlib import Path
 
     import yaml
 
     from ensemble_bench.recipe import load_recipe, parse_recipe
-    from ensemble_bench.run_folder import write_recipe
+    from ensemble_bench.run.folder import write_recipe
 
     for path in sorted(Path(__file__).parents[2].joinpath("recipes").rglob("*.yaml")):
         recipe = load_recipe(path)
@@ -283,8 +283,8 @@ def test_the_plan_is_built_once_per_command(tmp_path, monkeypatch, capsys):
     later step (preflight, the printed plan, keys, the run) reads ``recipe.plan`` (issue 38)."""
     import yaml
 
-    from ensemble_bench import recipe as recipe_module
-    from ensemble_bench import recipe_schema
+    from ensemble_bench.recipe import load as recipe_module
+    from ensemble_bench.recipe import schema as recipe_schema
 
     calls, validations = [], []
     planned, validate = recipe_schema.plan_rows, recipe_schema.validate_method

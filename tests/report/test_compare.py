@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ensemble_bench import cli
-from ensemble_bench.cli import PlainProgress, main
+from ensemble_bench.cli import main as cli
+from ensemble_bench.cli.main import PlainProgress, main
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.compare import build_report, render_csv
 from ensemble_bench.report.summary import write_summary
@@ -197,7 +197,7 @@ def test_list_reads_at_80_columns(monkeypatch, capsys):
 
     blocked = Benchmark("wmt_de-en", "default", "wmt16_de_en", 0, "bleu,none", offline=False,
                         needs="no offline source: " + "a long reason that would wrap word by word " * 3)
-    from ensemble_bench import listing  # `list` lives there (moved out of cli.py)
+    from ensemble_bench.cli import listing  # `list` lives there (moved out of cli/main.py)
 
     monkeypatch.setattr(listing, "list_benchmarks", lambda: [*list_benchmarks(), blocked])
     monkeypatch.setattr(cli, "console", cli.PipeConsole(width=80))

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.report.plots import parameter_records
 from ensemble_bench.report.span_sweep import sweep_records, sweep_table, timed_by
 from tests.fake_runs import fake_run
@@ -144,9 +144,9 @@ def test_multiple_choice_requests_are_timed_per_request_and_per_token(bpe_model,
     (the continuations' tokens in the first member's tokenizer), the keys the reports read."""
     from lm_eval.api.instance import Instance
 
-    from ensemble_bench.lm import EnsembleLM
     from ensemble_bench.members import LocalMember
     from ensemble_bench.methods.single import Single
+    from ensemble_bench.run.lm import EnsembleLM
 
     member = LocalMember(bpe_model, bpe_tokenizer, "s")
     lm = EnsembleLM(Single([member], Single.Params(), batch_size=2), "s")

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.report.regress import accuracy_floor
 from tests.fake_runs import fake_run as write_run
 

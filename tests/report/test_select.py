@@ -6,10 +6,11 @@ import sys
 import pytest
 import yaml
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.errors import UserError
+from ensemble_bench.methods.unite_selection import Candidate, select_models
 from ensemble_bench.recipe import parse_recipe
-from ensemble_bench.report.select import Candidate, load_candidates, select_models
+from ensemble_bench.report.select import load_candidates
 
 
 def candidate(label, nq, arc, words):

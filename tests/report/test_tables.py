@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 from ensemble_bench.report.tables import (
     EXTRA_BLOCK,
     NOT_RUN,

@@ -21,7 +21,8 @@ import click
 import pytest
 import typer
 
-from ensemble_bench import cli, cli_faults
+from ensemble_bench.cli import faults as cli_faults
+from ensemble_bench.cli import main as cli
 from ensemble_bench.errors import EnvironmentFault, UserError
 from tests.cli_helpers import ONE_MEMBER, dry_run, one_line, raising, row_files, run_cli, tiny_recipe
 from tests.fake_runs import BASE_RECIPE, ROWS, fake_run
@@ -67,7 +68,7 @@ def test_a_sweep_value_that_would_make_a_path_is_refused(tmp_path, monkeypatch, 
 
 
 def test_every_runner_path_stays_inside_the_run_folder(tmp_path):
-    from ensemble_bench.run_folder import inside
+    from ensemble_bench.run.folder import inside
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -115,7 +116,7 @@ def test_every_expected_fault_is_one_line_and_its_exit_code(case, monkeypatch, c
 
 def test_the_damaged_cache_line_names_the_file_the_runner_writes(tmp_path):
     from ensemble_bench.errors import environment_fault
-    from ensemble_bench.run_folder import cache_db
+    from ensemble_bench.run.folder import cache_db
 
     written = cache_db(tmp_path, "gac").relative_to(tmp_path).as_posix().replace("gac", "<row>")
     line = str(environment_fault(sqlite3.DatabaseError("file is not a database")))
@@ -230,7 +231,7 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
                                                                                       monkeypatch, capfd):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.runner import run_recipe
+    from ensemble_bench.run.runner import run_recipe
 
     monkeypatch.chdir(tmp_path)  # not a git checkout: lm-eval's git lookup must stay quiet
     recipe_path = tmp_path / "recipe.yaml"
@@ -265,7 +266,7 @@ def test_a_damaged_response_cache_is_one_line_before_any_model_loads(tiny_dirs, 
     db = run_dir / "cache" / "gac_rank0.db"
     db.write_bytes(b"not a database at all" * 200)
     loads = []
-    monkeypatch.setattr("ensemble_bench.runner.build_method", lambda *a: loads.append(a))
+    monkeypatch.setattr("ensemble_bench.run.runner.build_method", lambda *a: loads.append(a))
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe))
     line = one_line(out)
     assert code == 1 and f"{db}: the response cache is damaged" in line and "remove this file" in line
@@ -290,7 +291,7 @@ def test_a_read_only_output_folder_is_refused_up_front(tmp_path, monkeypatch, ca
             if str(kwargs.get("dir", "")).startswith(str(folder)):
                 raise OSError(errno.EROFS, "Read-only file system")
             return writable(*args, **kwargs)
-        monkeypatch.setattr("ensemble_bench.preflight.tempfile.TemporaryFile", read_only)
+        monkeypatch.setattr("ensemble_bench.run.preflight.tempfile.TemporaryFile", read_only)
     try:
         code, out = dry_run(monkeypatch, capsys, tmp_path, ONE_MEMBER.format(name="a", output=folder))
     finally:
@@ -310,7 +311,7 @@ def test_hub_data_without_network_is_refused_up_front(tmp_path, monkeypatch, cap
     def unreachable(address, timeout):
         assert timeout <= 5
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
-    monkeypatch.setattr("ensemble_bench.preflight.socket.create_connection", unreachable)
+    monkeypatch.setattr("ensemble_bench.run.preflight.socket.create_connection", unreachable)
     code, out = dry_run(monkeypatch, capsys, tmp_path, text)
     assert code == 1 and "data: hub cannot reach huggingface.co (Network is unreachable)" in one_line(out)
 
@@ -361,7 +362,7 @@ def test_a_full_or_read_only_disk_mid_run_is_one_line(fault, tiny_dirs, tmp_path
     if fault == "sqlite disk full":
         monkeypatch.setattr("sqlitedict.SqliteDict.__setitem__", failing)
     else:
-        monkeypatch.setattr("ensemble_bench.run_folder.atomic_write_text", failing)  # timing.json's writer
+        monkeypatch.setattr("ensemble_bench.run.folder.atomic_write_text", failing)  # timing.json's writer
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2))
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe))
@@ -370,7 +371,7 @@ def test_a_full_or_read_only_disk_mid_run_is_one_line(fault, tiny_dirs, tmp_path
 
 
 def test_invalid_model_args_json_in_the_lm_eval_cli_is_one_line(monkeypatch, capsys):
-    from ensemble_bench.lm_eval_cli import main as lm_eval_main
+    from ensemble_bench.cli.lm_eval import main as lm_eval_main
 
     monkeypatch.setattr(sys, "argv", ["ensbench-lm-eval", "run", "--model", "single", "--model_args", '{"members": [',
                                       "--tasks", "piqa"])
@@ -416,9 +417,9 @@ def test_a_chunk_of_answers_is_cached_in_one_statement(bpe_tokenizer, bpe_model,
     from lm_eval.api.instance import Instance
     from lm_eval.api.model import CachingLM
 
-    from ensemble_bench.lm import EnsembleLM
     from ensemble_bench.members.local import LocalMember
     from ensemble_bench.methods.single import Single
+    from ensemble_bench.run.lm import EnsembleLM
     from tests.tiny import CORPUS
 
     def caching_lm():
@@ -472,7 +473,7 @@ def uninterrupted(tiny_dirs, tmp_path_factory):
     """The files of an uninterrupted run of the interrupt tests' recipe."""
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.runner import run_recipe
+    from ensemble_bench.run.runner import run_recipe
 
     folder = tmp_path_factory.mktemp("whole")
     recipe = folder / "recipe.yaml"

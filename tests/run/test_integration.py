@@ -106,8 +106,8 @@ def test_single_matches_stock_hflm_through_lm_eval(smollm2, tmp_path):
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from ensemble_bench.lm import LM_CLASSES
     from ensemble_bench.methods.single import Single
+    from ensemble_bench.run.lm import LM_CLASSES
     from ensemble_bench.tasks import get_benchmark
     from ensemble_bench.tasks.offline import write_task_configs
 

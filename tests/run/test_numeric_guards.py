@@ -8,11 +8,10 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from ensemble_bench import cli
+from ensemble_bench.cli import main as cli
 from ensemble_bench.decoding.decode import RequestState, check_distributions, decode_batch, text_of
 from ensemble_bench.decoding.method import NonFiniteScore, Timing
 from ensemble_bench.errors import UserError
-from ensemble_bench.lm import LM_CLASSES
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.members.base import Score, fit_window
 from ensemble_bench.members.local import max_length_of
@@ -20,6 +19,7 @@ from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
+from ensemble_bench.run.lm import LM_CLASSES
 from tests.cli_helpers import one_line, raising, run_cli
 from tests.tiny import CORPUS, tiny_llama
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100

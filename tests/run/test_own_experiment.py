@@ -13,8 +13,9 @@ import textwrap
 import pytest
 import yaml
 
-from ensemble_bench import cli, runner
-from ensemble_bench.row_store import REUSED
+from ensemble_bench.cli import main as cli
+from ensemble_bench.run import runner
+from ensemble_bench.run.row_store import REUSED
 from tests.cli.test_lm_eval_route import lm_eval
 from tests.cli_helpers import run_cli
 from tests.report.test_latex import strict_problems

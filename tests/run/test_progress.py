@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.progress import BarProgress, PlainProgress
+from ensemble_bench.cli.progress import BarProgress, PlainProgress
 
 ROW = SimpleNamespace(label="gac")
 
@@ -130,9 +130,9 @@ def test_the_adapter_reports_examples_per_task(bpe_model, bpe_tokenizer):
     """lm.py counts a question's choices as one example, per task."""
     from lm_eval.api.instance import Instance
 
-    from ensemble_bench.lm import EnsembleLM
     from ensemble_bench.members import LocalMember
     from ensemble_bench.methods.single import Single
+    from ensemble_bench.run.lm import EnsembleLM
 
     reports = []
     lm = EnsembleLM(Single([LocalMember(bpe_model, bpe_tokenizer, "s")], Single.Params(), batch_size=8), "s",

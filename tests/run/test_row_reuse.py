@@ -1,4 +1,4 @@
-"""Finished rows are reused across runs and recipes of one output folder (ensemble_bench/row_store.py):
+"""Finished rows are reused across runs and recipes of one output folder (ensemble_bench/run/row_store.py):
 a second recipe with another method computes no member-alone request, a raised limit computes only the
 new examples, and a member whose outputs may differ (another dtype) is computed again."""
 
@@ -11,9 +11,10 @@ import textwrap
 
 import pytest
 
-from ensemble_bench import cli, runner
+from ensemble_bench.cli import main as cli
 from ensemble_bench.recipe import parse_recipe
-from ensemble_bench.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
+from ensemble_bench.run import runner
+from ensemble_bench.run.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("offline_data")

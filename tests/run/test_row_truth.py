@@ -12,7 +12,7 @@ import pytest
 
 from ensemble_bench.errors import UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
-from ensemble_bench.row_check import damage
+from ensemble_bench.run.row_check import damage
 from ensemble_bench.tasks import recipe_tasks, task_sources
 from tests.cli_helpers import run_cli
 from tests.tasks.test_any_task import QA, task_yaml

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from ensemble_bench.errors import EnvironmentFault
-from ensemble_bench.run_lock import hold_run_lock
+from ensemble_bench.run.lock import hold_run_lock
 from tests.cli_helpers import one_line, row_files, run_cli, tiny_recipe
 
 ROWS = ("bpe", "sp", "gac")
@@ -32,7 +32,7 @@ HOLDER = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from ensemble_bench.errors import EnvironmentFault
-    from ensemble_bench.run_lock import hold_run_lock
+    from ensemble_bench.run.lock import hold_run_lock
     start, hold = float(sys.argv[2]), float(sys.argv[3])
     time.sleep(max(0.0, start - time.time()))
     try:
@@ -123,11 +123,11 @@ def test_two_runs_of_one_recipe_started_together_lose_nothing(tiny_dirs, tmp_pat
 
 def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.runs import run_dir_of
+    from ensemble_bench.run.runs import run_dir_of
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(tiny_recipe(["smollm2-135m", "qwen2.5-0.5b"], tmp_path / "results"))
-    monkeypatch.setattr("ensemble_bench.runs.time.strftime", lambda _: "20260101-000000")
+    monkeypatch.setattr("ensemble_bench.run.runs.time.strftime", lambda _: "20260101-000000")
     names = []
     for _ in range(3):
         run_dir, resumed = run_dir_of(load_recipe(recipe), fresh=True)
@@ -143,7 +143,7 @@ def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
 def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_dirs, tmp_path, monkeypatch):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.runner import run_recipe
+    from ensemble_bench.run.runner import run_recipe
 
     monkeypatch.chdir(tmp_path)
     recipe_path = tmp_path / "recipe.yaml"
@@ -212,7 +212,7 @@ def finished_tiny_run(tiny_dirs, tmp_path_factory, offline_data):
     """The output folder of one finished tiny run (copied by each test that changes it)."""
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.runner import run_recipe
+    from ensemble_bench.run.runner import run_recipe
 
     folder = tmp_path_factory.mktemp("finished")
     recipe = folder / "recipe.yaml"
@@ -289,7 +289,7 @@ def test_sqlite_cannot_write_mid_run_is_read_only_not_damaged(finished_tiny_run,
     (sqlite3.DatabaseError("database disk image is malformed"), True),
 ])
 def test_only_sqlites_own_verdict_calls_a_cache_damaged(error, damaged, monkeypatch, capsys):
-    from ensemble_bench import cli
+    from ensemble_bench.cli import main as cli
 
     def app(**_):
         raise RuntimeError("lm-eval could not cache an answer") from error

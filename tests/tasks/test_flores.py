@@ -90,7 +90,7 @@ def test_prompt_is_what_a_seq2seq_member_parses():
 def test_list_shows_every_direction_ready(monkeypatch, capsys):
     import sys
 
-    from ensemble_bench import cli
+    from ensemble_bench.cli import main as cli
 
     monkeypatch.setattr(sys, "argv", ["ensbench", "list", "--details"])
     try:

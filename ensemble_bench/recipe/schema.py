@@ -1,6 +1,6 @@
 """The recipe's schema (members, placement, method entries, tasks: strict pydantic models) and its plan:
 the rows, each with its method's validated parameters (``plan_rows``, built once as ``Recipe.plan``),
-and its benchmarks. Loading a YAML file and listing every mistake at once: recipe.py."""
+and its benchmarks. Loading a YAML file and listing every mistake at once: recipe/load.py."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from pydantic import (
 )
 
 from ensemble_bench.errors import UserError, several
+from ensemble_bench.members.vllm_schema import VllmArgs
 from ensemble_bench.methods import ALONE, get_method, is_alone
-from ensemble_bench.recipe_lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
+from ensemble_bench.recipe.lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
 from ensemble_bench.tasks import Benchmark
 from ensemble_bench.tasks.recipe_tasks import task_benchmarks
-from ensemble_bench.vllm_args import VllmArgs
 
 # every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
 STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)

@@ -13,7 +13,7 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import current_params
 from ensemble_bench.recipe import Recipe, parse_recipe
-from ensemble_bench.run_folder import PARAMS, RECIPE, is_finished, output_root, parse_json
+from ensemble_bench.run.folder import PARAMS, RECIPE, is_finished, output_root, parse_json
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ensemble_bench.run_folder import (
+from ensemble_bench.run.folder import (
     RESULTS_GLOB,
     SAMPLES_SUFFIX,
     TIMING,

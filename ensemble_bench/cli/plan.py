@@ -31,7 +31,7 @@ def row_parameters(row) -> str:
 
 def results_line(recipe, fresh: bool) -> Text:
     """Where the run writes: the unfinished run it resumes, or the new run folder."""
-    from ensemble_bench.runs import planned_run_dir
+    from ensemble_bench.run.runs import planned_run_dir
 
     try:
         folder, resumed = planned_run_dir(recipe, fresh)
@@ -67,7 +67,7 @@ def plan_tables(recipe, fresh: bool = False) -> list:
 
 def reuse_notes(recipe, fresh: bool) -> list[str]:
     """A line per row the run would not compute: kept from the run it resumes, or reused from another run."""
-    from ensemble_bench.runner import planned_reuse
+    from ensemble_bench.run.runner import planned_reuse
 
     try:
         states = planned_reuse(recipe, fresh)

@@ -1,7 +1,7 @@
 """Recipe -> lm-eval ``simple_evaluate`` -> results/<recipe>/<run id>/, atomically and resumably.
 
-The run folder's files are named and written by ``run_folder`` (its docstring draws the layout);
-``results/.<recipe>.lock`` is held by the run in progress (run_lock): one writer per recipe.
+The run folder's files are named and written by ``run.folder`` (its docstring draws the layout);
+``results/.<recipe>.lock`` is held by the run in progress (run.lock): one writer per recipe.
 
 A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
 recipe whose last run did not finish resumes it: finished rows are kept and the response cache
@@ -20,21 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ensemble_bench.build import MemberPool, build_method
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
-from ensemble_bench.row_check import damage
-from ensemble_bench.row_store import (
-    LENT_NOTE,
-    REUSED_NOTE,
-    RowKey,
-    RowStore,
-    copy_row,
-    record_reuse,
-    row_keys,
-    seed_cache,
-)
-from ensemble_bench.run_folder import (
+from ensemble_bench.run.build import MemberPool, build_method
+from ensemble_bench.run.folder import (
     CACHE,
     PARAMS,
     TASKS,
@@ -49,9 +38,20 @@ from ensemble_bench.run_folder import (
     write_row_timing,
     write_span_trace,
 )
-from ensemble_bench.run_lock import hold_run_lock, lock_path
-from ensemble_bench.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
-from ensemble_bench.sittings import resume_counts, save_counts
+from ensemble_bench.run.lock import hold_run_lock, lock_path
+from ensemble_bench.run.row_check import damage
+from ensemble_bench.run.row_store import (
+    LENT_NOTE,
+    REUSED_NOTE,
+    RowKey,
+    RowStore,
+    copy_row,
+    record_reuse,
+    row_keys,
+    seed_cache,
+)
+from ensemble_bench.run.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
+from ensemble_bench.run.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
@@ -328,7 +328,7 @@ def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: 
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
-    from ensemble_bench.lm import LM_CLASSES  # lm-eval's model API
+    from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     run_dir, _ = run_dir_of(recipe, fresh)

@@ -16,9 +16,9 @@ from rich.table import Table
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.cli_faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted
+from ensemble_bench.cli.faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted
+from ensemble_bench.cli.progress import BarProgress, PlainProgress
 from ensemble_bench.errors import EnvironmentFault, UserError, several, working_folder_fault
-from ensemble_bench.progress import BarProgress, PlainProgress
 
 # The commands import the rest of the package inside themselves: recipes, methods, members, the
 # runner and the reports load torch, transformers, lm-eval or pandas, which `ensbench --help` and a
@@ -75,7 +75,7 @@ def _quiet_libraries() -> None:
     import datasets
     import transformers
 
-    from ensemble_bench.cache_thread import quiet_cache_thread
+    from ensemble_bench.run.cache_thread import quiet_cache_thread
 
     logging.getLogger("sqlitedict").setLevel(logging.CRITICAL)
     quiet_cache_thread()
@@ -93,7 +93,7 @@ def _run_with_progress(loaded, fresh: bool):
 
     from ensemble_bench.members import load_listener
     from ensemble_bench.report.summary import write_summary
-    from ensemble_bench.runner import run_recipe
+    from ensemble_bench.run.runner import run_recipe
 
     if not console.is_terminal:
         plain = PlainProgress()
@@ -129,12 +129,12 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
                                        help="Override any field: --set method.weights=[2,1] (dotted path, list "
                                             "indices, a YAML value; repeatable).")):
     """Run a recipe: every row (members alone, the ensemble) on every task; write results and a table."""
-    from ensemble_bench.overrides import option_overrides, parse_set
-    from ensemble_bench.plan import plan_tables
-    from ensemble_bench.preflight import preflight
+    from ensemble_bench.cli.plan import plan_tables
     from ensemble_bench.recipe import load_recipe
-    from ensemble_bench.run_folder import SUMMARY
-    from ensemble_bench.runs import finished_run
+    from ensemble_bench.recipe.overrides import option_overrides, parse_set
+    from ensemble_bench.run.folder import SUMMARY
+    from ensemble_bench.run.preflight import preflight
+    from ensemble_bench.run.runs import finished_run
 
     overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)
@@ -172,9 +172,10 @@ def select(runs: list[Path] = typer.Argument(..., help="finished runs, or result
     import yaml
 
     from ensemble_bench.methods import get_method
+    from ensemble_bench.methods.unite_selection import select_models
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.out_files import checked_files, user_path
-    from ensemble_bench.report.select import load_candidates, select_models, selected_recipe
+    from ensemble_bench.report.select import load_candidates, selected_recipe
     from ensemble_bench.report.tables import resolve_run
 
     get_method(method)
@@ -293,7 +294,7 @@ def list_things(details: bool = typer.Option(False, "--details", help="add each 
                 method: str | None = typer.Option(None, "--method",
                                                   help="one method's parameters: type, default, meaning")):
     """Methods, packaged offline models and benchmarks (what is missing as notes below the table)."""
-    from ensemble_bench.listing import listing, method_table
+    from ensemble_bench.cli.listing import listing, method_table
 
     if method is not None:  # one method's parameters (UserError for an unknown method)
         return console.print(method_table(method))

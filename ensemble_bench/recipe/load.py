@@ -1,7 +1,7 @@
 """Recipes: YAML files naming members, a method and its hyper-parameters, tasks and shots; and the
-plan of a recipe (its rows and benchmarks). The schema and the plan are recipe_schema.py, the error lines
-recipe_lines.py; this module reads a recipe and reports every mistake at once (schema, methods, tasks,
-placement, plan), and is where the rest of the package imports them from.
+plan of a recipe (its rows and benchmarks). The schema and the plan are recipe/schema.py, the error lines
+recipe/lines.py; this module reads a recipe and reports every mistake at once (schema, methods, tasks,
+placement, plan); the rest of the package imports them from the recipe package (recipe/__init__.py).
 
 Every bad field becomes one ``UserError`` line: ``<file>: <field>: <what is allowed>``.
 """
@@ -16,37 +16,12 @@ import yaml
 from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError, several
-from ensemble_bench.overrides import Override, blame
-from ensemble_bench.overrides import apply as apply_overrides
-from ensemble_bench.recipe_lines import is_safe_label, problems_of, pydantic_lines
-from ensemble_bench.recipe_schema import (
-    LIMIT_MAX,
-    SEED_MAX,
-    STRICT,
-    MemberSpec,
-    MethodSpec,
-    PlacementSpec,
-    Recipe,
-    Row,
-    TaskSpec,
-    check_placement,
-    plan_rows,
-    selected_benchmarks,
-    validate_method,
-)
+from ensemble_bench.recipe.lines import problems_of, pydantic_lines
+from ensemble_bench.recipe.overrides import Override, blame
+from ensemble_bench.recipe.overrides import apply as apply_overrides
+from ensemble_bench.recipe.schema import Recipe, TaskSpec, check_placement, plan_rows, validate_method
 from ensemble_bench.tasks import get_benchmark, is_builtin
-from ensemble_bench.yaml_limits import (  # noqa: F401 - the limits are recipe.py's names too
-    MAX_RECIPE_BYTES,
-    MAX_YAML_DEPTH,
-    MAX_YAML_NODES,
-    RecipeLimit,
-    RecipeLoader,
-    check_expanded_size,
-)
-
-__all__ = ["LIMIT_MAX", "SEED_MAX", "STRICT", "MemberSpec", "MethodSpec", "PlacementSpec", "Recipe", "Row",
-           "TaskSpec", "is_safe_label", "load_recipe", "parse_recipe", "plan_rows", "selected_benchmarks",
-           "task_notes", "task_problems", "validate_method"]
+from ensemble_bench.yaml_limits import MAX_RECIPE_BYTES, RecipeLimit, RecipeLoader
 
 
 def _method_problems(recipe: Recipe, source: str) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ensemble_bench.errors import UserError, lines_of
-from ensemble_bench.field_names import close_fields
+from ensemble_bench.recipe.field_names import close_fields
 
 # every name that becomes a file or folder name (recipe, member, row): no separators, no leading dot
 LABEL = r"^[A-Za-z0-9][A-Za-z0-9._=+-]*$"

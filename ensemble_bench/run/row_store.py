@@ -43,7 +43,7 @@ from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
-from ensemble_bench.run_folder import REUSED, TIMING, parse_json, recorded_key, write_timing
+from ensemble_bench.run.folder import REUSED, TIMING, parse_json, recorded_key, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"

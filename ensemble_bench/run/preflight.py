@@ -15,7 +15,7 @@ from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import Recipe
-from ensemble_bench.run_folder import output_root
+from ensemble_bench.run.folder import output_root
 from ensemble_bench.tasks import get_benchmark, is_builtin, recipe_tasks
 
 HUB = ("huggingface.co", 443)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.decoding.stats import JOINED, RECORD
-from ensemble_bench.run_folder import parse_json, sittings_file
+from ensemble_bench.run.folder import parse_json, sittings_file
 
 log = logging.getLogger(__name__)
 

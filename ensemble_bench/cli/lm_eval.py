@@ -35,15 +35,15 @@ import yaml
 from ensemble_bench.errors import EnvironmentFault, UserError, working_folder_fault
 
 if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports torch (see working_folder_fault)
-    from ensemble_bench.cli_faults import exit_code
+    from ensemble_bench.cli.faults import exit_code
 
     sys.exit(exit_code(_NO_FOLDER))
 
 from ensemble_bench import settings  # noqa: E402
-from ensemble_bench.build import recipe_from_model_args  # noqa: E402
 from ensemble_bench.cache import atomic_write_text  # noqa: E402
 from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
-from ensemble_bench.run_folder import (  # noqa: E402
+from ensemble_bench.run.build import recipe_from_model_args  # noqa: E402
+from ensemble_bench.run.folder import (  # noqa: E402
     LM_EVAL_OUTPUT,
     RECIPE,
     SUMMARY,
@@ -72,7 +72,7 @@ class Plan:
 
 def main() -> None:
     """The entry point: exit 0 done, 2 a user error, 1 an environment fault (one line each), 70 a bug."""
-    from ensemble_bench.cli_faults import exit_code  # the one handler of every fault, shared with ensbench
+    from ensemble_bench.cli.faults import exit_code  # the one handler of every fault, shared with ensbench
 
     try:
         run_cli()
@@ -88,8 +88,8 @@ def run_cli() -> None:
     from lm_eval.config.evaluate_config import EvaluatorConfig
     from lm_eval.utils import setup_logging
 
-    from ensemble_bench.lm import LM_CLASSES, register_all
-    from ensemble_bench.runner import patch_lm_eval
+    from ensemble_bench.run.lm import LM_CLASSES, register_all
+    from ensemble_bench.run.runner import patch_lm_eval
 
     patch_lm_eval()
     register_all()
@@ -144,8 +144,8 @@ def set_threads(threads: int) -> None:
 def request_progress(write=None):
     """While lm-eval runs an ensbench model: a line on stderr per finished batch of requests (examples
     done of the pass, elapsed time, ETA), as ``ensbench run`` prints them to a log."""
-    from ensemble_bench.cli import PlainProgress
-    from ensemble_bench.lm import EnsembleLM
+    from ensemble_bench.cli.main import PlainProgress
+    from ensemble_bench.run.lm import EnsembleLM
 
     plain = PlainProgress(write=write or (lambda text, flush=True: print(text, file=sys.stderr, flush=flush)))
     EnsembleLM.default_progress = staticmethod(lambda label, done, total: plain.on_progress(label, done, total))
@@ -228,7 +228,7 @@ def _with_device(given: dict, spec) -> dict:
 
 
 def _row_dir(run_dir: Path, row: Row) -> Path:
-    from ensemble_bench.run_folder import inside
+    from ensemble_bench.run.folder import inside
 
     return inside(run_dir, row.label)
 
@@ -246,7 +246,7 @@ def _check_machine(recipe: Recipe, run_dir: Path | None) -> None:
     """The recipe preflight of ``ensbench run`` (models, packages, devices, output and cache folders).
     The data is checked by loading the tasks (hub offline) or by lm-eval itself, so the preflight
     sees the recipe with data: offline and its placeholder task, which needs no network."""
-    from ensemble_bench.preflight import preflight
+    from ensemble_bench.run.preflight import preflight
 
     output = str(run_dir.parent) if run_dir is not None else recipe.output
     problems = preflight(recipe.model_copy(update={"data": "offline", "output": output}), "--model_args")

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from lm_eval.api.model import LM, hash_args
 
-from ensemble_bench.build import build_from_model_args
 from ensemble_bench.decoding.method import NonFiniteScore, check_finite
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
+from ensemble_bench.run.build import build_from_model_args
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
@@ -260,7 +260,7 @@ LM_CLASSES: dict[str, type[EnsembleLM]] = {}  # method name -> its lm-eval model
 def _make_lm_class(method: type[Method]) -> None:
     """The lm-eval model of a method being registered (``methods.when_registered``): kept in
     ``LM_CLASSES`` and as this module's attribute ``lm_class_name``, so that lm-eval's
-    ``ensemble_bench.lm:GacLM`` target resolves, for methods registered after import too."""
+    ``ensemble_bench.run.lm:GacLM`` target resolves, for methods registered after import too."""
     name = lm_class_name(method.name)
     made = type(name, (EnsembleLM,), {"method_name": method.name, "__module__": __name__,
                                       "__doc__": f"lm-eval model ``{method.name}``: an EnsembleLM of that method."})
