@@ -23,16 +23,15 @@ rows of a batch:
               start of the next one, inside the next block). A position the rehearsal did not
               foresee costs a real forward pass: never a different output.
 
-Every decision is therefore the method's own, taken on the distributions of the text it chose: the
-outputs are the every-token outputs up to the float differences between a block forward and
-one-token steps (docs/speculative.md lists the near-ties measured). Sampling stays every-token.
+Every decision is the method's own, on the distributions of the text it chose: the outputs are the
+every-token outputs up to the float differences between a block forward and one-token steps
+(docs/speculative.md lists the near-ties measured). Sampling stays every-token.
 
-The draft length adapts to the batch: its rows share the proposer's steps and the verifiers' block,
-so each round takes the length d <= N with the most tokens per second expected over the batch, from
-each row's recent acceptance rate and the measured cost of a proposer step and of the verifiers'
-block (``_draft_lengths``; 0: no draft, a plain every-token round, until the proposer is right again).
-``proposer: auto`` picks, each round, the member whose measured agreement with the ensemble and
-measured forward cost promise the most tokens per second.
+The draft length adapts to the batch (``_draft_lengths``): the d <= N with the most tokens per second
+expected from its rows' acceptance rates and the measured costs of a proposer step and of the
+verifiers' block; 0 is a plain every-token round, and after PROBE_AFTER of them in a row one round
+drafts again, so the costs are measured anew. ``proposer: auto`` picks, each round, the member whose
+measured agreement and forward cost promise the most tokens per second.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.acceptance import GreedyAcceptance
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import (
     Advance,
@@ -61,6 +61,8 @@ from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowReco
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
+
+PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts by the rows' own lengths
 
 
 class SpeculativeParams(MethodParams):
@@ -174,16 +176,6 @@ class RowRound(NamedTuple):
     pending: Advance | None
 
 
-class GreedyAcceptance:
-    """The acceptance rule of a round's replay, in one place: the drafted advance at a position is taken
-    when the method's own choice there is that advance, so the output is the every-token output.
-    (Speculative sampling would put its rule here: take a drafted x ~ q with probability
-    min(1, p(x)/q(x)), else draw the position's advance from norm(max(0, p - q)).)"""
-
-    def accepts(self, chosen: Advance, drafted: Advance) -> bool:
-        return chosen == drafted
-
-
 class Speculation(Rounds):
     """Draft-and-verify rounds for one ``Speculable`` method, inside the decode loop
     (``decoding.decode.decode_batch``; see the module docstring)."""
@@ -195,6 +187,7 @@ class Speculation(Rounds):
         self._members = list(method.members)
         self.stats = SpeculationStats(forwards=[0] * len(method.members), agreed=[0] * len(method.members))
         self.costs = Costs()
+        self.plain_rounds = 0  # plain rounds in a row that the costs chose (PROBE_AFTER)
 
     @classmethod
     def of(cls, method: Speculable, params: SpeculativeParams) -> Speculation | None:
@@ -270,7 +263,12 @@ class Speculation(Rounds):
             gained = sum(sum(rate ** k for k in range(length + 1)) for rate in rates)
             return gained / ((length + 1) * self.costs.step + self.costs.block(length + 1))
 
-        return [max(range(self.longest + 1), key=promise)] * len(live)
+        best = max(range(self.longest + 1), key=promise)
+        if best == 0 and self.plain_rounds >= PROBE_AFTER:  # plain rounds measure no block: a dear one sticks
+            self.plain_rounds = 0
+            return [self.lengths[i] for i in live]
+        self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
+        return [best] * len(live)
 
     # --- one round ------------------------------------------------------------------------------
     def _rehearse(self, members: list[StandIn], states, pending, room: list[int], proposer: int) -> list[list[Advance]]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from ensemble_bench.decoding.speculation_stats import Rate
-from ensemble_bench.decoding.speculative import Costs, Speculation
+from ensemble_bench.decoding.speculative import PROBE_AFTER, Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.eva import Eva, EvaParams
@@ -139,6 +139,16 @@ def test_draft_length_follows_acceptance_and_costs():
     speculation.costs.step = 1.0  # a proposer as costly as the verifier's block: drafting barely pays
     speculation.rates = [Rate()]
     assert speculation._draft_lengths([0]) == [0]
+
+
+def test_plain_rounds_chosen_by_the_costs_draft_again_after_a_while():
+    """One dear block measured (plain rounds measure none) must not keep a row that agrees from drafting
+    for good: after PROBE_AFTER plain rounds one round takes the row's own length, then the costs rule."""
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.costs.step, speculation.costs.blocks = 0.11, {1: 0.24, 3: 0.76}  # measured at batch 1, GSM8K
+    speculation.rates, speculation.lengths = [Rate(17, 20)], [2]  # agreement 0.82; its own length: 2
+    chosen = [speculation._draft_lengths([0])[0] for _ in range(2 * PROBE_AFTER + 2)]
+    assert chosen == ([0] * PROBE_AFTER + [2]) * 2
 
 
 def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
