@@ -30,8 +30,8 @@ every-token outputs up to the float differences between a block forward and one-
 The draft length adapts to the batch (``_draft_lengths``): the d <= N with the most tokens per second
 expected from its rows' acceptance rates and the measured costs of a proposer step and of the
 verifiers' block; 0 is a plain every-token round, and after PROBE_AFTER of them in a row one round
-drafts again, so the costs are measured anew. ``proposer: auto`` picks, each round, the member whose
-measured agreement and forward cost promise the most tokens per second.
+drafts again (at least one token), so the costs are measured anew. ``proposer: auto`` picks, each
+round, the member whose measured agreement and forward cost promise the most tokens per second.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn,
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
 
-PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts by the rows' own lengths
+PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts (the rows' own lengths, at least 1)
 
 
 class SpeculativeParams(MethodParams):
@@ -266,7 +266,7 @@ class Speculation(Rounds):
         best = max(range(self.longest + 1), key=promise)
         if best == 0 and self.plain_rounds >= PROBE_AFTER:  # plain rounds measure no block: a dear one sticks
             self.plain_rounds = 0
-            return [self.lengths[i] for i in live]
+            return [max(1, self.lengths[i]) for i in live]
         self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
         return [best] * len(live)
 

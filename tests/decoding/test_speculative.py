@@ -142,13 +142,14 @@ def test_draft_length_follows_acceptance_and_costs():
 
 
 def test_plain_rounds_chosen_by_the_costs_draft_again_after_a_while():
-    """One dear block measured (plain rounds measure none) must not keep a row that agrees from drafting
-    for good: after PROBE_AFTER plain rounds one round takes the row's own length, then the costs rule."""
+    """One dear block measured (plain rounds measure none) must not keep rows that agree from drafting
+    for good: after PROBE_AFTER plain rounds one round takes each row's own length, at least 1, then
+    the costs rule again."""
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
     speculation.costs.step, speculation.costs.blocks = 0.11, {1: 0.24, 3: 0.76}  # measured at batch 1, GSM8K
-    speculation.rates, speculation.lengths = [Rate(17, 20)], [2]  # agreement 0.82; its own length: 2
-    chosen = [speculation._draft_lengths([0])[0] for _ in range(2 * PROBE_AFTER + 2)]
-    assert chosen == ([0] * PROBE_AFTER + [2]) * 2
+    speculation.rates, speculation.lengths = [Rate(17, 20)] * 2, [2, 0]  # agreement 0.82; own lengths 2 and 0
+    chosen = [speculation._draft_lengths([0, 1]) for _ in range(2 * PROBE_AFTER + 2)]
+    assert chosen == ([[0, 0]] * PROBE_AFTER + [[2, 1]]) * 2
 
 
 def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
