@@ -176,7 +176,7 @@ def _load_on_vllm(model: str, dtype: str, device: str, chat_template: bool, name
     (converted once, by any transformers version), or the folder / hub id itself. vLLM 0.32 has no
     GGUF loader: a GGUF file of one's own is refused."""
     from ensemble_bench.members.converted import converted_source
-    from ensemble_bench.members.vllm import load_vllm_member
+    from ensemble_bench.members.vllm_loading import load_vllm_member
 
     source = resolve(model)
     tokenizer = load_tokenizer(source, trust_remote_code)

@@ -11,11 +11,17 @@ try:
 except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) raises RuntimeError, not ImportError
     pytest.skip(f"vllm does not import here ({type(err).__name__}); make test-vllm runs these", allow_module_level=True)
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
 import torch  # noqa: E402
 
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
 from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
+from ensemble_bench.members.vllm_engine import STEPPING  # noqa: E402
 from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
 from ensemble_bench.methods.single import Single  # noqa: E402
@@ -25,6 +31,12 @@ from tests.tolerances import OTHER_ENGINE, assert_close
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
 ENGINE = {"max_model_len": 512, "max_num_seqs": 8, "kv_cache_gib": 0.25}
+# A block read in one engine step runs vLLM's prefill path (a multi-token query over the cached prefix)
+# where forced one-token steps run its decode path. Measured on this CPU build, float32, at this test's
+# rows and two others: bit-identical (gap 0) for SmolLM2 and Qwen2.5. Another build or device may sum
+# in another order or blocking; float32 rounding through ~30 layers of 576-896-wide sums stays orders
+# below 1e-3, the bound the backend comparisons use too.
+TOLERANCE = 1e-3
 QUESTIONS = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京.",
              "def fibonacci(n):"]
 TEXTS = ["The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Multi-tasking means"]
@@ -163,7 +175,18 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
     assert smollm_vllm.resubmitted + qwen_vllm.resubmitted > before  # crops after rejected drafts
 
 
-def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
+@pytest.fixture(params=["one pass", "one step per token"])
+def read_mode(request, smollm_vllm):
+    """Block reads in one engine step, and as an engine without a ``PromptReader`` gives them (one
+    forced step per token)."""
+    reader = smollm_vllm.steering.reader
+    if request.param == "one step per token":
+        smollm_vllm.steering.reader = None
+    yield request.param
+    smollm_vllm.steering.reader = reader
+
+
+def test_read_block_matches_transformers(read_mode, smollm_vllm, transformers_pair):
     """Blocks of different lengths (one row given none), after a crop: the asked positions' log-probs
     equal a transformers member's block read within OTHER_ENGINE, and the next extend continues after them."""
     local = transformers_pair[0]
@@ -208,3 +231,87 @@ def test_a_kv_cache_too_small_for_the_window_is_one_line(smollm_vllm):
     with pytest.raises(UserError, match="cannot hold one request of its max_model_len"):
         load_member("smollm2-135m", name="tiny-cache", backend="vllm", vllm={**ENGINE, "kv_cache_gib": 0.001})
     assert ENGINE["max_model_len"] <= smollm_vllm.kv_blocks * smollm_vllm.block_size < 0.25 * 2**30 / 46080
+
+
+def rows_of(member, lengths: list[int]) -> list[list[int]]:
+    """Rows of exactly these lengths, cut from one long text (real tokens, so real distributions)."""
+    ids = member.encode(" ".join(TEXTS) * 8)
+    return [ids[:n] for n in lengths]
+
+
+def forced_steps(member, rows, first, blocks) -> list[torch.Tensor]:
+    """Each row's log-probs after every token of its block, the block forced one token per call."""
+    member.prefill(rows)
+    member.extend(first)
+    dists = [member.extend([[block[j]] for block in blocks]) for j in range(len(blocks[0]))]
+    return [torch.stack([d[r] for d in dists]) for r in range(len(rows))]
+
+
+def assert_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    gap = float((ours - theirs).abs().max())
+    top = theirs.topk(2, dim=-1).values
+    assert gap < TOLERANCE, f"{gap:.3g} apart"
+    same = torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert same, f"argmax differs; smallest top-1/top-2 gap {float((top[:, 0] - top[:, 1]).min()):.3g}"
+
+
+@pytest.mark.parametrize("model", ["smollm", "qwen"])
+def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm):
+    """A block of 4 after rows of 29, 27 and 45 held tokens (KV blocks of 32: the first row's block
+    crosses a block boundary, the second's ends on one, the third's lies inside the second block):
+    one engine step for the whole batch, and at every position the log-probs of 4 forced one-token
+    steps (TOLERANCE), the same argmax; the rows go on from there as the forced rows do."""
+    member = {"smollm": smollm_vllm, "qwen": qwen_vllm}[model]
+    assert member.steering.reader is not None
+    rows = rows_of(member, [29, 27, 45])
+    first, blocks = [[11], [12], [13]], [[21, 22, 23, 24], [25, 26, 27, 28], [29, 30, 31, 32]]
+    expected = forced_steps(member, rows, first, blocks)
+    after = member.extend([[40], [41], [42]])
+    member.prefill(rows)
+    member.extend(first)
+    steps = member.steering.steps
+    read = member.read_block(blocks, [[0, 1, 2, 3]] * 3)
+    assert member.steering.steps - steps == 1
+    for ours, theirs in zip(read, expected):
+        assert_close(ours, theirs)
+    assert_close(member.extend([[40], [41], [42]]), after)
+
+
+def test_a_block_read_after_the_prefix_cache_is_emptied_computes_the_whole_row(smollm_vllm):
+    """Rows parked (a plain request ran) and the prefix cache reset: the block read computes each
+    row's whole prompt again, with the same distributions; rows given one token or none, and a
+    subset of positions, as speculative rounds ask."""
+    member = smollm_vllm
+    rows = rows_of(member, [40, 33, 70])
+    first, blocks = [[11], [12], [13]], [[21, 22, 23], [25], []]
+    member.prefill(rows)
+    member.extend(first)
+    member.generate_plain([rows[0]], 1)
+    with STEPPING:  # no step runs while the cache is reset
+        assert member.engine.reset_prefix_cache()
+    read = member.read_block(blocks, [[0, 2], [0], []])
+    expected = forced_steps(member, rows[:2], first[:2], [[21, 22, 23], [25, 0, 0]])
+    assert_close(read[0], expected[0][[0, 2]])
+    assert_close(read[1], expected[1][[0]])
+    assert read[2].shape == (0, member.vocab.size)
+
+
+def test_threads_given_to_torch_run_a_vllm_member():
+    """``--threads N`` (torch.set_num_threads before the engine starts) with OMP_NUM_THREADS unset: the
+    engine thread used to start at OpenMP's default count while torch's first parallel call set N, and
+    vLLM's CPU attention failed its check (``thread_num == thread_num (2 vs. 1)``). A fresh process,
+    with a count other than OpenMP's default here."""
+    threads = 1 if len(os.sched_getaffinity(0)) > 1 else 2
+    script = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads({threads})
+        from ensemble_bench.members import Prompt, load_member
+        from ensemble_bench.methods import GenerationRequest
+        from ensemble_bench.methods.single import Single
+        member = load_member("smollm2-135m", name="m", backend="vllm", vllm={ENGINE!r})
+        [out] = Single([member], Single.Params()).generate([GenerationRequest(Prompt(text="Paris is"), (), 4)])
+        print("generated", out.new_tokens)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "generated 4" in done.stdout, done.stderr[-2000:]

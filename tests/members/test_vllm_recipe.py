@@ -86,7 +86,7 @@ def test_engine_start_drops_only_the_tokenizer_warmup_record():
     import logging
     import sys
 
-    from ensemble_bench.members.vllm import without_tokenizer_warmup_warning
+    from ensemble_bench.members.vllm_loading import without_tokenizer_warmup_warning
 
     def record(message, error):
         try:
