@@ -247,7 +247,7 @@ def forced_steps(member, rows, first, blocks) -> list[torch.Tensor]:
     return [torch.stack([d[r] for d in dists]) for r in range(len(rows))]
 
 
-def assert_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+def assert_block_reading(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     gap = float((ours - theirs).abs().max())
     top = theirs.topk(2, dim=-1).values
     assert gap < TOLERANCE, f"{gap:.3g} apart"
@@ -273,8 +273,8 @@ def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(mod
     read = member.read_block(blocks, [[0, 1, 2, 3]] * 3)
     assert member.steering.steps - steps == 1
     for ours, theirs in zip(read, expected):
-        assert_close(ours, theirs)
-    assert_close(member.extend([[40], [41], [42]]), after)
+        assert_block_reading(ours, theirs)
+    assert_block_reading(member.extend([[40], [41], [42]]), after)
 
 
 def test_a_block_read_after_the_prefix_cache_is_emptied_computes_the_whole_row(smollm_vllm):
@@ -291,8 +291,8 @@ def test_a_block_read_after_the_prefix_cache_is_emptied_computes_the_whole_row(s
         assert member.engine.reset_prefix_cache()
     read = member.read_block(blocks, [[0, 2], [0], []])
     expected = forced_steps(member, rows[:2], first[:2], [[21, 22, 23], [25, 0, 0]])
-    assert_close(read[0], expected[0][[0, 2]])
-    assert_close(read[1], expected[1][[0]])
+    assert_block_reading(read[0], expected[0][[0, 2]])
+    assert_block_reading(read[1], expected[1][[0]])
     assert read[2].shape == (0, member.vocab.size)
 
 
