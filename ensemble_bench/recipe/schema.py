@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from ensemble_bench.decoding.sampling import SamplingOverride
+from ensemble_bench.decoding.sampling_params import SamplingOverride
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.vllm_schema import VllmArgs
 from ensemble_bench.methods import ALONE, get_method, is_alone

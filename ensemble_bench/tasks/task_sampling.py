@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
-from ensemble_bench.decoding.sampling import SamplingParams
+from ensemble_bench.decoding.sampling_params import SamplingParams
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
 from ensemble_bench.tasks import get_benchmark, is_builtin

@@ -1,0 +1,104 @@
+"""What a request samples with (``SamplingParams``, as lm-eval's ``generation_kwargs`` say it) and a
+recipe's ``sampling:`` over it (``SamplingOverride``): plain settings, importing no torch, so that a
+recipe validates without it. The transforms and the draw: decoding/sampling.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    import torch
+
+    from ensemble_bench.decoding.sampling import Transform
+
+
+# --- what a request asks for ---------------------------------------------------------------------------
+class SamplingParams(BaseModel):
+    """How one request decodes, as lm-eval's ``generation_kwargs`` say it (``from_gen_kwargs``), with a
+    recipe's ``sampling:`` applied over them (``SamplingOverride``). Greedy (``greedy``) unless
+    ``do_sample`` and a temperature above 0, as lm-eval's own normalisation reads them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    do_sample: bool = False
+    temperature: float = Field(default=1.0, ge=0.0, description="0: greedy, as in lm-eval and transformers")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="0: no top-k")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @classmethod
+    def from_gen_kwargs(cls, gen_kwargs: dict[str, Any]) -> SamplingParams:
+        """lm-eval's reading (``lm_eval.models.utils.normalize_gen_kwargs``): a missing temperature is 0;
+        a missing ``do_sample`` is true when the temperature is above 0; ``do_sample: false`` is greedy
+        whatever the temperature. ValueError (one line) for a value out of range."""
+        given = {key: gen_kwargs[key] for key in ("top_p", "top_k", "min_p") if gen_kwargs.get(key) is not None}
+        temperature = float(gen_kwargs.get("temperature") or 0.0)
+        do_sample = gen_kwargs.get("do_sample")
+        do_sample = temperature > 0 if do_sample is None else bool(do_sample)
+        return cls.model_validate({"do_sample": do_sample, "temperature": temperature,
+                                   **{k: float(v) if k != "top_k" else int(v) for k, v in given.items()}},
+                                  strict=False)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    def transforms(self) -> list[Transform]:
+        """The transforms that change anything, in transformers' order (none when greedy)."""
+        from ensemble_bench.decoding.sampling import MinP, Temperature, TopK, TopP  # torch: only when drawing
+
+        if self.greedy:
+            return []
+        chosen: list[Transform] = [] if self.temperature == 1 else [Temperature(self.temperature)]
+        chosen += [TopK(self.top_k)] if self.top_k else []
+        chosen += [TopP(self.top_p)] if self.top_p < 1 else []
+        return chosen + ([MinP(self.min_p)] if self.min_p > 0 else [])
+
+    def shape(self, logweights: torch.Tensor) -> torch.Tensor:
+        """The log-weights after every transform (float32 at least)."""
+        import torch  # loaded already: the caller holds a tensor
+
+        shaped = logweights if logweights.dtype == torch.float64 else logweights.float()
+        for transform in self.transforms():
+            shaped = transform(shaped)
+        return shaped
+
+    def record(self) -> dict[str, Any]:
+        """What a results file records: ``greedy``, or the settings drawn with."""
+        if self.greedy:
+            return {"do_sample": False}
+        return self.model_dump()
+
+
+class SamplingOverride(BaseModel):
+    """A recipe's ``sampling:`` (a method entry's, else the recipe's): the settings it gives replace the
+    task's own, for every generating request of the rows it applies to. ``do_sample: false`` decodes
+    greedily whatever the task asks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    do_sample: bool | None = None
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _says_something(self):
+        if not self.model_fields_set:
+            raise ValueError("give at least one of do_sample, temperature, top_p, top_k, min_p")
+        return self
+
+    def over(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the settings given here; a temperature above 0 given without ``do_sample``
+        samples (as in ``from_gen_kwargs``)."""
+        given = self.model_dump(exclude_none=True)
+        if "temperature" in given and "do_sample" not in given:
+            given["do_sample"] = given["temperature"] > 0
+        return params.model_copy(update=given)
+
+    def merged(self, under: SamplingOverride | None) -> SamplingOverride:
+        """This override over another (a method entry's over the recipe's)."""
+        if under is None:
+            return self
+        return SamplingOverride(**{**under.model_dump(exclude_none=True), **self.model_dump(exclude_none=True)})
