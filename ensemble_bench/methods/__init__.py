@@ -1,85 +1,138 @@
-"""Registry of methods: name -> class. A method is one module and one line of ``BUILT_IN`` below
-(or, for a method defined elsewhere, one call of ``register_method``); its lm-eval model
-(``ensemble_bench.run.lm``), its row in ``ensbench list`` and its docs table follow from the class."""
+"""Registry of methods: name -> declaration (``MethodSpec``: its Params and facts, no torch) and, on
+first use, the class that does the work. A method is a declaration module, ``<name>_params.py`` in this
+package, whose declaration registers itself (``@register_method``), and the module its
+``implementation`` names; every ``*_params`` module here is imported when the registry is (nothing
+lists the methods by hand). Validating a recipe reads only declarations (``method_spec``), so it
+imports no torch; building a row imports the implementation (``get_method``), as lm-eval resolves
+its "module:Class" model targets. Its lm-eval model (``ensemble_bench.run.lm``), its row in
+``ensbench list`` and its docs table follow from the declaration."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from ensemble_bench.decoding.method import Generation, GenerationRequest, LoglikelihoodRequest, Method, MethodParams
+from ensemble_bench.decoding.params import MethodParams, MethodSpec
 from ensemble_bench.decoding.stats import RunStats
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods.adafuse import AdaFuse
-from ensemble_bench.methods.byte_level import ByteLevel
-from ensemble_bench.methods.chared import CharED
-from ensemble_bench.methods.coolfusion import CoolFusion
-from ensemble_bench.methods.deepen import Deepen
-from ensemble_bench.methods.eva import Eva
-from ensemble_bench.methods.gac import Gac
-from ensemble_bench.methods.lvr import Lvr
-from ensemble_bench.methods.mbr import Mbr
-from ensemble_bench.methods.packllm import PackLLM
-from ensemble_bench.methods.rerank import Rerank
-from ensemble_bench.methods.safe import Safe
-from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.sweetspan import SweetSpan
-from ensemble_bench.methods.unite import Unite
-from ensemble_bench.methods.voting import Voting
 
-METHODS: dict[str, type[Method]] = {}
-ON_REGISTER: list[Callable[[type[Method]], None]] = []  # called with each method registered (``when_registered``)
+DECLARED: dict[str, type[MethodSpec]] = {}  # name -> declaration, in registration order
+ON_REGISTER: list[Callable[[type[MethodSpec]], None]] = []  # called with each method registered (``when_registered``)
 
-ALONE = Single.name  # the method that evaluates one member by itself
+ALONE = "single"  # the method that evaluates one member by itself
+ENGINE = ("Generation", "GenerationRequest", "LoglikelihoodRequest", "Method")  # decoding/method.py's, on first use
 
-__all__ = ["ALONE", "METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method", "MethodParams",
-           "ParamDoc", "RunStats", "current_params", "describe_params", "get_method", "is_alone", "read_stats",
-           "register_method", "when_registered"]
+__all__ = ["ALONE", "DECLARED", "METHODS", "Generation", "GenerationRequest", "LoglikelihoodRequest", "Method",
+           "MethodParams", "MethodSpec", "ParamDoc", "RunStats", "current_params", "describe_params", "get_method",
+           "is_alone", "method_spec", "read_stats", "register_method", "when_registered"]
 
 
-def register_method(cls: type[Method]) -> type[Method]:
-    """Add a method to the registry under ``cls.name`` (also usable as a class decorator). Its
-    lm-eval model (``ensemble_bench.run.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made here, by the
-    hook lm.py adds (``when_registered``) once it is imported."""
+def __getattr__(name: str):
+    """The engine's request and method types on first use: importing the registry loads no torch."""
+    if name in ENGINE:
+        return getattr(importlib.import_module("ensemble_bench.decoding.method"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register_method(cls: type[MethodSpec]) -> type[MethodSpec]:
+    """Add a method to the registry under ``cls.name`` (also usable as a class decorator): a declaration
+    whose ``implementation`` ("module:Class") is imported on first use, or a class that does the work
+    itself. Its lm-eval model (``ensemble_bench.run.lm.LM_CLASSES[name]``, class ``<Name>LM``) is made
+    here, by the hook lm.py adds (``when_registered``) once it is imported."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier() or not name.islower():
         raise ValueError(f"a method's name is a lower-case identifier, got {name!r}")
-    if METHODS.get(name, cls) is not cls:
-        raise ValueError(f"method '{name}' is already registered ({METHODS[name].__qualname__})")
-    METHODS[name] = cls
+    if DECLARED.get(name, cls) is not cls:
+        raise ValueError(f"method '{name}' is already registered ({DECLARED[name].__qualname__})")
+    DECLARED[name] = cls
     for hook in ON_REGISTER:
         hook(cls)
     return cls
 
 
-def when_registered(hook: Callable[[type[Method]], None]) -> None:
+def when_registered(hook: Callable[[type[MethodSpec]], None]) -> None:
     """Call ``hook`` with every method registered so far and with each one registered from now on (how
     lm.py makes one lm-eval model per method without methods/ importing lm-eval)."""
     ON_REGISTER.append(hook)
-    for cls in list(METHODS.values()):
+    for cls in list(DECLARED.values()):
         hook(cls)
 
 
-BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr, Eva, AdaFuse)
-for _method in BUILT_IN:
-    register_method(_method)
+def implementation_of(spec: type[MethodSpec]) -> type:
+    """The class that does a declared method's work: ``spec.implementation`` imported, or ``spec`` itself."""
+    if spec.implementation is None:
+        return spec
+    module, _, attribute = spec.implementation.partition(":")
+    cls = getattr(importlib.import_module(module), attribute)
+    if not (isinstance(cls, type) and issubclass(cls, spec)):
+        raise TypeError(f"{spec.implementation} does not extend the declaration of '{spec.name}' ({spec.__qualname__})")
+    return cls
 
 
-def get_method(name: str) -> type[Method]:
+class Methods(MutableMapping):
+    """name -> the class that does the method's work, its module imported on first use (``DECLARED``
+    holds the declarations); setting an entry registers it, deleting one unregisters it."""
+
+    def __init__(self):
+        self._loaded: dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        if name not in self._loaded:
+            self._loaded[name] = implementation_of(DECLARED[name])
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in DECLARED
+
+    def __setitem__(self, name: str, cls: type[MethodSpec]) -> None:
+        if getattr(cls, "name", None) != name:
+            raise ValueError(f"method '{name}' is registered under its own name, got {getattr(cls, 'name', None)!r}")
+        register_method(cls)
+
+    def __delitem__(self, name: str) -> None:
+        del DECLARED[name]
+        self._loaded.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(DECLARED))
+
+    def __len__(self) -> int:
+        return len(DECLARED)
+
+
+METHODS = Methods()
+
+
+def discover() -> None:
+    """Import every declaration module of this package (``*_params``): each registers its methods."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.endswith("_params"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+def method_spec(name: str) -> type[MethodSpec]:
+    """A method's declaration (its Params and facts), loading no torch; UserError if none has that name."""
     try:
-        return METHODS[name]
+        return DECLARED[name]
     except KeyError:
-        raise UserError(f"unknown method '{name}' (known: {', '.join(sorted(METHODS))})") from None
+        raise UserError(f"unknown method '{name}' (known: {', '.join(sorted(DECLARED))})") from None
+
+
+def get_method(name: str) -> type:
+    """The class that does a method's work (a ``decoding/method.Method``), its module imported on first use."""
+    method_spec(name)
+    return METHODS[name]
 
 
 def is_alone(name: str) -> bool:
     """Whether a method name (e.g. a stored row's) evaluates a member alone."""
-    return name in METHODS and METHODS[name].alone
+    return name in DECLARED and DECLARED[name].alone
 
 
 class ParamDoc(NamedTuple):
@@ -93,7 +146,7 @@ class ParamDoc(NamedTuple):
 
 def describe_params(name: str) -> list[ParamDoc]:
     """Every parameter of a method, in declaration order: name, type, default and meaning."""
-    params = get_method(name).Params
+    params = method_spec(name).Params
     return [ParamDoc(field.serialization_alias or key, type_text(field.annotation), default_text(field.default),
                      field.description or "") for key, field in params.model_fields.items()]
 
@@ -125,7 +178,7 @@ def current_params(name: str, stored: dict[str, Any]) -> dict[str, Any]:
     the papers' spellings read (``primary`` -> ``lead``, ``filter_ratio`` -> ``lambda``,
     ``weights: average`` -> null), a retired parameter at the value that meant today's behaviour dropped
     (GaC's ``temperature: 0``), and defaults filled in; as stored if they no longer validate."""
-    method = METHODS.get(name)
+    method = DECLARED.get(name)
     if method is None:
         return dict(stored)
     kept = {key: value for key, value in stored.items() if key not in method.retired or method.retired[key] != value}
@@ -154,3 +207,6 @@ def read_stats(data: dict[str, Any]) -> RunStats:
     stats = RunStats.from_json(data)
     return stats if not stats.params else RunStats.from_json(
         {**data, "params": current_params(stats.method, stats.params)})
+
+
+discover()

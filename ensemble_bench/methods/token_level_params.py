@@ -1,0 +1,34 @@
+"""What the emitter methods declare (UniTE, DeePEn, EVA: the lead member emits, the others follow its
+text; the work: token_level.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from ensemble_bench.decoding.params import (
+    MethodSpec,
+    Retokenize,
+    SpeculativeParams,
+    WindowParams,
+    resolve_member,
+    resolve_proposer,
+)
+
+
+class EmitterParams(WindowParams, SpeculativeParams):
+    retokenize: Retokenize = Field(default="canonical", description=(
+        "how the other members take the lead's token (docs/retokenize.md): canonical re-encodes the text every "
+        "step, as the UniTE and DeePEn reference code do; local encodes the new bytes on their own"))
+
+
+class EmitterSpec(MethodSpec):
+    Params = EmitterParams
+    min_members = 2
+    samples = True
+    lead_param = "lead"
+
+    @classmethod
+    def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
+        resolve_proposer(params, labels, resolve_member(params.lead, labels, params.lead_spelling))
