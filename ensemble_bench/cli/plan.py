@@ -15,13 +15,13 @@ def row_parameters(row) -> str:
     """A row's method parameters as the run resolves them (recipe, member weights, sweep point; the plan's
     ``row.params``), those that differ from the method's defaults: ``weights=[2.0, 1.0], threshold=0.5``;
     ``defaults`` when none do."""
-    from ensemble_bench.methods import get_method
+    from ensemble_bench.methods import method_spec
 
     if row.spec is None:
         return "-"
     resolved = row.params.model_dump(mode="json")
     try:
-        defaults = get_method(row.method).Params().model_dump(mode="json")
+        defaults = method_spec(row.method).Params().model_dump(mode="json")
     except ValueError:  # a method with a required parameter: every value is shown
         defaults = {}
     shown = [f"{name}={json.dumps(value)}" for name, value in resolved.items()

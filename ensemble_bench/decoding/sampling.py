@@ -21,16 +21,16 @@ it is in, its neighbours, a resumed run or a replica.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from ensemble_bench.decoding.sampling_params import RequestSampling as RequestSampling
 from ensemble_bench.decoding.sampling_params import SamplingOverride as SamplingOverride
 from ensemble_bench.decoding.sampling_params import SamplingParams
+from ensemble_bench.decoding.sampling_params import request_key as request_key
 
 NOT_DRAWN = float("-inf")
 
@@ -110,32 +110,11 @@ class MinP(Transform):
 
 
 # --- per-request generators ----------------------------------------------------------------------------
-def request_key(context: str, gen_kwargs: dict[str, Any]) -> str:
-    """A request's identity: SHA-256 of its context and generation settings (JSON with sorted keys),
-    the same in every process (never Python's ``hash``)."""
-    text = json.dumps([context, gen_kwargs], sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def request_generator(seed: int, request_key: str, repeat: int) -> torch.Generator:
     """A CPU generator of its own for one sample of one request: seeded from the recipe's ``seed``,
     the request's identity (``request_key``) and which of its repeats this is (lm-eval's ``repeats``)."""
     digest = hashlib.sha256(f"{seed}\0{request_key}\0{repeat}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
-@dataclass(frozen=True)
-class RequestSampling:
-    """What one generation request draws with: its settings and the seed of its generator."""
-
-    params: SamplingParams
-    seed: int
-    key: str
-    repeat: int = 0
-
-    def sampler(self) -> Sampler:
-        """A fresh sampler: the settings, and the generator at its start."""
-        return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))
 
 
 @dataclass

@@ -1,9 +1,13 @@
-"""What a request samples with (``SamplingParams``, as lm-eval's ``generation_kwargs`` say it) and a
-recipe's ``sampling:`` over it (``SamplingOverride``): plain settings, importing no torch, so that a
-recipe validates without it. The transforms and the draw: decoding/sampling.py."""
+"""What a request samples with (``SamplingParams``, as lm-eval's ``generation_kwargs`` say it), a
+recipe's ``sampling:`` over it (``SamplingOverride``) and a request's settings with its seed
+(``RequestSampling``): plain settings, importing no torch, so that a recipe validates without it. The
+transforms, the generators and the draw: decoding/sampling.py."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -11,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 if TYPE_CHECKING:
     import torch
 
-    from ensemble_bench.decoding.sampling import Transform
+    from ensemble_bench.decoding.sampling import Sampler, Transform
 
 
 # --- what a request asks for ---------------------------------------------------------------------------
@@ -102,3 +106,26 @@ class SamplingOverride(BaseModel):
         if under is None:
             return self
         return SamplingOverride(**{**under.model_dump(exclude_none=True), **self.model_dump(exclude_none=True)})
+
+
+def request_key(context: str, gen_kwargs: dict[str, Any]) -> str:
+    """A request's identity: SHA-256 of its context and generation settings (JSON with sorted keys),
+    the same in every process (never Python's ``hash``)."""
+    text = json.dumps([context, gen_kwargs], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RequestSampling:
+    """What one generation request draws with: its settings and the seed of its generator."""
+
+    params: SamplingParams
+    seed: int
+    key: str
+    repeat: int = 0
+
+    def sampler(self) -> Sampler:
+        """A fresh sampler: the settings, and the generator at its start."""
+        from ensemble_bench.decoding.sampling import Sampler, request_generator  # torch: only when drawing
+
+        return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 from ensemble_bench.decoding.request_sampling import applied_sampling, row_policy
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
 from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
-from ensemble_bench.run.build import MemberPool, build_method
 from ensemble_bench.run.folder import (
     CACHE,
     PARAMS,
@@ -330,6 +329,7 @@ def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: 
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
+    from ensemble_bench.run.build import MemberPool, build_method  # torch and the members: not for --dry-run
     from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
