@@ -135,6 +135,7 @@ class MethodSpec:
     only when a row is built (``ensemble_bench.methods.get_method``)."""
 
     implementation: ClassVar[str | None] = None
+    family: ClassVar[str | None] = None  # the docs page of its family: docs/methods/<family>.md
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
     min_members: ClassVar[int] = 1

@@ -15,8 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 if TYPE_CHECKING:
     import torch
 
-    from ensemble_bench.decoding.sampling import Sampler, Transform
-
 
 # --- what a request asks for ---------------------------------------------------------------------------
 class SamplingParams(BaseModel):
@@ -48,9 +46,10 @@ class SamplingParams(BaseModel):
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
 
-    def transforms(self) -> list[Transform]:
-        """The transforms that change anything, in transformers' order (none when greedy)."""
-        from ensemble_bench.decoding.sampling import MinP, Temperature, TopK, TopP  # torch: only when drawing
+    def transforms(self) -> list:
+        """The transforms that change anything (``decoding.sampling.Transform``), in transformers' order (none
+        when greedy)."""
+        from ensemble_bench.decoding.sampling import MinP, Temperature, TopK, TopP, Transform  # torch: when drawing
 
         if self.greedy:
             return []
@@ -124,8 +123,8 @@ class RequestSampling:
     key: str
     repeat: int = 0
 
-    def sampler(self) -> Sampler:
-        """A fresh sampler: the settings, and the generator at its start."""
+    def sampler(self):
+        """A fresh sampler (``decoding.sampling.Sampler``): the settings, and the generator at its start."""
         from ensemble_bench.decoding.sampling import Sampler, request_generator  # torch: only when drawing
 
         return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))

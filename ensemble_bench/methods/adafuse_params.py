@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.span_params import SpanParams, SpanSpec
 
 

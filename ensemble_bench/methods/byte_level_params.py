@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from ensemble_bench.decoding.params import MethodParams, MethodSpec, lead_field, normalised_weights, resolve_member
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 
 
 class CoveringParams(MethodParams):
@@ -32,6 +32,7 @@ class CoveringSpec(MethodSpec):
     """What every covering-loop method declares (its Params: ``CoveringParams``)."""
 
     Params = CoveringParams
+    family = "exact"
     samples = True
     lead_param = "lead"
 

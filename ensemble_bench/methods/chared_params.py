@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pydantic import Field, field_validator
 
 from ensemble_bench.decoding.params import MethodSpec, WindowParams, normalised_weights, weights_problem
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 
 
 class CharEDParams(WindowParams):
@@ -26,6 +26,7 @@ class CharEDParams(WindowParams):
 class CharEDSpec(MethodSpec):
     name = "chared"
     implementation = "ensemble_bench.methods.chared:CharED"
+    family = "token_level"
     Params = CharEDParams
     samples = True
     min_members = 1  # one member alone decodes character-wise (the reference a member with itself equals)

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from ensemble_bench.decoding.params import lead_field, normalised_weights
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.token_level_params import EmitterParams, EmitterSpec
 
 

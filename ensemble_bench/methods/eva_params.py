@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field
 
 from ensemble_bench.decoding.params import lead_field, resolve_proposer
-from ensemble_bench.methods import register_method
 from ensemble_bench.methods.core_params import CoreParams
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.token_level_params import EmitterParams, EmitterSpec
 
 

@@ -19,8 +19,8 @@ from ensemble_bench.decoding.params import (
     weights_problem,
 )
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods import register_method
 from ensemble_bench.methods.core_params import CoreParams
+from ensemble_bench.methods.registry import register_method
 
 RETIRED = {"temperature": 0.0, "seed": 0}  # GaC's own sampling parameters before decoding/sampling.py, greedy
 
@@ -104,6 +104,7 @@ def resolve_lead(params: GacParams, labels: Sequence[str]) -> int:
 class GacSpec(MethodSpec):
     name = "gac"
     implementation = "ensemble_bench.methods.gac:Gac"
+    family = "token_level"
     Params = GacParams
     min_members = 2
     samples = True

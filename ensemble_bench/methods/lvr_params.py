@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from ensemble_bench.methods import register_method
 from ensemble_bench.methods.byte_level_params import ByteLevelSpec, CoveringParams
+from ensemble_bench.methods.registry import register_method
 
 
 class LvrParams(CoveringParams):

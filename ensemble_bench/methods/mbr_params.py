@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.sample_level_params import SampleLevelSpec
 
 

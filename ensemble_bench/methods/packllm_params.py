@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ensemble_bench.decoding.params import MethodSpec, SpeculativeParams, WindowParams, resolve_proposer
-from ensemble_bench.methods import register_method
 from ensemble_bench.methods.core_params import CoreParams
+from ensemble_bench.methods.registry import register_method
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
@@ -50,6 +50,7 @@ class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
 class PackLLMSpec(MethodSpec):
     name = "packllm"
     implementation = "ensemble_bench.methods.packllm:PackLLM"
+    family = "token_level"
     Params = PackLLMParams
     min_members = 2
     samples = True

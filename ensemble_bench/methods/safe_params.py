@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from ensemble_bench.decoding.params import MethodSpec, WindowParams, lead_field, normalised_weights, resolve_member
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 
 
 class SafeParams(WindowParams):
@@ -28,6 +28,7 @@ class SafeParams(WindowParams):
 class SafeSpec(MethodSpec):
     name = "safe"
     implementation = "ensemble_bench.methods.safe:Safe"
+    family = "token_level"
     Params = SafeParams
     min_members = 2
     lead_param = "lead"

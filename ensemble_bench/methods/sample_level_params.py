@@ -14,6 +14,7 @@ class SampleLevelParams(MethodParams):
 
 class SampleLevelSpec(MethodSpec):
     Params = SampleLevelParams
+    family = "sample_level"
     min_members = 2
     samples = True  # each member samples its own answer (``own_draws``)
     lead_param = "lead"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from ensemble_bench.decoding.params import MethodSpec
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 
 
 @register_method
 class SingleSpec(MethodSpec):
     name = "single"
     implementation = "ensemble_bench.methods.single:Single"
+    family = "sample_level"
     alone = True
     max_members = 1
     samples = True

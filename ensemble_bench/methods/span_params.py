@@ -20,6 +20,7 @@ class SpanParams(MethodParams):
 
 class SpanSpec(MethodSpec):
     Params = SpanParams
+    family = "span_level"
     min_members = 2
     lead_param = "lead"
     version = 2  # 2: a segment cut by ``until`` or the budget is not scored with a stop at its end

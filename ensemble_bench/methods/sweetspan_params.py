@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, Field
 
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.span_params import SpanParams, SpanSpec
 
 

@@ -25,6 +25,7 @@ class EmitterParams(WindowParams, SpeculativeParams):
 
 class EmitterSpec(MethodSpec):
     Params = EmitterParams
+    family = "token_level"
     min_members = 2
     samples = True
     lead_param = "lead"

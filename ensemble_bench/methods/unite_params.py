@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from ensemble_bench.decoding.params import lead_field, normalised_weights
-from ensemble_bench.methods import register_method
 from ensemble_bench.methods.core_params import CoreParams
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.token_level_params import EmitterParams, EmitterSpec
 
 

@@ -6,7 +6,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from ensemble_bench.methods import register_method
+from ensemble_bench.methods.registry import register_method
 from ensemble_bench.methods.sample_level_params import SampleLevelParams, SampleLevelSpec
 
 
