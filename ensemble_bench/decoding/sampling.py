@@ -124,6 +124,29 @@ class Sampler:
     params: SamplingParams
     generator: torch.Generator
 
+    @classmethod
+    def of(cls, sampling: RequestSampling) -> Sampler:
+        """A fresh sampler of a request: its settings, and its generator at its start."""
+        return cls(sampling.params, request_generator(sampling.seed, sampling.key, sampling.repeat))
+
+
+def transforms(params: SamplingParams) -> list[Transform]:
+    """The transforms of a request's settings that change anything, in transformers' order (none when greedy)."""
+    if params.greedy:
+        return []
+    chosen: list[Transform] = [] if params.temperature == 1 else [Temperature(params.temperature)]
+    chosen += [TopK(params.top_k)] if params.top_k else []
+    chosen += [TopP(params.top_p)] if params.top_p < 1 else []
+    return chosen + ([MinP(params.min_p)] if params.min_p > 0 else [])
+
+
+def shape(params: SamplingParams, logweights: torch.Tensor) -> torch.Tensor:
+    """The log-weights after every transform of ``params`` (float32 at least)."""
+    shaped = logweights if logweights.dtype == torch.float64 else logweights.float()
+    for transform in transforms(params):
+        shaped = transform(shaped)
+    return shaped
+
 
 # --- the draw --------------------------------------------------------------------------------------------
 def inverse_cdf(weights: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
@@ -142,10 +165,10 @@ def inverse_cdf(weights: torch.Tensor, generators: Sequence[torch.Generator]) ->
 def draw(logprobs: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One index per row of ``logprobs`` [rows, n] (log-probabilities, or log-weights of any scale per
     row): the argmax for greedy ``params`` (the first of equal values), else a draw from the shaped
-    distribution (``SamplingParams.shape``), each row with its own generator."""
+    distribution (``shape``), each row with its own generator."""
     if params.greedy:
         return logprobs.argmax(dim=-1)
-    shaped = params.shape(logprobs)
+    shaped = shape(params, logprobs)
     weights = (shaped - shaped.amax(dim=-1, keepdim=True)).exp_()
     return inverse_cdf(weights, generators)
 

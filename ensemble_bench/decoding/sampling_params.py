@@ -8,12 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-if TYPE_CHECKING:
-    import torch
 
 
 # --- what a request asks for ---------------------------------------------------------------------------
@@ -45,27 +42,6 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
-
-    def transforms(self) -> list:
-        """The transforms that change anything (``decoding.sampling.Transform``), in transformers' order (none
-        when greedy)."""
-        from ensemble_bench.decoding.sampling import MinP, Temperature, TopK, TopP, Transform  # torch: when drawing
-
-        if self.greedy:
-            return []
-        chosen: list[Transform] = [] if self.temperature == 1 else [Temperature(self.temperature)]
-        chosen += [TopK(self.top_k)] if self.top_k else []
-        chosen += [TopP(self.top_p)] if self.top_p < 1 else []
-        return chosen + ([MinP(self.min_p)] if self.min_p > 0 else [])
-
-    def shape(self, logweights: torch.Tensor) -> torch.Tensor:
-        """The log-weights after every transform (float32 at least)."""
-        import torch  # loaded already: the caller holds a tensor
-
-        shaped = logweights if logweights.dtype == torch.float64 else logweights.float()
-        for transform in self.transforms():
-            shaped = transform(shaped)
-        return shaped
 
     def record(self) -> dict[str, Any]:
         """What a results file records: ``greedy``, or the settings drawn with."""
@@ -122,9 +98,3 @@ class RequestSampling:
     seed: int
     key: str
     repeat: int = 0
-
-    def sampler(self):
-        """A fresh sampler (``decoding.sampling.Sampler``): the settings, and the generator at its start."""
-        from ensemble_bench.decoding.sampling import Sampler, request_generator  # torch: only when drawing
-
-        return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))
