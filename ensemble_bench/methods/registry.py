@@ -47,8 +47,9 @@ def when_registered(hook: Callable[[type[MethodSpec]], None]) -> None:
 
 
 def implementation_of(spec: type[MethodSpec]) -> type:
-    """The class that does a declared method's work: ``spec.implementation`` imported, or ``spec`` itself."""
-    if spec.implementation is None:
+    """The class that does a declared method's work: the ``implementation`` its declaration names, imported;
+    ``spec`` itself when it names none of its own (a class doing its work, as a subclass of one does)."""
+    if spec.implementation is None or "implementation" not in vars(spec):
         return spec
     module, _, attribute = spec.implementation.partition(":")
     cls = getattr(importlib.import_module(module), attribute)
