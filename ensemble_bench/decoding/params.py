@@ -110,6 +110,14 @@ def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
     return [w / sum(weights) for w in weights]
 
 
+
+def check_lead_and_weights(params: MethodParams, labels: Sequence[str]) -> None:
+    """UserError unless the lead member (``params.lead``) is one of ``labels`` and the explicit weights, if
+    any (``params.weights``), are one valid value per member."""
+    resolve_member(params.lead, labels, params.lead_spelling)
+    if params.weights is not None:
+        normalised_weights(params.weights, len(labels))
+
 class SpeculativeParams(MethodParams):
     """The parameters of draft-and-verify decoding, shared by every method that supports it."""
 

@@ -8,7 +8,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from ensemble_bench.decoding.params import MethodParams, MethodSpec, lead_field, normalised_weights, resolve_member
+from ensemble_bench.decoding.params import (
+    MethodParams,
+    MethodSpec,
+    check_lead_and_weights,
+    lead_field,
+)
 from ensemble_bench.methods.registry import register_method
 
 
@@ -38,9 +43,7 @@ class CoveringSpec(MethodSpec):
 
     @classmethod
     def check_members(cls, params: CoveringParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
+        check_lead_and_weights(params, labels)
 
 
 @register_method

@@ -7,7 +7,12 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from ensemble_bench.decoding.params import MethodSpec, WindowParams, lead_field, normalised_weights, resolve_member
+from ensemble_bench.decoding.params import (
+    MethodSpec,
+    WindowParams,
+    check_lead_and_weights,
+    lead_field,
+)
 from ensemble_bench.methods.registry import register_method
 
 
@@ -35,6 +40,4 @@ class SafeSpec(MethodSpec):
 
     @classmethod
     def check_members(cls, params: SafeParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
+        check_lead_and_weights(params, labels)
