@@ -35,7 +35,7 @@ def main() -> None:
                                capture_output=True, check=True)
                 if round_:
                     times[(command, tree)].append(time.perf_counter() - start)
-    print(f"load after: {open('/proc/loadavg').read().strip()}")
+    print(f"load after: {Path('/proc/loadavg').read_text().strip()}")
     for command in commands:
         medians = {tree: statistics.median(times[(command, tree)]) for tree in trees}
         shown = ", ".join(f"{tree} median {m:.2f} s (min {min(times[(command, tree)]):.2f})"
