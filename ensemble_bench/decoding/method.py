@@ -117,12 +117,19 @@ class NonFiniteScore(UserError):
         self.parts = {"who": who, "value": value, "step": step, "excerpt": excerpt, "row": row, "prompt": prompt,
                       "continuation": continuation, "where": where}
         self.row, self.prompt, self.continuation = row, prompt, continuation
-        super().__init__(f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; "
-                         f"{NON_FINITE_CAUSES}")
+        super().__init__(self.message(**self.parts))
+
+    @staticmethod
+    def message(who, value, step, excerpt, where, **_) -> str:
+        return f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; {NON_FINITE_CAUSES}"
 
     def with_(self, **changes) -> NonFiniteScore:
         """The same fault with some parts replaced (a better name for the request)."""
-        return NonFiniteScore(**{**self.parts, **changes})
+        return type(self)(**{**self.parts, **changes})
+
+    def of_row(self, method: Method, label: str) -> NonFiniteScore:
+        """The fault as the recipe's row ``label`` reports it: a member's names its member already."""
+        return self
 
 
 def excerpt(text: str, width: int = 40, end: bool = False) -> str:

@@ -153,6 +153,10 @@ class MethodSpec:
     retired: ClassVar[dict[str, Any]] = {}  # parameters it no longer has -> the value that meant what it does now
     lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
     version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
+    # how the method scores a multiple-choice option where some of its parameters play no part, and those
+    # parameters: the plan names any that a row sets when its recipe has multiple-choice tasks
+    choice_scoring: ClassVar[str] = ""
+    inert_on_choices: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def takes_weights(cls) -> bool:
@@ -168,6 +172,14 @@ class MethodSpec:
     def models(cls, params: MethodParams) -> tuple[str, ...]:
         """Models these parameters load besides the members (a scorer); the preflight checks them."""
         return ()
+
+    @classmethod
+    def unused_on_choices(cls, params: MethodParams) -> list[str]:
+        """The parameters ``params`` sets away from their defaults that play no part in scoring a
+        multiple-choice option (``inert_on_choices``), in field order."""
+        given, defaults = params.model_dump(mode="json"), cls.Params().model_dump(mode="json")
+        return [name for name in cls.Params.model_fields
+                if name in cls.inert_on_choices and given.get(name) != defaults.get(name)]
 
     @classmethod  # noqa: B027 (an optional hook: most methods need no member checks)
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:

@@ -52,8 +52,10 @@ from ensemble_bench.decoding.decode import (
     Tally,
     advance_request,
     check_distributions,
+    located,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.params import SpeculativeParams as SpeculativeParams
 from ensemble_bench.decoding.params import resolve_proposer as resolve_proposer
 from ensemble_bench.decoding.speculation_stats import Costs, Rate, RowRecord, SpeculationStats
@@ -306,7 +308,10 @@ class Speculation(Rounds):
             focus(members, going)
             dists = [m.current() for m in members]
             check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
-            advances = method.choose(dists, [states[k] for k in going]).advances
+            try:
+                advances = method.choose(dists, [states[k] for k in going]).advances
+            except NonFiniteFusion as err:
+                raise located(err, self.method, [live[k] for k in going], prompts, self.all_states) from None
             agreed = self._agreement(dists, advances, proposer)
             goes_on: dict[int, Advance] = {}
             for index, (k, advance) in enumerate(zip(going, advances)):

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from ensemble_bench.methods.registry import register_method
-from ensemble_bench.methods.span_params import SpanParams, SpanSpec
+from ensemble_bench.methods.span_params import SPAN_CHOICES, SpanParams, SpanSpec
 
 
 class AdaFuseParams(SpanParams):
@@ -33,3 +33,5 @@ class AdaFuseSpec(SpanSpec):
     name = "adafuse"
     implementation = "ensemble_bench.methods.adafuse:AdaFuse"
     Params = AdaFuseParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(AdaFuseParams.model_fields)

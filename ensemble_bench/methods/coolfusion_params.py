@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ensemble_bench.methods.registry import register_method
-from ensemble_bench.methods.span_params import SpanParams, SpanSpec
+from ensemble_bench.methods.span_params import SPAN_CHOICES, SpanParams, SpanSpec
 
 
 class CoolFusionParams(SpanParams):
@@ -21,3 +21,5 @@ class CoolFusionSpec(SpanSpec):
     name = "coolfusion"
     implementation = "ensemble_bench.methods.coolfusion:CoolFusion"
     Params = CoolFusionParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(CoolFusionParams.model_fields)

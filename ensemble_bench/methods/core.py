@@ -42,15 +42,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ensemble_bench.methods.core_params import CoreParams
+from ensemble_bench.methods.core_params import RBF_BETA_FLOOR as RBF_BETA_FLOOR
+from ensemble_bench.methods.core_params import CoreParams, rbf_divisor
+from ensemble_bench.methods.core_params import rbf_beta_problem as rbf_beta_problem
 
 EPS = 1e-12  # as the official code: an entropy floor, and "no mass" below it
+
+
 def token_filter(params: CoreParams) -> Callable[[torch.Tensor], torch.Tensor]:
     """f(delta) for delta in [0, 1], elementwise (float64)."""
     kind = params.core_filter
     if kind == "rbf":
-        floor = math.exp(-params.core_beta)
-        return lambda d: (torch.exp(-params.core_beta * d) - floor) / (1 - floor)
+        floor, divisor = math.exp(-params.core_beta), rbf_divisor(params.core_beta)
+        return lambda d: (torch.exp(-params.core_beta * d) - floor) / divisor
     if kind == "linear":
         return lambda d: 1 - d
     if kind == "power":

@@ -106,6 +106,9 @@ class GacSpec(MethodSpec):
     implementation = "ensemble_bench.methods.gac:Gac"
     family = "token_level"
     Params = GacParams
+    choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
+                                  "lead", "threshold", "retokenize"})
     min_members = 2
     samples = True
     retired = RETIRED

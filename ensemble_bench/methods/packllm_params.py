@@ -52,6 +52,10 @@ class PackLLMSpec(MethodSpec):
     implementation = "ensemble_bench.methods.packllm:PackLLM"
     family = "token_level"
     Params = PackLLMParams
+    choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
+                      "perplexity weights")
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
+                                  *WindowParams.model_fields})
     min_members = 2
     samples = True
 

@@ -41,6 +41,7 @@ class RerankSpec(SampleLevelSpec):
     name = "rerank"
     implementation = "ensemble_bench.methods.rerank:Rerank"
     Params = RerankParams
+    inert_on_choices = frozenset(RerankParams.model_fields) - {"lead"}
 
     @classmethod
     def packages(cls, params: RerankParams) -> dict[str, str]:

@@ -61,10 +61,10 @@ from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.safe_params import SafeParams, SafeSpec
 from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.union_cache import cached_union
 
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this

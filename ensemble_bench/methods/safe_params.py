@@ -37,6 +37,8 @@ class SafeSpec(MethodSpec):
     Params = SafeParams
     min_members = 2
     lead_param = "lead"
+    choice_scoring = "SAFE scores an option by the drafter's (lead's) own probability"
+    inert_on_choices = frozenset(SafeParams.model_fields) - {"lead"}
 
     @classmethod
     def check_members(cls, params: SafeParams, labels: Sequence[str]) -> None:

@@ -18,6 +18,7 @@ class SampleLevelSpec(MethodSpec):
     min_members = 2
     samples = True  # each member samples its own answer (``own_draws``)
     lead_param = "lead"
+    choice_scoring = "each member picks its most likely option and the most picked wins (ties: the lead's)"
 
     @classmethod
     def check_members(cls, params: SampleLevelParams, labels: Sequence[str]) -> None:

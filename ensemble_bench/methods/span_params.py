@@ -9,6 +9,8 @@ from pydantic import Field
 
 from ensemble_bench.decoding.params import MethodParams, MethodSpec, Retokenize, lead_field, resolve_member
 
+SPAN_CHOICES = "span-level methods score an option by their members' mean log-likelihood (no spans, no lead)"
+
 
 class SpanParams(MethodParams):
     lead: int | str = lead_field(0, "renders the text, counts the token budget, wins ties", "main")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field
 
 from ensemble_bench.methods.registry import register_method
-from ensemble_bench.methods.span_params import SpanParams, SpanSpec
+from ensemble_bench.methods.span_params import SPAN_CHOICES, SpanParams, SpanSpec
 
 
 class SweetSpanParams(SpanParams):
@@ -22,3 +22,5 @@ class SweetSpanSpec(SpanSpec):
     name = "sweetspan"
     implementation = "ensemble_bench.methods.sweetspan:SweetSpan"
     Params = SweetSpanParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(SweetSpanParams.model_fields)

@@ -29,6 +29,8 @@ class EmitterSpec(MethodSpec):
     min_members = 2
     samples = True
     lead_param = "lead"
+    choice_scoring = "options are scored teacher-forced through the method's own step, with no drafting"
+    inert_on_choices = frozenset(SpeculativeParams.model_fields)  # drafting is for generation
 
     @classmethod
     def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:

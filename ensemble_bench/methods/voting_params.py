@@ -30,3 +30,4 @@ class VotingSpec(SampleLevelSpec):
     name = "voting"
     implementation = "ensemble_bench.methods.voting:Voting"
     Params = VotingParams
+    inert_on_choices = frozenset({"answer"})

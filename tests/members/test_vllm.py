@@ -20,6 +20,7 @@ from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
 from ensemble_bench.methods.single import Single  # noqa: E402
 from ensemble_bench.methods.unite import Unite, UniteParams  # noqa: E402
+from tests.tolerances import OTHER_ENGINE, assert_close
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
@@ -94,12 +95,12 @@ def test_vllm_members_equal_transformers_members(method, smollm_vllm, qwen_vllm,
 
 
 def test_distributions_match_transformers(smollm_vllm, transformers_pair):
-    """Prefill and a few steps: vLLM's float32 log-probs equal transformers' within 1e-3, same argmax."""
+    """Prefill and a few steps: vLLM's float32 log-probs equal transformers' within OTHER_ENGINE, same argmax."""
     rows = [smollm_vllm.encode(t) for t in TEXTS]
     ours, theirs = smollm_vllm.prefill(rows), transformers_pair[0].prefill(rows)
     for _ in range(4):
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
-        assert float((ours - theirs).abs().max()) < 1e-3
+        assert_close(ours, theirs, OTHER_ENGINE)
         chosen = [[t] for t in ours.argmax(-1).tolist()]
         ours, theirs = smollm_vllm.extend(chosen), transformers_pair[0].extend(chosen)
 
@@ -121,7 +122,7 @@ def test_crops_several_tokens_and_empty_rows(smollm_vllm, transformers_pair):
             local.crop(lengths)
             continue
         ours, theirs = smollm_vllm.extend(arg), local.extend(arg)
-        assert float((ours - theirs).abs().max()) < 1e-3
+        assert_close(ours, theirs, OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
@@ -133,17 +134,19 @@ def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pa
     feed = [[11, 12, 13], [14], [15, 16]]
     (_, ours), (_, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
     assert [len(s) for s in ours] == [2, 0, 1]
-    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    assert_close(ours, theirs, OTHER_ENGINE)
     lengths = [len(r) for r in local.row_ids()]
     smollm_vllm.crop([n - 1 for n in lengths])  # every row re-submitted: the longest forces two tokens
     local.crop([n - 1 for n in lengths])
     feed = [[17, 18], [19], [20, 21, 22]]
     (ours_dist, ours), (theirs_dist, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
-    assert [len(s) for s in ours] == [1, 0, 2] and float((ours_dist - theirs_dist).abs().max()) < 1e-3
-    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    assert [len(s) for s in ours] == [1, 0, 2]
+    assert_close(ours_dist, theirs_dist, OTHER_ENGINE)
+    assert_close(ours, theirs, OTHER_ENGINE)
     pairs = [(rows[0], smollm_vllm.encode(" Paris", add_special_tokens=False)), (rows[1], [220, 20])]
     for mine, other in zip(smollm_vllm.score(pairs), local.score(pairs)):
-        assert abs(mine.logprob - other.logprob) < 1e-3 and mine.is_greedy == other.is_greedy
+        assert_close(mine.logprob, other.logprob, OTHER_ENGINE)
+        assert mine.is_greedy == other.is_greedy
 
 
 @pytest.mark.parametrize("params", [GacParams(speculative=4), GacParams(speculative=4, threshold=0.5)],
@@ -162,7 +165,7 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
 
 def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
     """Blocks of different lengths (one row given none), after a crop: the asked positions' log-probs
-    equal a transformers member's block read within 1e-3, and the next extend continues after them."""
+    equal a transformers member's block read within OTHER_ENGINE, and the next extend continues after them."""
     local = transformers_pair[0]
     rows = [smollm_vllm.encode(t) for t in TEXTS]
     smollm_vllm.prefill(rows)
@@ -171,12 +174,13 @@ def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
                        ([[15, 16], [17, 18, 19, 20], [21, 22, 23]], [[0, 1], [1, 3], [2]])]:
         ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
         assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
-        assert all(a.numel() == 0 or float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+        for a, b in zip(ours, theirs):
+            assert_close(a, b, OTHER_ENGINE)
         lengths = [len(r) - 1 for r in local.row_ids()]
         smollm_vllm.crop(lengths)
         local.crop(lengths)
         step = [[30], [31], [32]]
-        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+        assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
@@ -188,12 +192,13 @@ def test_an_extend_that_gives_no_row_a_token_leaves_every_row_as_it_was(smollm_v
     smollm_vllm.prefill(rows)
     local.prefill(rows)
     for step in ([[]] * len(rows), [[40], [41], [42]], [[]] * len(rows), [[43], [44], [45]]):
-        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+        assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
     blocks, at = [[46, 47], [48, 49], [50, 51]], [[0, 1]] * len(rows)
     smollm_vllm.read_block([[]] * len(rows), [[]] * len(rows))
     local.read_block([[]] * len(rows), [[]] * len(rows))
     ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
-    assert all(float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
