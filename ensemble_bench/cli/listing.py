@@ -20,13 +20,13 @@ def method_table(method: str) -> Table:
 
 
 def _methods_table() -> Table:
-    from ensemble_bench.methods import METHODS, describe_params
+    from ensemble_bench.methods import DECLARED, describe_params
 
     methods = Table(title="methods (--details: each parameter's default and meaning)")
     methods.add_column("name", no_wrap=True)
     methods.add_column("members", no_wrap=True)
     methods.add_column("parameters")
-    for name, cls in sorted(METHODS.items()):
+    for name, cls in sorted(DECLARED.items()):
         count = f"{cls.min_members}" + ("+" if cls.max_members is None else f"-{cls.max_members}")
         param_names = ", ".join(p.name for p in describe_params(name)) or "-"
         methods.add_row(name, "1 per row" if cls.alone else count, param_names)
@@ -36,11 +36,11 @@ def _methods_table() -> Table:
 def _method_blocks() -> list:
     """Per method, a heading (its name and member count) and a grid of its parameters: ``name = default``
     beside the meaning, which wraps at words under itself (readable at 80 columns)."""
-    from ensemble_bench.methods import METHODS, describe_params
+    from ensemble_bench.methods import DECLARED, describe_params
 
     blocks: list = [Text("methods and their parameters (name = default, meaning; ensbench list --method NAME adds "
                          "the types)", style="italic")]
-    for name, cls in sorted(METHODS.items()):
+    for name, cls in sorted(DECLARED.items()):
         count = "1 per row" if cls.alone else f"{cls.min_members}" + (
             "+" if cls.max_members is None else f"-{cls.max_members}")
         blocks.append(Text.assemble((name, "bold"), f"  members: {count}"))

@@ -172,14 +172,14 @@ def select(runs: list[Path] = typer.Argument(..., help="finished runs, or result
     """UniTE's determine-then-ensemble: pick compatible models from earlier runs; write a recipe."""
     import yaml
 
-    from ensemble_bench.methods import get_method
+    from ensemble_bench.methods import method_spec
     from ensemble_bench.methods.unite_selection import select_models
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.report.out_files import checked_files, user_path
     from ensemble_bench.report.select import load_candidates, selected_recipe
     from ensemble_bench.report.tables import resolve_run
 
-    get_method(method)
+    method_spec(method)
     [out] = checked_files(user_path(out), [""])
     decisions = select_models(load_candidates([resolve_run(run) for run in runs]), max_models, gap, length_ratio,
                               [t for t in tasks.split(",") if t] or None)

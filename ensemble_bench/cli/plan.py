@@ -13,13 +13,13 @@ def row_parameters(row) -> str:
     """A row's method parameters as the run resolves them (recipe, member weights, sweep point; the plan's
     ``row.params``), those that differ from the method's defaults: ``weights=[2.0, 1.0], threshold=0.5``;
     ``defaults`` when none do."""
-    from ensemble_bench.methods import get_method
+    from ensemble_bench.methods import method_spec
 
     if row.spec is None:
         return "-"
     resolved = row.params.model_dump(mode="json")
     try:
-        defaults = get_method(row.method).Params().model_dump(mode="json")
+        defaults = method_spec(row.method).Params().model_dump(mode="json")
     except ValueError:  # a method with a required parameter: every value is shown
         defaults = {}
     shown = [f"{name}={json.dumps(value)}" for name, value in resolved.items()
@@ -83,13 +83,13 @@ def task_code_notes(setup) -> list[str]:
 
 def choice_notes(setup) -> list[str]:
     """A line per ensemble row that sets parameters its method does not use to score multiple-choice
-    options (``Method.unused_on_choices``), when the recipe has multiple-choice benchmarks."""
-    from ensemble_bench.methods import get_method
+    options (``MethodSpec.unused_on_choices``), when the recipe has multiple-choice benchmarks."""
+    from ensemble_bench.methods import method_spec
     from ensemble_bench.tasks.output_kinds import choice_benchmarks
 
     ensembles = [row for row in setup.recipe.plan if row.spec is not None]
-    unused = [(row, names) for row in ensembles if (names := get_method(row.method).unused_on_choices(row.params))]
+    unused = [(row, names) for row in ensembles if (names := method_spec(row.method).unused_on_choices(row.params))]
     choices = ", ".join(choice_benchmarks([bench for bench, _, _ in setup.benchmarks], setup.task_index)) \
         if unused else ""
     return [f"row {row.label}: {', '.join(names)} {'does' if len(names) == 1 else 'do'} nothing on the multiple-choice "
-            f"benchmarks ({choices}): {get_method(row.method).choice_scoring}" for row, names in unused if choices]
+            f"benchmarks ({choices}): {method_spec(row.method).choice_scoring}" for row, names in unused if choices]

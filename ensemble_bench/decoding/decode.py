@@ -110,7 +110,7 @@ class RequestState:
     @classmethod
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
         """A new state for ``request`` (its stop strings, budget and sampler), with a subclass's ``fields``."""
-        sampler = request.sampling.sampler() if request.sampling is not None else None
+        sampler = Sampler.of(request.sampling) if request.sampling is not None else None
         return cls(StopRule(request.until, request.max_new_tokens), sampler=sampler, **fields)
 
     def copy(self) -> RequestState:

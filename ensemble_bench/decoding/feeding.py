@@ -18,15 +18,13 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from ensemble_bench.decoding.params import Retokenize as Retokenize
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.append import TextAppender, single_byte_ids
 from ensemble_bench.vocab.retokenize import CanonicalTail, Encode, continuation_encoder
-
-Retokenize = Literal["local", "canonical"]
 
 
 def member_continuation(member: Member) -> Encode:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ensemble_bench.decoding.sampling import RequestSampling, SamplingOverride, SamplingParams, request_key
+from ensemble_bench.decoding.sampling_params import RequestSampling, SamplingOverride, SamplingParams, request_key
 from ensemble_bench.errors import UserError
 
 SETTINGS = ("do_sample", "temperature", "top_p", "top_k", "min_p")  # the gen_kwargs that say how a request samples

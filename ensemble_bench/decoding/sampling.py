@@ -21,14 +21,16 @@ it is in, its neighbours, a resumed run or a replica.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ensemble_bench.decoding.sampling_params import RequestSampling as RequestSampling
+from ensemble_bench.decoding.sampling_params import SamplingOverride as SamplingOverride
+from ensemble_bench.decoding.sampling_params import SamplingParams
+from ensemble_bench.decoding.sampling_params import request_key as request_key
 
 NOT_DRAWN = float("-inf")
 
@@ -107,119 +109,12 @@ class MinP(Transform):
         return logweights.masked_fill(logweights < floor, NOT_DRAWN)
 
 
-# --- what a request asks for ---------------------------------------------------------------------------
-class SamplingParams(BaseModel):
-    """How one request decodes, as lm-eval's ``generation_kwargs`` say it (``from_gen_kwargs``), with a
-    recipe's ``sampling:`` applied over them (``SamplingOverride``). Greedy (``greedy``) unless
-    ``do_sample`` and a temperature above 0, as lm-eval's own normalisation reads them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-    do_sample: bool = False
-    temperature: float = Field(default=1.0, ge=0.0, description="0: greedy, as in lm-eval and transformers")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, description="0: no top-k")
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-
-    @classmethod
-    def from_gen_kwargs(cls, gen_kwargs: dict[str, Any]) -> SamplingParams:
-        """lm-eval's reading (``lm_eval.models.utils.normalize_gen_kwargs``): a missing temperature is 0;
-        a missing ``do_sample`` is true when the temperature is above 0; ``do_sample: false`` is greedy
-        whatever the temperature. ValueError (one line) for a value out of range."""
-        given = {key: gen_kwargs[key] for key in ("top_p", "top_k", "min_p") if gen_kwargs.get(key) is not None}
-        temperature = float(gen_kwargs.get("temperature") or 0.0)
-        do_sample = gen_kwargs.get("do_sample")
-        do_sample = temperature > 0 if do_sample is None else bool(do_sample)
-        return cls.model_validate({"do_sample": do_sample, "temperature": temperature,
-                                   **{k: float(v) if k != "top_k" else int(v) for k, v in given.items()}},
-                                  strict=False)
-
-    @property
-    def greedy(self) -> bool:
-        return not self.do_sample or self.temperature == 0
-
-    def transforms(self) -> list[Transform]:
-        """The transforms that change anything, in transformers' order (none when greedy)."""
-        if self.greedy:
-            return []
-        chosen: list[Transform] = [] if self.temperature == 1 else [Temperature(self.temperature)]
-        chosen += [TopK(self.top_k)] if self.top_k else []
-        chosen += [TopP(self.top_p)] if self.top_p < 1 else []
-        return chosen + ([MinP(self.min_p)] if self.min_p > 0 else [])
-
-    def shape(self, logweights: torch.Tensor) -> torch.Tensor:
-        """The log-weights after every transform (float32 at least)."""
-        shaped = logweights if logweights.dtype == torch.float64 else logweights.float()
-        for transform in self.transforms():
-            shaped = transform(shaped)
-        return shaped
-
-    def record(self) -> dict[str, Any]:
-        """What a results file records: ``greedy``, or the settings drawn with."""
-        if self.greedy:
-            return {"do_sample": False}
-        return self.model_dump()
-
-
-class SamplingOverride(BaseModel):
-    """A recipe's ``sampling:`` (a method entry's, else the recipe's): the settings it gives replace the
-    task's own, for every generating request of the rows it applies to. ``do_sample: false`` decodes
-    greedily whatever the task asks."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-    do_sample: bool | None = None
-    temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-
-    @model_validator(mode="after")
-    def _says_something(self):
-        if not self.model_fields_set:
-            raise ValueError("give at least one of do_sample, temperature, top_p, top_k, min_p")
-        return self
-
-    def over(self, params: SamplingParams) -> SamplingParams:
-        """``params`` with the settings given here; a temperature above 0 given without ``do_sample``
-        samples (as in ``from_gen_kwargs``)."""
-        given = self.model_dump(exclude_none=True)
-        if "temperature" in given and "do_sample" not in given:
-            given["do_sample"] = given["temperature"] > 0
-        return params.model_copy(update=given)
-
-    def merged(self, under: SamplingOverride | None) -> SamplingOverride:
-        """This override over another (a method entry's over the recipe's)."""
-        if under is None:
-            return self
-        return SamplingOverride(**{**under.model_dump(exclude_none=True), **self.model_dump(exclude_none=True)})
-
-
 # --- per-request generators ----------------------------------------------------------------------------
-def request_key(context: str, gen_kwargs: dict[str, Any]) -> str:
-    """A request's identity: SHA-256 of its context and generation settings (JSON with sorted keys),
-    the same in every process (never Python's ``hash``)."""
-    text = json.dumps([context, gen_kwargs], sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def request_generator(seed: int, request_key: str, repeat: int) -> torch.Generator:
     """A CPU generator of its own for one sample of one request: seeded from the recipe's ``seed``,
     the request's identity (``request_key``) and which of its repeats this is (lm-eval's ``repeats``)."""
     digest = hashlib.sha256(f"{seed}\0{request_key}\0{repeat}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
-@dataclass(frozen=True)
-class RequestSampling:
-    """What one generation request draws with: its settings and the seed of its generator."""
-
-    params: SamplingParams
-    seed: int
-    key: str
-    repeat: int = 0
-
-    def sampler(self) -> Sampler:
-        """A fresh sampler: the settings, and the generator at its start."""
-        return Sampler(self.params, request_generator(self.seed, self.key, self.repeat))
 
 
 @dataclass
@@ -228,6 +123,29 @@ class Sampler:
 
     params: SamplingParams
     generator: torch.Generator
+
+    @classmethod
+    def of(cls, sampling: RequestSampling) -> Sampler:
+        """A fresh sampler of a request: its settings, and its generator at its start."""
+        return cls(sampling.params, request_generator(sampling.seed, sampling.key, sampling.repeat))
+
+
+def transforms(params: SamplingParams) -> list[Transform]:
+    """The transforms of a request's settings that change anything, in transformers' order (none when greedy)."""
+    if params.greedy:
+        return []
+    chosen: list[Transform] = [] if params.temperature == 1 else [Temperature(params.temperature)]
+    chosen += [TopK(params.top_k)] if params.top_k else []
+    chosen += [TopP(params.top_p)] if params.top_p < 1 else []
+    return chosen + ([MinP(params.min_p)] if params.min_p > 0 else [])
+
+
+def shape(params: SamplingParams, logweights: torch.Tensor) -> torch.Tensor:
+    """The log-weights after every transform of ``params`` (float32 at least)."""
+    shaped = logweights if logweights.dtype == torch.float64 else logweights.float()
+    for transform in transforms(params):
+        shaped = transform(shaped)
+    return shaped
 
 
 # --- the draw --------------------------------------------------------------------------------------------
@@ -247,10 +165,10 @@ def inverse_cdf(weights: torch.Tensor, generators: Sequence[torch.Generator]) ->
 def draw(logprobs: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One index per row of ``logprobs`` [rows, n] (log-probabilities, or log-weights of any scale per
     row): the argmax for greedy ``params`` (the first of equal values), else a draw from the shaped
-    distribution (``SamplingParams.shape``), each row with its own generator."""
+    distribution (``shape``), each row with its own generator."""
     if params.greedy:
         return logprobs.argmax(dim=-1)
-    shaped = params.shape(logprobs)
+    shaped = shape(params, logprobs)
     weights = (shaped - shaped.amax(dim=-1, keepdim=True)).exp_()
     return inverse_cdf(weights, generators)
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from ensemble_bench.decoding.params import AUTO
 from ensemble_bench.decoding.stand_ins import StandIn
 from ensemble_bench.decoding.stats import per_request
 
-AUTO = "auto"
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
 BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
 

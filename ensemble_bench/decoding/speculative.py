@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.decoding.acceptance import GreedyAcceptance
 from ensemble_bench.decoding.concurrent import each
@@ -58,31 +57,14 @@ from ensemble_bench.decoding.decode import (
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.decoding.fused import NonFiniteFusion
-from ensemble_bench.decoding.method import MethodParams, resolve_member
-from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
+from ensemble_bench.decoding.params import SpeculativeParams as SpeculativeParams
+from ensemble_bench.decoding.params import resolve_proposer as resolve_proposer
+from ensemble_bench.decoding.speculation_stats import Costs, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts (the rows' own lengths, at least 1)
-
-
-class SpeculativeParams(MethodParams):
-    """The parameters of draft-and-verify decoding, shared by every method that supports it."""
-
-    speculative: int = Field(default=0, ge=0, le=64, description=(
-        "0: every-token decoding; N: a proposer drafts up to N tokens and the ensemble verifies them in one "
-        "forward pass per member, with the same greedy output (docs/speculative.md)"))
-    proposer: int | str | None = Field(default=None, description=(
-        "the member that drafts: an index or name, auto (the best agreement per cost, learned while decoding), "
-        "or null (the lead member)"))
-
-
-def resolve_proposer(params: SpeculativeParams, labels: Sequence[str], lead: int) -> int | None:
-    """The proposer's index (None: auto)."""
-    if params.proposer == AUTO:
-        return None
-    return lead if params.proposer is None else resolve_member(params.proposer, labels, "proposer")
 
 
 @runtime_checkable

@@ -1,29 +1,23 @@
-"""Members: one model + its tokenizer each, behind one interface (see base.Member)."""
+"""Members: one model + its tokenizer each, behind one interface (see base.Member). Every name below is
+imported on first use, so that importing a backend's recipe section (``members.vllm_schema``) or the
+packaged model names loads no torch or transformers."""
 
 from __future__ import annotations
 
-from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.members.loading import (
-    CONVERTING,
-    DTYPES,
-    QUANTIZATIONS,
-    cached_tokenizer,
-    load_listener,
-    load_member,
-    load_tokenizer,
-    quantization_config,
-    tell_load,
-)
-from ensemble_bench.members.sources import PACKAGED
+import importlib
 
-__all__ = ["CONVERTING", "DTYPES", "PACKAGED", "QUANTIZATIONS", "LocalMember", "Member", "Prompt", "Score",
-           "cached_tokenizer", "load_listener", "load_member", "load_tokenizer", "quantization_config", "tell_load"]
+WHERE = {  # name -> the module defining it
+    **dict.fromkeys(("Member", "Prompt", "Score"), "base"),
+    **dict.fromkeys(("CONVERTING", "DTYPES", "QUANTIZATIONS", "cached_tokenizer", "load_listener", "load_member",
+                     "load_tokenizer", "quantization_config", "tell_load"), "loading"),
+    "PACKAGED": "sources",
+    "LocalMember": "local",
+}
+
+__all__ = sorted(WHERE)
 
 
 def __getattr__(name: str):
-    """``LocalMember`` on first use: importing the package (or members.base) loads no transformers."""
-    if name == "LocalMember":
-        from ensemble_bench.members.local import LocalMember
-
-        return LocalMember
+    if name in WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{WHERE[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from pydantic import Field, field_validator
 
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
@@ -36,29 +35,16 @@ from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
-    WindowParams,
     normalised_weights,
     rolling_with_members,
     score_with_members,
-    weights_problem,
 )
 from ensemble_bench.decoding.sampling import Sampler, draw_rows
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.chared_params import CharEDParams, CharEDSpec
 from ensemble_bench.methods.packllm import mix
 from ensemble_bench.vocab.covering import END, SortedVocab
-
-
-class CharEDParams(WindowParams):
-    weights: list[float] | None = Field(default=None, description="per-member weights (null or average: equal, "
-                                        "the paper's average)")
-
-    @field_validator("weights")
-    @classmethod
-    def _positive_sum(cls, value):
-        if value is not None and (problem := weights_problem(value)) is not None:
-            raise ValueError(problem)
-        return value
 
 
 def no_token(prefix: bytes) -> torch.Tensor | None:
@@ -152,13 +138,7 @@ class CharReport(MethodStats):
     steps: dict = spread()  # CharStats.summary()
 
 
-class CharED(DecodingMethod):
-    name = "chared"
-    Params = CharEDParams
-    choice_scoring = "CharED scores an option by the weighted average of its members' sequence probabilities"
-    inert_on_choices = frozenset({"window"})
-    samples = True
-    min_members = 1  # one member alone decodes character-wise (the reference a member with itself equals)
+class CharED(CharEDSpec, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: CharEDParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -168,11 +148,6 @@ class CharED(DecodingMethod):
         self.appenders = [text_appender(m, params.window) for m in members]
         self.lead_ids = text_lookup(members[self.lead])
         self.stats = CharStats()
-
-    @classmethod
-    def check_members(cls, params: CharEDParams, labels: Sequence[str]) -> None:
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
 
     def statistics(self) -> CharReport:
         return CharReport(weights_resolved=self.weights, steps=self.stats.summary())

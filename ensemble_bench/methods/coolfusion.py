@@ -17,27 +17,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.decoding.method import Generation, GenerationRequest, MethodParams
 from ensemble_bench.members.base import Member
+from ensemble_bench.methods.coolfusion_params import CoolFusionParams, CoolFusionSpec
 from ensemble_bench.methods.scorers import PerplexityScorer
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.span_level import SPAN_CHOICES, SpanMethod, SpanParams
+from ensemble_bench.methods.span_level import SpanMethod
 
 
-class CoolFusionParams(SpanParams):
-    align: bool = Field(default=True, description=(
-        "segments end at word boundaries common to all tokenizers (false: the proposer's own, Cool-align)"))
-    rerank: bool = Field(default=False, description=(
-        "Cool+Rerank: the fused answer and every member's own answer reranked by perplexity"))
-
-
-class CoolFusion(SpanMethod):
-    name = "coolfusion"
-    Params = CoolFusionParams
-    choice_scoring = SPAN_CHOICES
-    inert_on_choices = frozenset(CoolFusionParams.model_fields)
+class CoolFusion(CoolFusionSpec, SpanMethod):
 
     def __init__(self, members: Sequence[Member], params: CoolFusionParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

@@ -36,6 +36,7 @@ from ensemble_bench.decoding.method import GenerationRequest, normalised_weights
 from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.stats import peak
 from ensemble_bench.members.base import Member
+from ensemble_bench.methods.byte_level_params import CoveringSpec
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.covering import Branch, SortedVocab, mixture_by_row, next_byte_masses, open_branches
 from ensemble_bench.vocab.lookahead import lookahead
@@ -112,13 +113,11 @@ class TreeStats:
                 "covering_tree_tokens_mean": self.tokens / per if per else None}
 
 
-class CoveringDecoder(DecodingMethod):
+class CoveringDecoder(CoveringSpec, DecodingMethod):
     """The loop over symbols; a subclass spells its members' tokens in symbols (``member_vocabs``),
     gives each symbol's first byte (``first_bytes``) and says how a symbol is spelled."""
 
     first_bytes: Sequence[int]
-    samples = True
-    lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -128,12 +127,6 @@ class CoveringDecoder(DecodingMethod):
         self.stops = [sorted(m.stop_ids) for m in members]
         self.stats = TreeStats()
         self.vocabs: list[SortedVocab] = self.member_vocabs()
-
-    @classmethod
-    def check_members(cls, params, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
 
     def member_vocabs(self) -> list[SortedVocab]:
         raise NotImplementedError

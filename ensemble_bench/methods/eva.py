@@ -21,51 +21,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.fused import checked_fusion
-from ensemble_bench.decoding.method import lead_field
 from ensemble_bench.decoding.sampling import decide_on
-from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
 from ensemble_bench.members.loading import Stage, tell_load
-from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step
+from ensemble_bench.methods.core import CoreFusion
+from ensemble_bench.methods.eva_params import EvaParams, EvaSpec
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterReport, Step
 from ensemble_bench.vocab.eva_cache import cached_projection
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
-class EvaParams(EmitterParams, CoreParams):
-    lead: int | str | None = lead_field(None, (
-        "the main (pivot) model: its vocabulary is the common space and it emits; null: the member with the "
-        "largest vocabulary (the paper's pivot; the first of equals)"), "main")
-    top_k: int = Field(default=320, ge=1, le=1_000_000, description=(
-        "each member's distribution keeps its top-k tokens before the softmax (the authors' code: 320)"))
-    n: int | None = Field(default=5, ge=1, le=1_000_000, description=(
-        "faithfulness filter (Sec. 3.2): a member whose top token is in no other member's top-n is left out of "
-        "the step (all are kept when none would be); null: no filter, every member averaged"))
-    top_t: int = Field(default=10, ge=1, le=1000, description=(
-        "noise reduction (Sec. 3.1): each auxiliary token maps to at most its t most similar lead tokens"))
-    threshold: float = Field(default=0.1, allow_inf_nan=False, description=(
-        "noise reduction: similarity scores below it are dropped"))
-    variance: float = Field(default=0.01, ge=0.0, allow_inf_nan=False, description=(
-        "noise reduction: a token keeping more than 5 lead tokens whose scores spread (std) no more than this "
-        "maps nowhere"))
-    neighborhood: int = Field(default=1, ge=1, le=1000, description=(
-        "CSLS neighbourhood: the lead tokens' hubness is their mean similarity to this many nearest auxiliary "
-        "tokens (the authors' script: 1)"))
-    overlap: Literal["learned", "direct"] = Field(default="learned", description=(
-        "learned: shared tokens too map through the learned similarity, as the authors' code; direct: a shared "
-        "token maps to itself with weight 1 (a member ensembled with itself is then the member alone)"))
-
-    def alignment(self) -> AlignParams:
-        return AlignParams(self.top_t, self.threshold, self.variance, self.neighborhood, self.overlap)
+def alignment(params: EvaParams) -> AlignParams:
+    """The noise-reduction settings of the vocabulary map (vocab/eva_map.py) a recipe gives."""
+    return AlignParams(params.top_t, params.threshold, params.variance, params.neighborhood, params.overlap)
 
 
 @dataclass
@@ -88,9 +63,7 @@ class EvaReport(EmitterReport):
     core: dict = spread()                                # CoRE's counters (methods/core.py) when core: true
 
 
-class Eva(EmitterMethod):
-    name = "eva"
-    Params = EvaParams
+class Eva(EvaSpec, EmitterMethod):
 
     def __init__(self, members: Sequence[Member], params: EvaParams, batch_size: int = 1):
         if params.lead is None:  # the paper's pivot: "the model with the largest vocabulary"
@@ -102,13 +75,6 @@ class Eva(EmitterMethod):
         self.stats = EvaStats()
         self.core = CoreFusion.of(params, len(members))
 
-    @classmethod
-    def check_members(cls, params: EvaParams, labels: Sequence[str]) -> None:
-        if params.lead is None:  # the pivot is known once the members' vocabularies are
-            resolve_proposer(params, labels, 0)
-        else:
-            super().check_members(params, labels)
-
     def _projection(self, index: int) -> VocabProjection:
         """The map from member ``index`` into the lead's vocabulary: cached, or learned (first use), saying
         its stage and progress to the load listeners (the run's progress display)."""
@@ -116,7 +82,7 @@ class Eva(EmitterMethod):
         learning = f"learning EVA's map {aux.name} -> {lead.name} (first use; cached after)"
         try:
             return cached_projection(aux.vocab, lead.vocab, sorted(aux.stop_ids), sorted(lead.stop_ids),
-                                     aux.output_embeddings(), lead.output_embeddings(), self.params.alignment(),
+                                     aux.output_embeddings(), lead.output_embeddings(), alignment(self.params),
                                      cache_dir() / "eva", lambda stage, done: tell_load(
                                          aux.name, Stage(f"{learning}, {stage}", done)))
         except ValueError as err:

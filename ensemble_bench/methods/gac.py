@@ -19,114 +19,31 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.decoding.feeding import FeedStats, make_feeders
 from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
-    WindowParams,
-    lead_field,
-    resolve_member,
     rolling_with_members,
     score_with_members,
-    weights_problem,
 )
 from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeSteps
 from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.core import CoreFusion, CoreParams
+from ensemble_bench.methods.core import CoreFusion
+from ensemble_bench.methods.gac_params import GacParams, GacSpec, resolve_lead, resolve_weights
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
 from ensemble_bench.vocab.union_cache import cached_union
-
-RETIRED = {"temperature": 0.0, "seed": 0}  # GaC's own sampling parameters before decoding/sampling.py, greedy
-
-
-class GacParams(WindowParams, SpeculativeParams, CoreParams):
-    weights: Literal["score", "score_minus_ece"] | list[float] | None = Field(default=None, description=(
-        "null or average: equal; score or score_minus_ece: from scores (and ece), Sec. 4.3; or one value per "
-        "member (a zero weight keeps a member for the gate only, GaC Table 5)"))
-    scores: list[float] | None = Field(default=None, description="per-member benchmark score, for weights: score "
-                                       "or score_minus_ece")
-    ece: list[float] | None = Field(default=None, description="per-member expected calibration error, for "
-                                    "score_minus_ece")
-    lead: int | str = lead_field(0, "the member whose decode renders the text; with threshold, the gate of Eq. 5",
-                                 "gate")
-    threshold: float | None = Field(default=None, ge=0.0, le=1.0, description=(
-        "Eq. 5: steps where the lead's top probability exceeds it take the lead's own token; null: every step "
-        "is ensembled"))
-    retokenize: Retokenize = Field(default="local", description=(
-        "how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code"))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sampling_moved(cls, data):
-        """GaC's own temperature and seed became every method's sampling (docs/sampling.md)."""
-        if isinstance(data, dict) and (moved := [key for key in RETIRED if key in data]):
-            raise ValueError(f"'{moved[0]}' is no longer a GaC parameter: a row samples when its tasks ask "
-                             "(do_sample, temperature) or its entry says so (sampling: {temperature: 0.7}); the "
-                             "seed is the recipe's seed (docs/sampling.md)")
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gate_needs_a_threshold(cls, data):
-        """The paper's ``gate`` names the lead as Eq. 5's gate: it needs a threshold (a stored null is no gate)."""
-        if isinstance(data, dict) and "gate" in data:
-            if data["gate"] is None:
-                return {k: v for k, v in data.items() if k != "gate"}
-            if data.get("threshold") is None:
-                raise ValueError("a gate needs a threshold (0..1)")
-        return data
-
-    @field_validator("weights")
-    @classmethod
-    def _positive_sum(cls, value):
-        if isinstance(value, list) and (problem := weights_problem(value)) is not None:
-            raise ValueError(problem)
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.weights in ("score", "score_minus_ece") and self.scores is None:
-            raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
-        if self.weights == "score_minus_ece" and self.ece is None:
-            raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
-        return self
-
-
-def resolve_weights(params: GacParams, count: int) -> list[float]:
-    if isinstance(params.weights, list):
-        weights = params.weights
-    elif params.weights is None:
-        weights = [1.0] * count
-    elif params.weights == "score":
-        weights = list(params.scores or [])
-    else:
-        weights = [s - e for s, e in zip(params.scores or [], params.ece or [])]
-    lists = [("weights", weights), ("scores", params.scores), ("ece", params.ece)]
-    for name, values in lists:
-        if values is not None and len(values) != count:
-            raise UserError(f"method.{name}: expected {count} values (one per member), got {len(values)}")
-    if (problem := weights_problem(weights)) is not None:
-        raise UserError(f"method.weights: resolved {problem}, got {weights}")
-    return weights
-
-
-def resolve_lead(params: GacParams, labels: Sequence[str]) -> int:
-    return resolve_member(params.lead, labels, params.lead_spelling)
 
 
 @dataclass
@@ -178,16 +95,7 @@ class GacReport(MethodStats):
     core: dict = spread()            # CoRE's counters (methods/core.py) when core: true
 
 
-class Gac(SpeculativeSteps, DecodingMethod):
-    name = "gac"
-    Params = GacParams
-    choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
-    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
-                                  "lead", "threshold", "retokenize"})
-    min_members = 2
-    samples = True
-    retired = RETIRED
-    lead_param = "lead"
+class Gac(GacSpec, SpeculativeSteps, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: GacParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -205,11 +113,6 @@ class Gac(SpeculativeSteps, DecodingMethod):
         self._entries: dict[bytes, int] | None = None
         self.speculation = Speculation.of(self, params)
         self.core = CoreFusion.of(params, len(members))
-
-    @classmethod
-    def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
-        resolve_weights(params, len(labels))
-        resolve_proposer(params, labels, resolve_lead(params, labels))
 
     def carried(self) -> dict[str, object]:
         """Besides the timing, ensembled steps, re-tokenisation and speculation counters

@@ -41,16 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import Field
 
 from ensemble_bench.decoding.decode import decode_batch
 from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.byte_level import ByteLevel, CoveringParams, CoveringReport
+from ensemble_bench.methods.byte_level import ByteLevel, CoveringReport
 from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
+from ensemble_bench.methods.lvr_params import LvrParams, LvrSpec
 from ensemble_bench.vocab.common import BpeSpeller, CommonSpeller, common_vocabulary, member_merges
 from ensemble_bench.vocab.covering import SortedVocab
 
@@ -60,17 +58,7 @@ class LvrReport(CoveringReport):
     common_vocabulary: int = 0  # the members' common tokens
 
 
-class LvrParams(CoveringParams):
-    vocabulary: Literal["merges", "intersection"] = Field(default="merges", description=(
-        "merges: the maximal common vocabulary, shared tokens closed under the members' BPE merges, each token "
-        "re-tokenised by its member's BPE restricted to it; intersection: every shared token, each token spelled "
-        "by longest common token first"))
-
-
-class Lvr(ByteLevel):
-    name = "lvr"
-    version = 2
-    Params = LvrParams
+class Lvr(LvrSpec, ByteLevel):
 
     def __init__(self, members: Sequence[Member], params: LvrParams, batch_size: int = 1):
         excluded = [m.vocab.special_ids | m.stop_ids for m in members]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from sacrebleu.metrics import CHRF
 
 from ensemble_bench.decoding.method import GenerationRequest
-from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams
+from ensemble_bench.methods.mbr_params import MbrSpec
+from ensemble_bench.methods.sample_level import SampleLevel
 
 _CHRF = CHRF()
 
@@ -25,9 +26,7 @@ def mbr_scores(texts: list[str]) -> list[float]:
     return scores
 
 
-class Mbr(SampleLevel):
-    name = "mbr"
-    Params = SampleLevelParams
+class Mbr(MbrSpec, SampleLevel):
 
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         scores = mbr_scores(texts)

@@ -25,10 +25,8 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
@@ -39,15 +37,15 @@ from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
-    WindowParams,
     rolling_with_members,
     score_with_members,
 )
 from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeSteps
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Prompt, Score
-from ensemble_bench.methods.core import CoreFusion, CoreParams
+from ensemble_bench.methods.core import CoreFusion
+from ensemble_bench.methods.packllm_params import LEAD, PackLLMParams, PackLLMSpec
 from ensemble_bench.methods.packllm_weights import (
     Carried,
     ExpertReading,
@@ -67,39 +65,6 @@ from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union_cache import cached_union
-
-SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
-LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
-
-
-class PackLLMParams(WindowParams, SpeculativeParams, CoreParams):
-    variant: Literal["sim", "opt"] = Field(default="sim", description="PackLLM-sim or PackLLM-opt (Sec. 3)")
-    tau: float = Field(default=1.0, gt=0.0, description="PackLLM-sim temperature (paper: 1)")
-    grid: int = Field(default=20, ge=1, le=1000, description="PackLLM-opt: a in steps of 1/grid (paper: 0.05)")
-    ppl_unit: Literal["token", "byte"] = Field(default="token", description=(
-        "log perplexity per member token (paper) or per prompt byte"))
-    alignment: Literal["union", "mined"] = Field(default="mined", description=(
-        "fusion space: mined, the row's top-1 expert's vocabulary (paper); union, bytes"))
-    score_from: Literal["prefix", "second_token"] = Field(default="prefix", description=(
-        "the prompt's perplexity: prefix, every prompt token scored, the first after the member's prefix "
-        "token (BOS); second_token, the paper's code: no prefix token, scoring starts at the second token"))
-    ppl_reading: Literal["own", "expert_tokens"] = Field(default="own", description=(
-        "whose tokens each member's prompt perplexity is read on: own, its own tokenisation; expert_tokens, "
-        "the paper's code: the top-1 expert's tokens, MinED-mapped (mined alignment only)"))
-
-    @model_validator(mode="after")
-    def _expert_reading_needs_mined(self):
-        if self.ppl_reading == "expert_tokens" and (self.alignment != "mined" or self.ppl_unit != "token"):
-            raise ValueError("ppl_reading 'expert_tokens' needs alignment 'mined' and ppl_unit 'token'")
-        return self
-
-    @model_validator(mode="after")
-    def _variant_fields(self):
-        unused = OPT_ONLY if self.variant == "sim" else SIM_ONLY
-        given = [name for name in unused if name in self.model_fields_set]
-        if given:
-            raise ValueError(f"'{given[0]}' does not apply to variant '{self.variant}'")
-        return self
 
 
 # --- the method ----------------------------------------------------------------------------------
@@ -267,20 +232,8 @@ class MinedFusion:
                 [[s.token] if own else [] for own, s in zip(mine, states)])
 
 
-class PackLLM(SpeculativeSteps, DecodingMethod):
-    name = "packllm"
-    Params = PackLLMParams
-    choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
-                      "perplexity weights")
-    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
-                                  *WindowParams.model_fields})
-    min_members = 2
-    samples = True
+class PackLLM(PackLLMSpec, SpeculativeSteps, DecodingMethod):
     lead = LEAD
-
-    @classmethod
-    def packages(cls, params: PackLLMParams) -> dict[str, str]:
-        return {"rapidfuzz": "rapidfuzz"} if params.alignment == "mined" else {}  # MinED's edit distances
 
     def __init__(self, members: Sequence[Member], params: PackLLMParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -290,10 +243,6 @@ class PackLLM(SpeculativeSteps, DecodingMethod):
         self.feeders = make_feeders(members, "local", self.feed_stats, params.window, self.fusion.by_bytes)
         self.stats = PackStats.of(len(members))
         self.speculation = Speculation.of(self, params)
-
-    @classmethod
-    def check_members(cls, params: PackLLMParams, labels: Sequence[str]) -> None:
-        resolve_proposer(params, labels, LEAD)
 
     def statistics(self) -> PackReport:
         return PackReport(alignment=self.params.alignment, fusion=self.fusion.info(), prompts=self.stats.summary(),

@@ -44,7 +44,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
@@ -53,8 +52,6 @@ from ensemble_bench.decoding.feeding import canonical_tail, text_appender
 from ensemble_bench.decoding.method import (
     GenerationRequest,
     LoglikelihoodRequest,
-    WindowParams,
-    lead_field,
     normalised_weights,
     resolve_member,
     rolling_with_members,
@@ -62,6 +59,7 @@ from ensemble_bench.decoding.method import (
 )
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.safe_params import SafeParams, SafeSpec
 from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -71,19 +69,6 @@ from ensemble_bench.vocab.union_cache import cached_union
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
 END = -1            # a verifier's read after the whole of a row's reading (beside its stable positions)
-
-
-class SafeParams(WindowParams):
-    lead: int | str = lead_field(0, "the drafter (Sec. 4.2: the best model)", "drafter")
-    draft_tokens: int = Field(default=5, ge=1, le=64, description="tokens drafted per cycle (Sec. 3.1, 4.2: n = 5)")
-    sharpen: float = Field(default=0.5, ge=0.0, le=1.0, description=(
-        "sharpen when the ensemble's top probability is below this (0: never), Sec. 3.3"))
-    candidate_floor: float = Field(default=0.1, ge=0.0, le=1.0, description=(
-        "Sec. 3.3 lambda: a sharpening candidate's average must exceed it"))
-    gate_threshold: float | None = Field(default=None, gt=0.0, le=1.0, description=(
-        "GaC's gate: ensemble a position only if the drafter's top probability is below it (null: no gate)"))
-    weights: list[float] | None = Field(default=None, description="per-member weights of the average "
-                                        "(null or average: equal)")
 
 
 @dataclass
@@ -126,13 +111,7 @@ class SafeReport(MethodStats):
     cycles: dict = spread()  # SafeStats.summary(): drafts, positions checked, skipped, ensembled
 
 
-class Safe(DecodingMethod):
-    name = "safe"
-    Params = SafeParams
-    min_members = 2
-    lead_param = "lead"
-    choice_scoring = "SAFE scores an option by the drafter's (lead's) own probability"
-    inert_on_choices = frozenset(SafeParams.model_fields) - {"lead"}
+class Safe(SafeSpec, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: SafeParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -149,12 +128,6 @@ class Safe(DecodingMethod):
         self.tails = {v: canonical_tail(members[v]) for v in self.verifiers if v not in self.shared}
         self.appender = text_appender(members[self.lead], params.window, self.union.maps[self.lead].by_bytes)
         self.stats = SafeStats()
-
-    @classmethod
-    def check_members(cls, params: SafeParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
 
     def statistics(self) -> SafeReport:
         return SafeReport(lead_index=self.lead, union_size=self.union.size,

@@ -25,18 +25,14 @@ from ensemble_bench.decoding.method import (
     Method,
     MethodParams,
     Timing,
-    lead_field,
     resolve_member,
 )
 from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.sample_level_params import SampleLevelParams, SampleLevelSpec
 from ensemble_bench.methods.single import Single
 
 NO_SHARE = -1e30
-
-
-class SampleLevelParams(MethodParams):
-    lead: int | str = lead_field(0, "whose answer wins ties (the paper's main model)", "main")
 
 
 @dataclass
@@ -49,21 +45,13 @@ class SampleReport(MethodStats):
     lead_index: int  # the member whose answer wins ties
 
 
-class SampleLevel(Method):
-    min_members = 2
-    samples = True  # each member samples its own answer (``own_draws``)
-    lead_param = "lead"
-    choice_scoring = "each member picks its most likely option and the most picked wins (ties: the lead's)"
+class SampleLevel(SampleLevelSpec, Method):
 
     def __init__(self, members: Sequence[Member], params: SampleLevelParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
         self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)
         self.singles = [Single([m], MethodParams(), batch_size) for m in members]
         self.stats = SampleStats()
-
-    @classmethod
-    def check_members(cls, params: SampleLevelParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:

@@ -12,14 +12,11 @@ from ensemble_bench.decoding.decode import DecodingMethod, RequestState, Round, 
 from ensemble_bench.decoding.method import LoglikelihoodRequest, rolling_with_members, score_with_members
 from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.members.base import Member, Score
+from ensemble_bench.methods.single_params import SingleSpec
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 
-class Single(DecodingMethod):
-    name = "single"
-    alone = True
-    max_members = 1
-    samples = True
+class Single(SingleSpec, DecodingMethod):
 
     @property
     def member(self) -> Member:

@@ -34,18 +34,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round
-from ensemble_bench.decoding.feeding import FeedStats, Retokenize, cached_tail, member_continuation
+from ensemble_bench.decoding.feeding import FeedStats, cached_tail, member_continuation
 from ensemble_bench.decoding.feeding import Held as TextHeld
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
     LoglikelihoodRequest,
-    MethodParams,
-    lead_field,
     resolve_member,
     rolling_with_members,
     score_with_members,
@@ -53,17 +50,10 @@ from ensemble_bench.decoding.method import (
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.scorers import perplexity
+from ensemble_bench.methods.span_params import SpanParams, SpanSpec
 from ensemble_bench.vocab.append import split_valid_utf8
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.words import common_ends
-
-
-class SpanParams(MethodParams):
-    lead: int | str = lead_field(0, "renders the text, counts the token budget, wins ties", "main")
-    retokenize: Retokenize = Field(default="canonical", description=(
-        "how members take a winner they did not propose (docs/retokenize.md): local, the segment encoded on its "
-        "own; canonical, the text re-encoded back to the last hard boundary (the papers: each model encodes the "
-        "committed text with its own tokenizer)"))
 
 
 @dataclass(frozen=True)
@@ -119,14 +109,8 @@ class SpanReport(MethodStats):
     retokenizing: dict = spread()
 
 
-SPAN_CHOICES = "span-level methods score an option by their members' mean log-likelihood (no spans, no lead)"
-
-
-class SpanMethod(DecodingMethod):
-    min_members = 2
-    lead_param = "lead"
+class SpanMethod(SpanSpec, DecodingMethod):
     score_name = "perplexity"  # what the trace's table holds (``_span_score``)
-    version = 2  # 2: a segment cut by ``until`` or the budget is not scored with a stop at its end
 
     def __init__(self, members: Sequence[Member], params: SpanParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -135,10 +119,6 @@ class SpanMethod(DecodingMethod):
         self.stats = SpanStats()
         self.feed_stats = FeedStats()
         self.tails = [cached_tail(m) for m in members] if params.retokenize == "canonical" else None
-
-    @classmethod
-    def check_members(cls, params: SpanParams, labels: Sequence[str]) -> None:
-        resolve_member(params.lead, labels, params.lead_spelling)
 
     @abstractmethod
     def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:

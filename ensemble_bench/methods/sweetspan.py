@@ -11,17 +11,9 @@ mean of the kept scores wins. With two members both scores would go; then both a
 from __future__ import annotations
 
 import torch
-from pydantic import AliasChoices, Field
 
-from ensemble_bench.methods.span_level import SPAN_CHOICES, SpanMethod, SpanParams
-
-
-class SweetSpanParams(SpanParams):
-    span_words: int = Field(default=4, ge=1, le=256, description="words per span (the paper sweeps 1, 2, 4, 8, "
-                            "16, 32)")
-    filter_ratio: float = Field(default=10.0, gt=0.0, validation_alias=AliasChoices("lambda", "filter_ratio"),
-                                serialization_alias="lambda", description=(
-                                    "lambda: a span whose max/min score exceeds it drops both (the paper: 10)"))
+from ensemble_bench.methods.span_level import SpanMethod
+from ensemble_bench.methods.sweetspan_params import SweetSpanSpec
 
 
 def filter_scores(scores: list[float], ratio: float) -> list[bool]:
@@ -39,11 +31,7 @@ def choose_span(table: list[list[float]], ratio: float) -> tuple[int, list[list[
     return means.index(min(means)), kept
 
 
-class SweetSpan(SpanMethod):
-    name = "sweetspan"
-    Params = SweetSpanParams
-    choice_scoring = SPAN_CHOICES
-    inert_on_choices = frozenset(SweetSpanParams.model_fields)
+class SweetSpan(SweetSpanSpec, SpanMethod):
 
     def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
         return self._word_end(text, self.params.span_words)

@@ -18,24 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from pydantic import Field
 
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
-from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
-from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, WindowParams, resolve_member
+from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_appender, text_lookup
+from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, resolve_member
 from ensemble_bench.decoding.sampling import Sampler
-from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.speculative import Speculation, SpeculativeSteps
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.members.batching import in_batches
-
-
-class EmitterParams(WindowParams, SpeculativeParams):
-    retokenize: Retokenize = Field(default="canonical", description=(
-        "how the other members take the lead's token (docs/retokenize.md): canonical re-encodes the text every "
-        "step, as the UniTE and DeePEn reference code do; local encodes the new bytes on their own"))
+from ensemble_bench.methods.token_level_params import EmitterParams, EmitterSpec
 
 
 @dataclass(frozen=True)
@@ -68,14 +62,8 @@ class EmitterReport(MethodStats):
     speculation: dict = spread()
 
 
-class EmitterMethod(SpeculativeSteps, DecodingMethod):
+class EmitterMethod(EmitterSpec, SpeculativeSteps, DecodingMethod):
     """Base of UniTE and DeePEn: subclasses implement ``_step``; their Params declare ``lead``."""
-
-    min_members = 2
-    samples = True
-    lead_param = "lead"
-    choice_scoring = "options are scored teacher-forced through the method's own step, with no drafting"
-    inert_on_choices = frozenset(SpeculativeParams.model_fields)  # drafting is for generation
 
     def __init__(self, members: Sequence[Member], params: EmitterParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -86,10 +74,6 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
                                     skip=frozenset({self.lead}))
         self._lead_ids: dict[bytes, int] | None = None
         self.speculation = Speculation.of(self, params)
-
-    @classmethod
-    def check_members(cls, params: EmitterParams, labels: Sequence[str]) -> None:
-        resolve_proposer(params, labels, resolve_member(params.lead, labels, params.lead_spelling))
 
     @abstractmethod
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None,

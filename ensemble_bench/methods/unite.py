@@ -18,25 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from ensemble_bench.decoding.fused import checked_fusion
-from ensemble_bench.decoding.method import lead_field, normalised_weights
+from ensemble_bench.decoding.method import normalised_weights
 from ensemble_bench.decoding.sampling import decide, draw_rows
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.members.base import Member
-from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
+from ensemble_bench.methods.core import CoreFusion
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterReport, Step, log_or_floor
+from ensemble_bench.methods.unite_params import UniteParams, UniteSpec
 from ensemble_bench.vocab.fast_topk import block_topk
 from ensemble_bench.vocab.topk import AlignmentTables, TopKAligner, average_rows
-
-
-class UniteParams(EmitterParams, CoreParams):
-    lead: int | str = lead_field(0, "the member that emits (the paper's primary: the best-performing one)",
-                                 "primary")
-    k: int = Field(default=10, ge=1, le=1000, description="top-k tokens per member (the paper: 10)")
-    weights: list[float] | None = Field(default=None, description="per-member weights of the average "
-                                        "(null or average: equal)")
 
 
 @dataclass
@@ -55,9 +47,7 @@ class UniteReport(EmitterReport):
     core: dict = spread()  # CoRE's counters (methods/core.py) when core: true
 
 
-class Unite(EmitterMethod):
-    name = "unite"
-    Params = UniteParams
+class Unite(UniteSpec, EmitterMethod):
 
     def __init__(self, members: Sequence[Member], params: UniteParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -69,12 +59,6 @@ class Unite(EmitterMethod):
         self._stops: dict[tuple[int, str], torch.Tensor] = {}
         self.stats = UniteStats()
         self.core = CoreFusion.of(params, count)
-
-    @classmethod
-    def check_members(cls, params: UniteParams, labels: Sequence[str]) -> None:
-        super().check_members(params, labels)
-        if params.weights is not None:
-            normalised_weights(params.weights, len(labels))
 
     def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None, samplers=()) -> Step:
         """Algorithm 1 for every row at once: each member's top-k and best stop id on its device;

@@ -14,28 +14,12 @@ from __future__ import annotations
 
 import re
 
-from pydantic import Field, field_validator
-
 from ensemble_bench.decoding.method import GenerationRequest
-from ensemble_bench.methods.sample_level import SampleLevel, SampleLevelParams, choose_by_vote
+from ensemble_bench.methods.sample_level import SampleLevel, choose_by_vote
+from ensemble_bench.methods.voting_params import VotingSpec
 
 _AUTO_PATTERNS = (re.compile(r"####\s*(-?[\d.,]+)"), re.compile(r"answer is\s*:?\s*\(?([^\n.)]+)", re.I),
                   re.compile(r"\(([A-J])\)"), re.compile(r"(-?\d[\d,]*(?:\.\d+)?)"))
-
-
-class VotingParams(SampleLevelParams):
-    answer: str = Field(default="auto", description=(
-        "how answers are compared: auto (a final number, a letter, the first line), text, or a regular expression"))
-
-    @field_validator("answer")
-    @classmethod
-    def _compiles(cls, value: str) -> str:
-        if value not in ("auto", "text"):
-            try:
-                re.compile(value)
-            except re.error as err:
-                raise ValueError(f"not a valid regular expression: {err}") from None
-        return value
 
 
 def normalise(text: str) -> str:
@@ -62,10 +46,7 @@ def answer_key(text: str, answer: str) -> str:
     return normalise(lines[0] if lines else "")
 
 
-class Voting(SampleLevel):
-    name = "voting"
-    Params = VotingParams
-    inert_on_choices = frozenset({"answer"})
+class Voting(VotingSpec, SampleLevel):
 
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         keys = [answer_key(t, self.params.answer) for t in texts]

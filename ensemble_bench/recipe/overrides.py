@@ -140,10 +140,10 @@ def _method_rows(data: dict, override: Override) -> bool:
 
 def _takes(name: Any, parameter: Any) -> bool:
     """Whether the method ``name`` has the parameter ``parameter`` (False for an unknown method)."""
-    from ensemble_bench.methods import get_method  # methods load torch: only for this kind of override
+    from ensemble_bench.methods import method_spec
 
     try:
-        return isinstance(name, str) and parameter in get_method(name).Params.model_fields
+        return isinstance(name, str) and parameter in method_spec(name).Params.model_fields
     except UserError:
         return False
 

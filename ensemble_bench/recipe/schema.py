@@ -22,10 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-from ensemble_bench.decoding.sampling import SamplingOverride
+from ensemble_bench.decoding.sampling_params import SamplingOverride
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.vllm_schema import VllmArgs
-from ensemble_bench.methods import ALONE, get_method, is_alone
+from ensemble_bench.methods import ALONE, is_alone, method_spec
 from ensemble_bench.recipe.lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
 from ensemble_bench.tasks import Benchmark
 from ensemble_bench.tasks.recipe_tasks import task_benchmarks
@@ -327,7 +327,7 @@ def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
     and sweep point, each with its validated parameters. Labels are unique (a recipe that repeats one
     is refused). Built once per recipe: read it as ``recipe.plan`` (``with_params=False``: the rows
     alone, to check their labels beside other mistakes)."""
-    singles = [Row(m.label, ALONE, (i,), params=get_method(ALONE).Params()) for i, m in enumerate(recipe.members)]
+    singles = [Row(m.label, ALONE, (i,), params=method_spec(ALONE).Params()) for i, m in enumerate(recipe.members)]
     ensembles = []
     for index, spec in enumerate(recipe.ensembles):
         if is_alone(spec.name):
@@ -367,7 +367,7 @@ def validate_method(recipe: Recipe, spec: MethodSpec, source: str, field: str = 
                     overrides: dict[str, Any] | None = None):
     """The method class and its validated parameters for one method entry, or a one-line UserError."""
     try:
-        method = get_method(spec.name)
+        method = method_spec(spec.name)
     except UserError as err:
         raise UserError(f"{source}: {field}.name: {err}") from None
     members = [recipe.members[i] for i in recipe.ensemble_members(spec)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods import get_method
+from ensemble_bench.methods import method_spec
 from ensemble_bench.methods.unite_selection import Candidate, Decision
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, row_scores
 from ensemble_bench.run.folder import TIMING, read_json, samples_files
@@ -51,7 +51,7 @@ def selected_recipe(decisions: list[Decision], method: str, name: str) -> dict:
     chosen = [d.candidate for d in decisions if d.verdict.startswith("chosen")]
     source = finished_recipe(Path(chosen[0].source))
     params: dict = {"name": method}
-    lead_param = get_method(method).lead_param
+    lead_param = method_spec(method).lead_param
     if lead_param is not None:
         params[lead_param] = chosen[0].label
     data = source.model_dump(mode="json", exclude_none=True)

@@ -10,12 +10,10 @@ import socket
 import tempfile
 from pathlib import Path
 
-import torch
-
 from ensemble_bench import settings
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.sources import model_problem
-from ensemble_bench.methods import get_method
+from ensemble_bench.methods import method_spec
 from ensemble_bench.recipe import Recipe
 from ensemble_bench.tasks import get_benchmark, is_builtin
 
@@ -41,6 +39,8 @@ def _device_problems(recipe: Recipe) -> list[str]:
     placed = [(i, m.device) for i, m in enumerate(recipe.members) if m.device_map is None and m.device != "cpu"]
     if recipe.placement.kind == "ray" or not placed:
         return []
+    import torch  # only for a member on a GPU: a dry run of a CPU recipe loads no torch
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problems = []
     for i, device in placed:
@@ -95,7 +95,7 @@ def _package_problems(recipe: Recipe) -> list[str]:
                          "(pip install bitsandbytes)")
     lines += _backend_problems(recipe)
     for row in recipe.plan:
-        for package, install in get_method(row.method).packages(row.params).items():
+        for package, install in method_spec(row.method).packages(row.params).items():
             if not _installed(package):
                 lines.append(f"row {row.label}: method '{row.method}' needs the {install} package with these "
                              f"parameters (pip install {install})")
@@ -114,7 +114,7 @@ def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:
     """Members (and models a method loads, such as a scorer) that cannot be loaded here (sources.model_problem)."""
     named = [(f"members[{i}].model", member.model) for i, member in enumerate(recipe.members)]
     named += [(f"row {row.label}", model) for row in recipe.plan
-              for model in get_method(row.method).models(row.params)]
+              for model in method_spec(row.method).models(row.params)]
     fields: dict[str, str] = {}  # model -> the first field naming it
     for field, model in named:
         fields.setdefault(model, field)

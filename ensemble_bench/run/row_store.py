@@ -43,7 +43,7 @@ from ensemble_bench import __version__
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.members.sources import PACKAGED
-from ensemble_bench.methods import get_method
+from ensemble_bench.methods import method_spec
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
 from ensemble_bench.run.folder import REUSED, TIMING, parse_json, read_json, recorded_key, results_files, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
@@ -160,7 +160,7 @@ def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path], groups: 
                  for bench, shots, _ in benchmarks}
     keys = {}
     for row in rows:
-        lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
+        lineage = {**shared, "method": row.method, "version": method_spec(row.method).version,
                    "params": row.params.model_dump(mode="json"),
                    "members": [_member(recipe.members[i]) for i in row.members]}
         if (override := row_policy(recipe, row).override) is not None:  # absent: the keys rows had before it

@@ -22,7 +22,6 @@ from pathlib import Path
 from ensemble_bench.decoding.request_sampling import applied_sampling, row_policy
 from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault
 from ensemble_bench.recipe import Recipe, Row
-from ensemble_bench.run.build import MemberPool, build_method
 from ensemble_bench.run.folder import (
     CACHE,
     PARAMS,
@@ -213,6 +212,7 @@ def run_recipe(setup: RunSetup, finish: Callable[[Path, Recipe], object],
 
 
 def _run_locked(setup: RunSetup, progress, on_row) -> Path:
+    from ensemble_bench.run.build import MemberPool, build_method  # torch and the members: not for --dry-run
     from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)

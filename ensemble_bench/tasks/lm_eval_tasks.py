@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import importlib.metadata
+import importlib.util
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ensemble_bench import settings
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.tasks import DEFAULT_VARIANT, LM_EVAL_NAMES, REGISTRY, Benchmark, get_benchmark, is_builtin
 
 if TYPE_CHECKING:
@@ -60,18 +62,18 @@ class Found:
 
 
 def _stock_root() -> Path:
-    import lm_eval  # the package alone (milliseconds); lm_eval.tasks would import the task machinery
-
-    return Path(lm_eval.__file__).parent / "tasks"
+    """lm-eval's own task folder, found without importing lm-eval (a dry run imports none of it)."""
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise EnvironmentFault("lm-eval is not installed: pip install -e . (it is a dependency)")
+    return Path(spec.submodule_search_locations[0]) / "tasks"
 
 
 @functools.cache
 def stock_index() -> dict[str, Found]:
     """lm-eval's own tasks, groups and tags by name: the cache folder's copy for this lm-eval version
     (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
-    import lm_eval
-
-    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": INDEX_FORMAT}
+    stamp = {"lm_eval": importlib.metadata.version("lm_eval"), "root": str(_stock_root()), "format": INDEX_FORMAT}
     saved = _saved_index(stamp)
     if saved is not None:
         return saved

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
-from ensemble_bench.decoding.sampling import SamplingParams
+from ensemble_bench.decoding.sampling_params import SamplingParams
 from ensemble_bench.errors import UserError
-from ensemble_bench.methods import get_method
+from ensemble_bench.methods import method_spec
 from ensemble_bench.tasks import get_benchmark, is_builtin
 from ensemble_bench.tasks.lm_eval_tasks import Found
 
@@ -95,7 +95,7 @@ def sampling_problems(recipe, index: Mapping[str, Found] | None) -> list[str]:
     if lines:
         return lines
     for row in recipe.plan:
-        method = get_method(row.method)
+        method = method_spec(row.method)
         speculative = bool(getattr(row.params, "speculative", 0))
         if method.samples and not speculative:
             continue

@@ -18,7 +18,8 @@ from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams
+from ensemble_bench.methods.sweetspan import SweetSpan
+from ensemble_bench.methods.sweetspan_params import SweetSpanParams
 from ensemble_bench.methods.unite import Unite, UniteParams
 from tests.tiny import REQUESTS, outputs
 

@@ -20,6 +20,8 @@ from ensemble_bench.decoding.sampling import (
     draw_rows,
     request_generator,
     request_key,
+    shape,
+    transforms,
 )
 
 PROBS = [0.05, 0.4, 0.1, 0.25, 0.2]
@@ -76,10 +78,10 @@ def test_transforms_refuse_values_out_of_range(make, bad):
 
 def test_the_transforms_apply_in_transformers_order():
     params = SamplingParams(do_sample=True, temperature=0.5, top_k=3, top_p=0.9, min_p=0.3)
-    assert [type(t) for t in params.transforms()] == [Temperature, TopK, TopP, MinP]
-    assert SamplingParams(do_sample=True).transforms() == []  # temperature 1 and nothing else changes nothing
+    assert [type(t) for t in transforms(params)] == [Temperature, TopK, TopP, MinP]
+    assert transforms(SamplingParams(do_sample=True)) == []  # temperature 1 and nothing else changes nothing
     # by hand: T = 0.5 squares 0.4, 0.25, 0.2 (top 3); top_p 0.9 of (0.16, 0.0625, 0.04)/0.2625 keeps 0.4 and 0.25
-    assert kept(params.shape(logprobs([PROBS]))) == [[1, 3]]
+    assert kept(shape(params, logprobs([PROBS]))) == [[1, 3]]
 
 
 @pytest.mark.parametrize("gen_kwargs, expected", [
@@ -143,7 +145,7 @@ def test_greedy_draw_is_the_argmax():
 def test_draws_follow_the_shaped_distribution():
     """20,000 draws at a fixed seed against the shaped distribution: chi-square below the 0.999 quantile (4 df)."""
     params = SamplingParams(do_sample=True, temperature=0.8, top_k=4)
-    expected = torch.softmax(params.shape(logprobs([PROBS]))[0], -1).tolist()
+    expected = torch.softmax(shape(params, logprobs([PROBS]))[0], -1).tolist()
     generator = torch.Generator().manual_seed(5)
     counts = [0] * len(PROBS)
     for _ in range(20):

@@ -9,7 +9,7 @@ import pytest
 from ensemble_bench.decoding.method import MethodParams, WindowParams
 from ensemble_bench.methods import METHODS, RunStats, current_params, get_method, read_stats
 from ensemble_bench.methods.gac import Gac, GacParams
-from ensemble_bench.methods.sweetspan import SweetSpanParams
+from ensemble_bench.methods.sweetspan_params import SweetSpanParams
 from ensemble_bench.methods.unite import UniteParams
 from tests.tiny import REQUESTS
 

@@ -14,7 +14,8 @@ from ensemble_bench.methods.mbr import Mbr, mbr_scores
 from ensemble_bench.methods.rerank import Rerank, RerankParams
 from ensemble_bench.methods.sample_level import SampleLevelParams, choose_by_vote
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.voting import Voting, VotingParams, answer_key
+from ensemble_bench.methods.voting import Voting, answer_key
+from ensemble_bench.methods.voting_params import VotingParams
 from ensemble_bench.run.lm import EnsembleLM
 from tests.tiny import CORPUS
 from tests.tolerances import PROBABILITY_OF_LOGPROB, assert_close

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
+from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key, shape
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import METHODS, GenerationRequest
@@ -86,7 +86,7 @@ def test_a_member_alone_draws_its_first_token_from_its_shaped_distribution(bpe_m
     for generation in single.generate(requests):
         counts[generation.text] = counts.get(generation.text, 0) + 1
     first = member.prefill([member.render(prompt)])[0]
-    expected = torch.softmax(params.shape(first[None]), dim=-1)[0]
+    expected = torch.softmax(shape(params, first[None]), dim=-1)[0]
     top = expected.topk(6)
     texts = [member.decode([int(token)]) for token in top.indices]
     assert set(counts) <= set(texts)

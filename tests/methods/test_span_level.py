@@ -13,7 +13,8 @@ from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.coolfusion import CoolFusion, CoolFusionParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.span_level import Proposal, SpanState, perplexity
-from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_span, filter_scores
+from ensemble_bench.methods.sweetspan import SweetSpan, choose_span, filter_scores
+from ensemble_bench.methods.sweetspan_params import SweetSpanParams
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
 from tests.naive import naive_span
 from tests.tiny import CORPUS, outputs

@@ -182,3 +182,35 @@ def test_no_module_imports_the_package_that_reexports_it():
     inward = [f"{module} imports {package}" for module, (top, inner, typing) in GRAPH.items()
               for package in HUBS if module != package and within(module, package) and package in top | inner | typing]
     assert not inward, "; ".join(inward)
+
+
+# what a recipe is checked against: the method declarations (every methods/*_params module, found, not listed)
+DECLARATIONS = sorted(m for m in MODULES if within(m, f"{TOP}.methods") and m.endswith("_params"))
+HEAVY = ("torch", "transformers", "lm_eval", "vllm", "ray")
+
+
+def module_closure(start: str) -> set[str]:
+    """Every module ``start`` imports when it is imported (module-level imports, followed in the package, with
+    the packages each one runs first), outside names included."""
+    seen, todo = set(), [start]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        if module in MODULES:
+            todo.extend(with_packages(module, GRAPH[module][0]))
+    return seen
+
+
+def test_method_declarations_import_no_model_code():
+    """A method's declaration (its Params and facts) and the registry import no torch, transformers or lm-eval,
+    so validating a recipe loads none (tests/cli/test_light_commands.py runs a dry run)."""
+    assert len(DECLARATIONS) >= 16
+    for module in [f"{TOP}.methods", f"{TOP}.recipe", *DECLARATIONS]:
+        heavy = sorted(m for m in module_closure(module) if any(within(m, h) for h in HEAVY))
+        assert not heavy, f"{module} imports {heavy}"
+
+
+def test_the_closure_sees_torch():
+    assert "torch" in module_closure(f"{TOP}.methods.gac")
