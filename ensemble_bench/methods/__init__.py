@@ -23,6 +23,7 @@ from ensemble_bench.methods.eva import Eva
 from ensemble_bench.methods.gac import Gac
 from ensemble_bench.methods.lvr import Lvr
 from ensemble_bench.methods.mbr import Mbr
+from ensemble_bench.methods.me import Me
 from ensemble_bench.methods.packllm import PackLLM
 from ensemble_bench.methods.rerank import Rerank
 from ensemble_bench.methods.safe import Safe
@@ -65,7 +66,7 @@ def when_registered(hook: Callable[[type[Method]], None]) -> None:
 
 
 BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr, Eva, AdaFuse)
+            Lvr, Eva, AdaFuse, Me)
 for _method in BUILT_IN:
     register_method(_method)
 

@@ -369,11 +369,7 @@ class Gac(SpeculativeSteps, DecodingMethod):
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
-        # a zero weight (a member kept for the gate only; GaC Table 5) is log 0 = -inf: no share
-        log_w = [math.log(w) if w > 0 else -math.inf for w in self.weights.tolist()]
-        log_total = math.log(sum(self.weights.tolist()))
-        return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
-                for values in zip(*per_member)]
+        return sequence_mixture(self.weights.tolist(), per_member)
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
         per_member = score_with_members(self.members, requests, self.batch_size)
@@ -383,3 +379,11 @@ class Gac(SpeculativeSteps, DecodingMethod):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
 
+
+def sequence_mixture(weights: Sequence[float], per_member: list[list[float]]) -> list[float]:
+    """log(sum_i w_i exp(logp_i) / sum_i w_i) per sequence, from each member's log-probabilities
+    (``per_member[i][k]``); a zero weight (a member kept for the gate only; GaC Table 5) has no share."""
+    log_w = [math.log(w) if w > 0 else -math.inf for w in weights]
+    log_total = math.log(sum(weights))
+    return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
+            for values in zip(*per_member)]

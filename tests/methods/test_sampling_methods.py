@@ -25,7 +25,7 @@ SAMPLED_PARAMS = [
     ("packllm", {"core": True, "alignment": "union"}), ("chared", {}), ("byte_level", {}), ("lvr", {}),
     ("eva", {"retokenize": "local", "overlap": "direct"}),
     ("eva", {"retokenize": "local", "overlap": "direct", "core": True}),
-    ("voting", {}), ("mbr", {}), ("rerank", {}),
+    ("voting", {}), ("mbr", {}), ("rerank", {}), ("me", {}), ("me", {"weights": [1.0, 3.0], "lead": 1}),
 ]
 
 
