@@ -20,6 +20,7 @@ from ensemble_bench.methods.chared import CharED
 from ensemble_bench.methods.coolfusion import CoolFusion
 from ensemble_bench.methods.deepen import Deepen
 from ensemble_bench.methods.eva import Eva
+from ensemble_bench.methods.f_ensemble import FEnsemble
 from ensemble_bench.methods.gac import Gac
 from ensemble_bench.methods.lvr import Lvr
 from ensemble_bench.methods.mbr import Mbr
@@ -66,7 +67,7 @@ def when_registered(hook: Callable[[type[Method]], None]) -> None:
 
 
 BUILT_IN = (Single, Gac, Unite, Deepen, Voting, Mbr, Rerank, CoolFusion, SweetSpan, PackLLM, CharED, Safe, ByteLevel,
-            Lvr, Eva, AdaFuse, Me)
+            Lvr, Eva, AdaFuse, Me, FEnsemble)
 for _method in BUILT_IN:
     register_method(_method)
 

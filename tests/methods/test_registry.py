@@ -19,7 +19,7 @@ WEIGHTED = [name for name, cls in METHODS.items() if cls.takes_weights()]
 
 def test_the_lead_is_one_parameter_named_lead():
     assert set(LEADING) == {"gac", "unite", "deepen", "voting", "mbr", "rerank", "coolfusion", "sweetspan", "safe",
-                            "byte_level", "lvr", "eva", "adafuse", "me"}
+                            "byte_level", "lvr", "eva", "adafuse", "me", "f_ensemble"}
     for name in LEADING:
         assert METHODS[name].lead_param == "lead" and "lead" in METHODS[name].Params.model_fields, name
 

@@ -26,6 +26,7 @@ SAMPLED_PARAMS = [
     ("eva", {"retokenize": "local", "overlap": "direct"}),
     ("eva", {"retokenize": "local", "overlap": "direct", "core": True}),
     ("voting", {}), ("mbr", {}), ("rerank", {}), ("me", {}), ("me", {"weights": [1.0, 3.0], "lead": 1}),
+    ("f_ensemble", {}), ("f_ensemble", {"operator": "power_mean", "exponent": 0.5}),
 ]
 
 
