@@ -36,3 +36,29 @@ def fits(observed: Counter, expected: Mapping[Hashable, float]) -> bool:
     """Whether the counts pass the test at level 0.001."""
     chi2, degrees = statistic(observed, expected)
     return chi2 < quantile_999(degrees)
+
+
+def two_sample(first: Counter, second: Counter) -> tuple[float, int]:
+    """(chi^2, degrees of freedom) of the hypothesis that two samples come from one distribution:
+    sum over categories of (a sqrt(m/n) - b sqrt(n/m))^2 / (a + b), n and m the sample sizes, categories
+    seen fewer than 10 times in both together lumped into one."""
+    n, m = sum(first.values()), sum(second.values())
+    cells: list[tuple[int, int]] = []
+    rest = [0, 0]
+    for category in set(first) | set(second):
+        a, b = first[category], second[category]
+        if a + b >= 10:
+            cells.append((a, b))
+        else:
+            rest[0] += a
+            rest[1] += b
+    if sum(rest):
+        cells.append((rest[0], rest[1]))
+    chi2 = sum((a * math.sqrt(m / n) - b * math.sqrt(n / m)) ** 2 / (a + b) for a, b in cells)
+    return chi2, max(1, len(cells) - 1)
+
+
+def same_distribution(first: Counter, second: Counter) -> bool:
+    """Whether two samples pass the two-sample test at level 0.001."""
+    chi2, degrees = two_sample(first, second)
+    return chi2 < quantile_999(degrees)

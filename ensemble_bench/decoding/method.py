@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.decoding.concurrent import each
@@ -224,6 +225,15 @@ def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_
     return each(members, totals)
 
 
+def sequence_mixture(weights: Sequence[float], per_member: list[list[float]]) -> list[float]:
+    """log(sum_i w_i exp(logp_i) / sum_i w_i) per sequence, from each member's log-probabilities
+    (``per_member[i][k]``); a zero weight (a member kept for the gate only; GaC Table 5) has no share."""
+    log_w = [math.log(w) if w > 0 else -math.inf for w in weights]
+    log_total = math.log(sum(weights))
+    return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
+            for values in zip(*per_member)]
+
+
 def resolve_member(value: int | str, labels: Sequence[str], field_name: str) -> int:
     """A member named by index or label in a method parameter -> its index (UserError if none)."""
     if isinstance(value, str):
@@ -321,9 +331,16 @@ class Method(ABC):
         if not self.samples:
             raise UserError(f"method '{self.name}' decodes greedily only, but a request samples ({asked.record()}): "
                             "use a method that samples (docs/sampling.md) or set sampling: {do_sample: false}")
-        if getattr(self, "speculation", None) is not None:
-            raise UserError(f"method '{self.name}' with speculative decodes greedily only, but a request samples: "
+        if getattr(self, "speculation", None) is not None and (
+                problem := self.speculative_sampling_problem(self.params)) is not None:
+            raise UserError(f"method '{self.name}' {problem}, but a request samples: "
                             "set speculative: 0, or sampling: {do_sample: false}")
+
+    @classmethod
+    def speculative_sampling_problem(cls, params: MethodParams) -> str | None:
+        """Why a row with these parameters and ``speculative: N`` cannot sample (the end of a sentence
+        after the method's name), or None where it samples speculatively (decoding/speculative_sampling.py)."""
+        return "with speculative decodes greedily only"
 
     @abstractmethod
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:

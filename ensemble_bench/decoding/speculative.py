@@ -25,7 +25,9 @@ rows of a batch:
 
 Every decision is therefore the method's own, taken on the distributions of the text it chose: the
 outputs are the every-token outputs up to the float differences between a block forward and
-one-token steps (docs/speculative.md lists the near-ties measured). Sampling stays every-token.
+one-token steps (docs/speculative.md lists the near-ties measured). A request that samples drafts by
+sampling and is verified by the acceptance rule of decoding/speculative_sampling.py, which keeps its
+output distribution the ensemble's (methods that offer ``speculative_choice``: GaC).
 
 The draft length adapts per row: the length d <= N with the most tokens per second expected from
 the row's recent acceptance rate and the measured cost of a proposer step and of the verifiers'
@@ -57,6 +59,7 @@ from ensemble_bench.decoding.decode import (
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.decoding.method import MethodParams, resolve_member
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
+from ensemble_bench.decoding.speculative_sampling import Drafted, draft_tokens, replay_choice, samples
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -213,7 +216,8 @@ class Speculation(Rounds):
         for k, (i, row) in enumerate(zip(live, rows)):
             self.pending[i] = row.pending
             self._observe(self.records[i], self.rates[i], row, [m.forwards[k] for m in self.stand_ins])
-            self.lengths[i] = self._next_length(row.drafted, row.accepted, row.agreed_after, self.rates[i].value)
+            self.lengths[i] = self.longest if samples(states[k]) else self._next_length(
+                row.drafted, row.accepted, row.agreed_after, self.rates[i].value)
         for member in self.stand_ins:
             member.forwards = [0] * len(member.forwards)
             member.prune()
@@ -262,6 +266,7 @@ class Speculation(Rounds):
         rehearsals = [Rehearsal(m.member, m.virtual) for m in members]
         rehearsing = self.method.speaking_to(rehearsals, counted=False)
         forced: list[list[Advance]] = [[] for _ in states]
+        self.drafted: list[list[Drafted]] = [[] for _ in states]  # sampling rows: what each position proposed
         self._feed(rehearsing, rehearsals, copies, {k: a for k, a in enumerate(pending) if a is not None},
                    rehearse=True)
         drafter, rehearsal = members[proposer], rehearsals[proposer]
@@ -283,10 +288,11 @@ class Speculation(Rounds):
         rows that draft on."""
         dists = torch.stack([drafter.known[k][len(own[k])] for k in going])
         taken: dict[int, Advance] = {}
-        for index, (k, token) in enumerate(zip(going, block_argmax(dists).tolist())):
-            if token in drafter.member.stop_ids:
-                continue
-            advance = self.method.draft_advance(copies[k], token, proposer, dists[index])
+        for index, (k, token) in enumerate(zip(going, draft_tokens(dists, [copies[k] for k in going]))):
+            advance = None if token in drafter.member.stop_ids else self.method.draft_advance(
+                copies[k], token, proposer, dists[index])
+            if samples(copies[k]):  # the proposal, and "none" for a token the draft cannot take
+                self.drafted[k].append(Drafted(advance, proposer, dists[index]))
             if advance is not None:
                 taken[k] = advance
                 forced[k].append(advance)
@@ -324,7 +330,8 @@ class Speculation(Rounds):
             focus(members, going)
             dists = [m.current() for m in members]
             check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
-            advances = method.choose(dists, [states[k] for k in going]).advances
+            advances = replay_choice(method, dists, [states[k] for k in going],
+                                   [self._drafted_at(k, position) for k in going])
             agreed = self._agreement(dists, advances, proposer)
             goes_on: dict[int, Advance] = {}
             for index, (k, advance) in enumerate(zip(going, advances)):
@@ -338,6 +345,11 @@ class Speculation(Rounds):
             self._feed(method, members, states, goes_on)
             going, position = list(goes_on), position + 1
         return outcome
+
+    def _drafted_at(self, k: int, position: int) -> Drafted | None:
+        """What row k's proposer drafted at ``position`` of the replay (None: past its draft, or a greedy row)."""
+        drafted = self.drafted[k]
+        return drafted[position] if position < len(drafted) else None
 
     def _agreement(self, dists: list[torch.Tensor], advances: list[Advance], proposer: int) -> list[bool]:
         """Per row, whether the proposer's own greedy token was the choice; with ``proposer: auto``

@@ -16,7 +16,6 @@ greedy for every member. Thresholds do not apply to scoring.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -37,10 +36,13 @@ from ensemble_bench.decoding.method import (
     resolve_member,
     rolling_with_members,
     score_with_members,
+    sequence_mixture,
     weights_problem,
 )
 from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
+from ensemble_bench.decoding.speculation_stats import AUTO
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
+from ensemble_bench.decoding.speculative_sampling import UnionSpeculativeSampling
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
@@ -177,7 +179,7 @@ class GacReport(MethodStats):
     core: dict = spread()            # CoRE's counters (methods/core.py) when core: true
 
 
-class Gac(SpeculativeSteps, DecodingMethod):
+class Gac(UnionSpeculativeSampling, SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
     min_members = 2
@@ -206,6 +208,17 @@ class Gac(SpeculativeSteps, DecodingMethod):
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
         resolve_weights(params, len(labels))
         resolve_proposer(params, labels, resolve_lead(params, labels))
+
+    @classmethod
+    def speculative_sampling_problem(cls, params: GacParams) -> str | None:
+        """Sampled speculation verifies drafts as union entries (decoding/speculative_sampling.py): not with
+        a gate (a gated step's unit is the gate's token), CoRE (another fusion) or proposer: auto (chosen by
+        measured speed: the draws would depend on the clock)."""
+        if params.threshold is not None or params.core:
+            return "with speculative and a threshold or CoRE decodes greedily only"
+        if params.proposer == AUTO:
+            return "with speculative and proposer: auto decodes greedily only (name the proposer)"
+        return None
 
     def carried(self) -> dict[str, object]:
         """Besides the timing, ensembled steps, re-tokenisation and speculation counters
@@ -379,11 +392,3 @@ class Gac(SpeculativeSteps, DecodingMethod):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
 
-
-def sequence_mixture(weights: Sequence[float], per_member: list[list[float]]) -> list[float]:
-    """log(sum_i w_i exp(logp_i) / sum_i w_i) per sequence, from each member's log-probabilities
-    (``per_member[i][k]``); a zero weight (a member kept for the gate only; GaC Table 5) has no share."""
-    log_w = [math.log(w) if w > 0 else -math.inf for w in weights]
-    log_total = math.log(sum(weights))
-    return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
-            for values in zip(*per_member)]

@@ -49,13 +49,13 @@ from ensemble_bench.decoding.method import (
     resolve_member,
     rolling_with_members,
     score_with_members,
+    sequence_mixture,
     weights_problem,
 )
 from ensemble_bench.decoding.sampling import NOT_DRAWN, Sampler, draw_rows, inverse_cdf, rows_of, sampling_rows
 from ensemble_bench.decoding.stats import MethodStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.methods.gac import sequence_mixture
 from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
