@@ -23,6 +23,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {  # page -> the methods it documents, in
     "span_level.md": ("coolfusion", "sweetspan", "adafuse"),
     "exact.md": ("byte_level", "lvr"),
     "sample_level.md": ("single", "voting", "mbr", "rerank"),
+    "sampling_ensembles.md": ("me", "f_ensemble"),
 }
 
 
