@@ -266,6 +266,13 @@ def weights_problem(weights: Sequence[float]) -> str | None:
     return None
 
 
+def checked_weights(value: list[float] | None) -> list[float] | None:
+    """A ``weights`` field's check (``Annotated[..., AfterValidator(checked_weights)]``): None, or usable weights."""
+    if value is not None and (problem := weights_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
 def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
     """Explicit per-member weights, checked and scaled to sum to 1."""
     if len(weights) != count:

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, PendingState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
 from ensemble_bench.decoding.method import (
     Generation,
@@ -131,15 +131,13 @@ def resolve_lead(params: GacParams, labels: Sequence[str]) -> int:
 
 
 @dataclass
-class GacState(RequestState):
-    """A request under GaC: its ids are the lead member's (``lead``)."""
+class GacState(PendingState):
+    """A request under GaC: its ids are the lead member's (``lead``); ``pending``: what skipped members missed."""
 
-    pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
 
     def copy(self) -> GacState:
         copied = super().copy()
-        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
         copied.ensembled = list(self.ensembled)
         return copied
 

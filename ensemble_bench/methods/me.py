@@ -33,24 +33,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, PendingState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
 from ensemble_bench.decoding.method import (
     GenerationRequest,
     LoglikelihoodRequest,
     WindowParams,
+    checked_weights,
     lead_field,
     resolve_member,
     rolling_with_members,
     score_with_members,
     sequence_mixture,
-    weights_problem,
 )
 from ensemble_bench.decoding.sampling import NOT_DRAWN, Sampler, draw_rows, inverse_cdf, rows_of, sampling_rows
 from ensemble_bench.decoding.stats import MethodStats
@@ -64,30 +65,21 @@ CE = -1  # a greedy step's "member": the conventional ensemble's argmax over the
 
 
 class MeParams(WindowParams):
-    weights: list[float] | None = Field(default=None, description=(
+    weights: Annotated[list[float] | None, AfterValidator(checked_weights)] = Field(default=None, description=(
         "lambda_i, the probability of picking each member at a step (Sec. 2.2; scaled to sum to 1); null: equal"))
     lead: int | str = lead_field(0, "the member whose decode renders the text")
     retokenize: Retokenize = Field(default="local", description=(
         "how members take bytes another member drew (docs/retokenize.md): local, as GaC's code"))
 
-    @field_validator("weights")
-    @classmethod
-    def _positive_sum(cls, value):
-        if value is not None and (problem := weights_problem(value)) is not None:
-            raise ValueError(problem)
-        return value
-
 
 @dataclass
-class MeState(RequestState):
+class MeState(PendingState):
     """A request under ME: the pieces each member has not taken yet, and which member drew each step."""
 
-    pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> drawn pieces it missed
     drawn_by: list[int] = field(default_factory=list)  # per step: the member picked, or CE (greedy)
 
     def copy(self) -> MeState:
         copied = super().copy()
-        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
         copied.drawn_by = list(self.drawn_by)
         return copied
 
