@@ -14,7 +14,9 @@ itself is the same for both:
                    choose   the method's step: one token per row (GaC: mix and choose; UniTE /
                             DeePEn: the lead's step; single: argmax) or one segment per row (span
                             methods: propose, score, choose and commit) -> a ``Round``: one
-                            ``Advance`` per live row
+                            ``Advance`` per live row; a fusion the method consumes passes
+                            ``fused.checked_fusion`` (a NaN or infinite one: NonFiniteFusion,
+                            named here by its row and step, ``located``)
                    advance  each request takes its advance (``advance_request``); it stops on the
                             method's word (a stop id, a span's final segment), an ``until`` string
                             or its token budget (stopping.py)
@@ -37,6 +39,7 @@ from typing import NamedTuple
 import torch
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -194,9 +197,24 @@ def check_distributions(members: Sequence[Member], dists: list[torch.Tensor], li
             continue
         k = int((~torch.isfinite(top)).nonzero()[0, 0])
         row = live[k]
-        shown = member.decode([t for t in prompts[index][row] if t >= 0][-16:])  # seq2seq rows hold a -1 mark
         raise NonFiniteScore(f"member '{member.name}'", float(top[k]), f"at decoding step {states[row].count}",
-                             f"context {excerpt(shown, end=True)}", row=row)
+                             row_context(member, prompts[index][row]), row=row)
+
+
+def row_context(member: Member, ids: Sequence[int]) -> str:
+    """How a fault quotes a batch row: the end of its prompt as ``member`` reads it."""
+    return f"context {excerpt(member.decode([t for t in ids if t >= 0][-16:]), end=True)}"  # seq2seq: a -1 mark
+
+
+def located(err: NonFiniteFusion, steps: Steps, live: list[int], prompts: list[list[list[int]]],
+            states: list[RequestState]) -> NonFiniteFusion:
+    """A fusion fault of ``choose`` row ``err.row`` (one of the ``live`` rows) naming its batch row, its
+    decoding step and its context (decoding/fused.py)."""
+    if err.row is None:
+        return err
+    row = live[err.row]
+    return err.with_(row=row, step=f"at decoding step {states[row].count}",
+                     excerpt=row_context(steps.members[steps.lead], prompts[steps.lead][row]))
 
 
 class Tally(NamedTuple):
@@ -245,7 +263,10 @@ class EveryToken(Rounds):
         if self.advances is not None:
             self.dists = steps.feed(self.dists, states, self.advances)
         check_distributions(steps.members, self.dists, live, self.prompts, self.states)
-        done = steps.choose(self.dists, states)
+        try:
+            done = steps.choose(self.dists, states)
+        except NonFiniteFusion as err:
+            raise located(err, steps, live, self.prompts, self.states) from None
         lead = steps.members[steps.lead]
         for state, advance in zip(states, done.advances):
             advance_request(lead, state, advance)

@@ -164,12 +164,19 @@ class NonFiniteScore(UserError):
         self.parts = {"who": who, "value": value, "step": step, "excerpt": excerpt, "row": row, "prompt": prompt,
                       "continuation": continuation, "where": where}
         self.row, self.prompt, self.continuation = row, prompt, continuation
-        super().__init__(f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; "
-                         f"{NON_FINITE_CAUSES}")
+        super().__init__(self.message(**self.parts))
+
+    @staticmethod
+    def message(who, value, step, excerpt, where, **_) -> str:
+        return f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; {NON_FINITE_CAUSES}"
 
     def with_(self, **changes) -> NonFiniteScore:
         """The same fault with some parts replaced (a better name for the request)."""
-        return NonFiniteScore(**{**self.parts, **changes})
+        return type(self)(**{**self.parts, **changes})
+
+    def of_row(self, method: Method, label: str) -> NonFiniteScore:
+        """The fault as the recipe's row ``label`` reports it: a member's names its member already."""
+        return self
 
 
 def excerpt(text: str, width: int = 40, end: bool = False) -> str:
@@ -294,6 +301,10 @@ class Method(ABC):
     retired: ClassVar[dict[str, Any]] = {}  # parameters it no longer has -> the value that meant what it does now
     lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
     version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
+    # how the method scores a multiple-choice option where some of its parameters play no part, and those
+    # parameters: the plan names any that a row sets when its recipe has multiple-choice tasks
+    choice_scoring: ClassVar[str] = ""
+    inert_on_choices: ClassVar[frozenset[str]] = frozenset()
     lead: int = 0  # the lead member's index: its decode renders the text (set from ``lead_param``)
     stats: Any = None       # the method's own counters (a dataclass), where it keeps some: ``carried``
     feed_stats: Any = None  # the re-tokenisation counters (decoding/feeding.FeedStats) where members take text
@@ -312,6 +323,14 @@ class Method(ABC):
     def models(cls, params: MethodParams) -> tuple[str, ...]:
         """Models these parameters load besides the members (a scorer); the preflight checks them."""
         return ()
+
+    @classmethod
+    def unused_on_choices(cls, params: MethodParams) -> list[str]:
+        """The parameters ``params`` sets away from their defaults that play no part in scoring a
+        multiple-choice option (``inert_on_choices``), in field order."""
+        given, defaults = params.model_dump(mode="json"), cls.Params().model_dump(mode="json")
+        return [name for name in cls.Params.model_fields
+                if name in cls.inert_on_choices and given.get(name) != defaults.get(name)]
 
     @classmethod  # noqa: B027 (an optional hook: most methods need no member checks)
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:

@@ -7,7 +7,8 @@ its vocabulary). A drafted token stands for one unit of the ensemble's space, th
 projected there (ids with equal bytes add), plus a "none" unit for the proposer's ids that map to no
 entry or stop it (the draft ends there; p gives "none" nothing). At each drafted position, in the
 text verified so far, with p the ensemble's shaped distribution there (what every-token sampling
-draws from) and u the drafted unit (Leviathan et al. 2023, Chen et al. 2023, on units):
+draws from) and u the drafted unit (Leviathan et al. 2023, Chen et al. 2023, on units; the rule is
+decoding/acceptance.py's ``SamplingAcceptance``, beside the greedy one):
 
     accept u              with probability min(1, p(u) / q(u))     (never when u is "none")
     else draw from        r(x) = max(0, p(x) - q(x)) / sum_y max(0, p(y) - q(y))
@@ -27,11 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ensemble_bench.decoding.acceptance import NONE, SamplingAcceptance
 from ensemble_bench.decoding.decode import Advance, RequestState, Round
 from ensemble_bench.decoding.sampling import Sampler, SamplingParams, decide, draw_rows, inverse_cdf, rows_of
 from ensemble_bench.vocab.fast_topk import block_argmax
-
-NONE = -1  # the drafted unit when the proposer's token maps to no entry (or stops)
 
 
 @dataclass(frozen=True)
@@ -46,19 +46,6 @@ class Drafted:
 
 def samples(state: RequestState) -> bool:
     return state.sampler is not None and not state.sampler.params.greedy
-
-
-def verify(p: torch.Tensor, q: torch.Tensor, drafted: int, generator: torch.Generator) -> int:
-    """One position of one row: the drafted unit (an index, or NONE) if accepted, else a draw from the
-    residual (module docstring). ``p`` and ``q`` [units] are probabilities (float64; q without "none")."""
-    if drafted != NONE:
-        accept = torch.rand((), dtype=torch.float64, generator=generator)
-        if bool(accept * q[drafted] < p[drafted]):
-            return drafted
-    residual = (p - q).clamp(min=0)
-    if not bool(residual.sum() > 0):  # p == q up to rounding: rejection had probability 0
-        residual = p
-    return int(inverse_cdf(residual[None], [generator])[0])
 
 
 def draft_tokens(dists: torch.Tensor, states: list[RequestState]) -> list[int]:
@@ -86,7 +73,7 @@ class UnionSpeculativeSampling:
     def speculative_choice(self, dists: list[torch.Tensor], states: list[RequestState],
                            drafts: Sequence[Drafted | None]) -> Round:
         """Each row's advance at one position of a replay: greedy rows as every token; sampling rows accept
-        or resample against their draft (``verify``), or draw from p past it."""
+        or resample against their draft (``SamplingAcceptance``), or draw from p past it."""
         samplers = [state.sampler for state in states]
 
         def sample(rows: list[int], drawing: list[Sampler]) -> list[int]:
@@ -100,7 +87,8 @@ class UnionSpeculativeSampling:
                     chosen.append(int(inverse_cdf(p[None], [sampler.generator])[0]))
                     continue
                 unit = NONE if draft.advance is None else draft.advance.chosen
-                chosen.append(verify(p, self._proposal(draft, sampler.params), unit, sampler.generator))
+                q = self._proposal(draft, sampler.params)
+                chosen.append(SamplingAcceptance.verify(p, q, unit, sampler.generator))
             return chosen
 
         entries = decide(samplers, lambda kept: self.mixture.greedy([rows_of(lp, kept) for lp in dists]), sample)

@@ -155,6 +155,8 @@ class CharReport(MethodStats):
 class CharED(DecodingMethod):
     name = "chared"
     Params = CharEDParams
+    choice_scoring = "CharED scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({"window"})
     samples = True
     min_members = 1  # one member alone decodes character-wise (the reference a member with itself equals)
 

@@ -31,6 +31,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field, normalised_weights
 from ensemble_bench.decoding.sampling import Sampler, draw_rows, rows_of, sampling_rows
 from ensemble_bench.decoding.stats import spread
@@ -266,7 +267,7 @@ class Deepen(EmitterMethod):
             supports = [self._supports(i, p) for i, p in enumerate(probs)]
         drawing = [samplers[row] if samplers else None for row in rows]
         scored = []
-        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets, drawing)):
+        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets, rows, drawing)):
             choices[row] = choice
             scored.append(share)
         if targets is None:
@@ -275,8 +276,9 @@ class Deepen(EmitterMethod):
         return Step(choices, scored if targets is not None else None)
 
     def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None,
-               samplers: list[Sampler | None]):
-        """The dense transform on each row's support: (choice, log share of the target or None). A row that
+               rows: list[int], samplers: list[Sampler | None]):
+        """The dense transform on each row's support: (choice, log share of the target or None); ``rows``:
+        the step's row of each (a NaN or infinite result stops the row: decoding/fused.py). A row that
         samples draws its token from the updated probabilities clamped at 0 (the shares scoring reads);
         the argmax when none is positive."""
         if not len(supports[0]):
@@ -298,7 +300,7 @@ class Deepen(EmitterMethod):
                 search_rows = None if search_rows is None else torch.cat([search_rows, lead_space.rows(extra)])
             updated = inverse_transform(probs[self.lead][row][search], search, lead_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
-            updated = updated.to(search.device)
+            updated = checked_fusion(updated.to(search.device)[None], [rows[row]])[0]
             kept = updated.clamp(min=0)
             drawn = samplers[row] is not None and not samplers[row].params.greedy and bool(kept.sum() > 0)
             choice = int(search[draw_rows(kept.log()[None], [samplers[row]])[0] if drawn else int(updated.argmax())])

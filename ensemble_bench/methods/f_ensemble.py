@@ -39,6 +39,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 
 Operator = Literal["sum", "product", "min", "max", "power_mean"]
@@ -89,11 +90,12 @@ class FEnsemble(ByteLevel):
     samples = True
 
     def combine(self, dists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """q(. | x) = f(M_1, ..., M_K) over the live members, normalised per row (module docstring)."""
+        """q(. | x) = f(M_1, ..., M_K) over the live members, normalised per row (module docstring). An
+        f that overflows or turns NaN (a power mean's extreme exponent) stops the row (decoding/fused.py)."""
         stacked = torch.stack(dists)
         live = stacked.sum(dim=2) > 0
-        combined = aggregate(self.params.operator, self.params.exponent, stacked,
-                             live_weights(self.weights, live, stacked.dtype), live)
+        combined = checked_fusion(aggregate(self.params.operator, self.params.exponent, stacked,
+                                            live_weights(self.weights, live, stacked.dtype), live))
         total = combined.sum(dim=1, keepdim=True)
         alive = total[:, 0] > 0
         return torch.where(alive[:, None], combined / total.clamp(min=torch.finfo(total.dtype).tiny), 0.0), alive

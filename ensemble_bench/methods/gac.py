@@ -27,6 +27,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, PendingState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -47,10 +48,10 @@ from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
+from ensemble_bench.vocab.union_cache import cached_union
 
 RETIRED = {"temperature": 0.0, "seed": 0}  # GaC's own sampling parameters before decoding/sampling.py, greedy
 
@@ -180,6 +181,9 @@ class GacReport(MethodStats):
 class Gac(UnionSpeculativeSampling, SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
+    choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
+                                  "lead", "threshold", "retokenize", "temperature", "seed"})
     min_members = 2
     samples = True
     retired = RETIRED
@@ -294,15 +298,16 @@ class Gac(UnionSpeculativeSampling, SpeculativeSteps, DecodingMethod):
         with its own generator (Eq. 3, Sec. 4.3)."""
         chosen = [rows_of(lp, rows) for lp in logprobs]
         if self.core is not None:
-            return self._core_pick(chosen, samplers)
+            return self._core_pick(chosen, rows, samplers)
         return decide(samplers, lambda kept: self.mixture.greedy([rows_of(lp, kept) for lp in chosen]),
                       lambda drawn, drawing: draw_blocks(
                           self.mixture.log_blocks([rows_of(lp, drawn) for lp in chosen]), drawing))
 
-    def _core_pick(self, logprobs, samplers: list[Sampler | None]) -> list[int]:
+    def _core_pick(self, logprobs, rows: list[int], samplers: list[Sampler | None]) -> list[int]:
         """Eq. 3 under CoRE (methods/core.py): the members' union projections fused by consistency,
-        the method's weights as base weights; greedy or a draw from the fused distribution."""
-        fused = self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead)
+        the method's weights as base weights; greedy or a draw from the fused distribution (a NaN or
+        infinite fusion stops the row: decoding/fused.py)."""
+        fused = checked_fusion(self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead), rows)
         return decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist(), probabilities=True)
 
     def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:

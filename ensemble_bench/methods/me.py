@@ -57,9 +57,9 @@ from ensemble_bench.decoding.sampling import NOT_DRAWN, Sampler, draw_rows, inve
 from ensemble_bench.decoding.stats import MethodStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
+from ensemble_bench.vocab.union_cache import cached_union
 
 CE = -1  # a greedy step's "member": the conventional ensemble's argmax over the union
 
@@ -112,6 +112,8 @@ class MeReport(MethodStats):
 class Me(DecodingMethod):
     name = "me"
     Params = MeParams
+    choice_scoring = "ME scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({*WindowParams.model_fields, "lead", "retokenize"})
     min_members = 2
     samples = True
     lead_param = "lead"

@@ -34,6 +34,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -61,11 +62,11 @@ from ensemble_bench.methods.packllm_weights import (
     score_prompts,
     sim_weights,
 )
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.union_cache import cached_union
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
@@ -143,7 +144,7 @@ class UnionFusion:
         samplers = [s.sampler for s in states]
         if self.core is not None:  # CoRE (methods/core.py) on the members' union projections, lambda as base weights
             weights = torch.tensor([s.weights for s in states], dtype=torch.float32)
-            fused = self.core.fuse(self.mixture.projections(dists), weights, LEAD)
+            fused = checked_fusion(self.core.fuse(self.mixture.projections(dists), weights, LEAD))
             chosen = decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist(), probabilities=True)
             return [self._advance(u) for u in chosen]
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
@@ -211,13 +212,14 @@ class MinedFusion:
         aligned = [self._aligned(lp, rows, k, expert, device) for k, lp in enumerate(dists)]
         samplers = [s.sampler for s in states]
         if self.core is not None:
-            return self._core_argmax(aligned, weights, expert, samplers)
+            return self._core_argmax(aligned, weights, expert, rows, samplers)
         fused = torch.zeros((len(rows), dists[expert].shape[-1]), device=device)
         for k, member_aligned in enumerate(aligned):
             w = weights[:, k:k + 1]
             fused += torch.where(w > 0, w * member_aligned, 0.0)  # lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
-        return decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist())  # ties: the lowest id
+        # ties: the lowest id
+        return decide_on(checked_fusion(fused, rows), samplers, lambda kept: block_argmax(kept).tolist())
 
     def _aligned(self, logprobs: torch.Tensor, rows: list[int], k: int, expert: int, device) -> torch.Tensor:
         """Member k's log-probs of these rows on the expert's vocabulary (its own, or carried by MinED)."""
@@ -225,14 +227,15 @@ class MinedFusion:
         return picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
 
     def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int,
-                     samplers: list[Sampler | None]) -> list[int]:
+                     rows: list[int], samplers: list[Sampler | None]) -> list[int]:
         """CoRE (methods/core.py) in probability space: each member's carried distribution renormalised over the
         expert's choosable ids, fused with lambda as base weights and the expert as the lead."""
         allowed = self.choosable[expert].to(weights.device)
         probs = torch.stack([torch.softmax(a.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
                              for a in aligned])
         fused = self.core.fuse(probs, weights, expert).masked_fill(~allowed, -1.0)
-        return decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist(), probabilities=True)
+        return decide_on(checked_fusion(fused, rows), samplers, lambda kept: block_argmax(kept).tolist(),
+                         probabilities=True)
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token (decoding/speculative.py): the row's expert's token with
@@ -267,6 +270,10 @@ class MinedFusion:
 class PackLLM(SpeculativeSteps, DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
+    choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
+                      "perplexity weights")
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
+                                  *WindowParams.model_fields})
     min_members = 2
     samples = True
     lead = LEAD

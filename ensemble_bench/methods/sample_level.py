@@ -53,6 +53,7 @@ class SampleLevel(Method):
     min_members = 2
     samples = True  # each member samples its own answer (``own_draws``)
     lead_param = "lead"
+    choice_scoring = "each member picks its most likely option and the most picked wins (ties: the lead's)"
 
     def __init__(self, members: Sequence[Member], params: SampleLevelParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

@@ -74,6 +74,8 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
     min_members = 2
     samples = True
     lead_param = "lead"
+    choice_scoring = "options are scored teacher-forced through the method's own step, with no drafting"
+    inert_on_choices = frozenset(SpeculativeParams.model_fields)  # drafting is for generation
 
     def __init__(self, members: Sequence[Member], params: EmitterParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

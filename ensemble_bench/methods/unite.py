@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field, normalised_weights
 from ensemble_bench.decoding.sampling import decide, draw_rows
 from ensemble_bench.decoding.stats import spread
@@ -90,6 +91,7 @@ class Unite(EmitterMethod):
         plan = self.tables.plan(top_ids, top_probs, stops, scored, self.lead)  # Alg. 1 lines 4-12
         probs = torch.stack([aligned_probs(lp, ids).cpu().double() for lp, ids in zip(logprobs, plan.ids)])
         averaged = self._average(probs)  # Alg. 1 line 13
+        checked_fusion(torch.from_numpy(averaged))  # a NaN or infinite fusion stops the row (decoding/fused.py)
         emitted = plan.ids[self.lead].cpu().numpy()
         if not (emitted >= 0).any(axis=1).all():
             raise ValueError("the lead member has no token for any key of V^u (its top-k has no text)")

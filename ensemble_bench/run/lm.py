@@ -193,7 +193,7 @@ class EnsembleLM(LM):
             try:
                 computed = call([convert(i) for i in chunk])
             except NonFiniteScore as err:
-                raise _located(err, requests, chunk) from None
+                raise _located(err.of_row(self.method, self.label), requests, chunk) from None
             for i, answer in zip(chunk, computed):
                 answers[i] = answer
             cache_chunk(self.cache_hook, [entry for i in chunk for entry in (

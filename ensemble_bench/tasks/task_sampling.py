@@ -8,6 +8,7 @@ any other task is read from lm-eval's task index."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from ensemble_bench.decoding.sampling import SamplingParams
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import get_method
 from ensemble_bench.tasks import get_benchmark, is_builtin
+from ensemble_bench.tasks.lm_eval_tasks import Found
 
 
 @dataclass(frozen=True)
@@ -29,21 +31,22 @@ class TaskSettings:
     repeats: int = 1
 
 
-def task_settings(recipe) -> list[TaskSettings]:
-    """The settings of every generating task the recipe runs (an lm-eval group: each of its tasks). A task
-    lm-eval cannot find here is left out: the preflight names it."""
-    from ensemble_bench.tasks.lm_eval_tasks import find_entry, leaf_configs, task_index
-    from ensemble_bench.tasks.recipe_tasks import include_folders
+def task_settings(recipe, index: Mapping[str, Found] | None) -> list[TaskSettings]:
+    """The settings of every generating task the recipe runs (an lm-eval group: each of its tasks).
+    ``index``: lm-eval's task index with the include_path folders (``recipe_tasks.task_index_of``; None when
+    every task is built in). A task lm-eval cannot find here is left out: the preflight names it."""
+    from ensemble_bench.tasks.lm_eval_tasks import find_entry, leaf_configs
 
-    found, index = [], None
+    found = []
     for i, task in enumerate(recipe.tasks):
         given = task.gen_kwargs.given() if task.gen_kwargs else {}
         if is_builtin(task.name):
             own, repeats = _builtin_settings(task)
             found.append(TaskSettings(i, task.name, {**own, **given}, task.repeats or repeats))
             continue
+        if index is None:
+            continue
         try:
-            index = index if index is not None else task_index(include_folders(recipe))
             leaves = list(leaf_configs(find_entry(task.name, index), index))
         except UserError:
             continue
@@ -78,11 +81,11 @@ def _said(policy: SamplingPolicy, settings: TaskSettings) -> str | None:
     return ", ".join([*shown, *repeats, f"seed {policy.seed}"])
 
 
-def sampling_problems(recipe) -> list[str]:
+def sampling_problems(recipe, index: Mapping[str, Found] | None) -> list[str]:
     """A line per task whose generation settings cannot be read (out of range), and per row whose method
     decodes greedily only (or speculatively) while one of the recipe's tasks samples under the row's
     settings."""
-    settings = task_settings(recipe)
+    settings = task_settings(recipe, index)
     lines = []
     for found in settings:
         try:
@@ -107,12 +110,12 @@ def sampling_problems(recipe) -> list[str]:
     return lines
 
 
-def sampling_notes(recipe) -> list[str]:
+def sampling_notes(recipe, index: Mapping[str, Found] | None) -> list[str]:
     """Lines beside the plan: each task that samples (and how, under the recipe's own settings), each
     entry whose ``sampling:`` changes that, and a task whose repeats all decode greedily."""
     notes = []
     base = SamplingPolicy(recipe.seed, recipe.sampling)
-    for settings in task_settings(recipe):
+    for settings in task_settings(recipe, index):
         said = _said(base, settings)
         where = f"tasks[{settings.task}] '{settings.name}'"
         if said is not None:

@@ -146,6 +146,7 @@ def test_the_documented_route_runs_offline_and_ensbench_reads_its_run(tiny_dirs,
     assert code == 2 and "compare needs two rows or more" in one_line(out)
     timing = json.loads((run / "gac" / "timing.json").read_text())
     assert timing["requests_scored"] == 4 and timing["loglikelihood_ms_per_request"] > 0  # 2 questions x 2 choices
+    assert timing["position_ties"] == {"piqa": {"questions": 2, "tied": 0}}  # from the samples (--log_samples)
     code, out = run_cli(monkeypatch, capsys, "plot", str(run), "--out", str(tmp_path / "plot"))
     assert code == 0 and "warning" not in out.err and (tmp_path / "plot.png").exists(), out
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from ensemble_bench.decoding import speculative_sampling
+from ensemble_bench.decoding.acceptance import SamplingAcceptance
 from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
 from ensemble_bench.methods import GenerationRequest
 from ensemble_bench.methods.gac import Gac, GacParams
@@ -48,9 +48,9 @@ def test_speculative_draws_have_the_every_token_distribution(pair, every_token):
 
 def test_a_wrong_acceptance_rule_fails_the_check(pair, every_token, monkeypatch):
     """Accepting every draft (the proposer's own distribution wherever it drafts) is caught."""
-    rule = speculative_sampling.verify
-    monkeypatch.setattr(speculative_sampling, "verify",
-                        lambda p, q, drafted, generator: drafted if drafted >= 0 else rule(p, q, drafted, generator))
+    rule = SamplingAcceptance.verify
+    monkeypatch.setattr(SamplingAcceptance, "verify", staticmethod(
+        lambda p, q, drafted, generator: drafted if drafted >= 0 else rule(p, q, drafted, generator)))
     counts, _ = draws(pair(), speculative=3)
     assert not same_distribution(counts, every_token)
 

@@ -5,7 +5,6 @@ slicing, and YAML past its limits (size, nesting, alias expansion)."""
 
 import math
 import sys
-import time
 from types import UnionType
 from typing import Union, get_args, get_origin
 
@@ -290,9 +289,7 @@ def billion_laughs(levels=10, width=10) -> str:
 
 
 def test_an_alias_bomb_is_refused_at_once(tmp_path, monkeypatch, capsys):
-    started = time.monotonic()
-    line = cli_line(monkeypatch, capsys, tmp_path, recipe_text(tmp_path) + billion_laughs())
-    assert time.monotonic() - started < 5
+    line = cli_line(monkeypatch, capsys, tmp_path, recipe_text(tmp_path) + billion_laughs())  # 10**10 values
     assert "recipe.yaml: line " in line and "more than 100000 values with every alias written out" in line
 
 
