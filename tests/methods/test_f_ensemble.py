@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest, get_method
@@ -120,3 +121,18 @@ def test_whole_text_scores_are_the_global_operator(pair):
     assert product == pytest.approx([WEIGHTS[0] * a + WEIGHTS[1] * b for a, b in zip(*per_member)], abs=1e-6)
     highest = make(pair(), operator="max").loglikelihood_rolling(texts)
     assert highest == pytest.approx([max(a, b) for a, b in zip(*per_member)], abs=1e-6)
+
+
+def test_a_non_finite_combination_stops_the_row(pair):
+    """decoding/fused.py: a byte distribution gone infinite (the covering arithmetic's, past the loop's
+    check of the members' token distributions) made q a row of NaN that sampling and argmax read on;
+    the check names the row instead."""
+    method = make(pair(), operator="sum")
+    finite = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]], dtype=torch.float64)
+    broken = finite.clone()
+    broken[1, 0] = math.inf
+    q, alive = method.combine([finite, finite])
+    assert alive.all() and torch.allclose(q.sum(dim=1), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(NonFiniteFusion) as caught:
+        method.combine([finite, broken])
+    assert caught.value.row == 1
