@@ -127,6 +127,18 @@ class RequestState:
         self.count += advance.tokens
 
 
+@dataclass
+class PendingState(RequestState):
+    """A request whose members may skip steps: the pieces each has not taken yet (GaC's gate, ME)."""
+
+    pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
+
+    def copy(self) -> PendingState:
+        copied = super().copy()
+        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
+        return copied
+
+
 def text_of(lead: Member, state: RequestState) -> str:
     """The lead member's own decode of the text when every piece is one of its tokens (so a member
     ensembled with itself renders exactly as alone), else UTF-8 of the bytes."""

@@ -9,11 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.params import EQUAL_WEIGHTS_ALIAS as EQUAL_WEIGHTS_ALIAS
 from ensemble_bench.decoding.params import MethodParams as MethodParams
 from ensemble_bench.decoding.params import MethodSpec
 from ensemble_bench.decoding.params import WindowParams as WindowParams
+from ensemble_bench.decoding.params import checked_weights as checked_weights
 from ensemble_bench.decoding.params import lead_field as lead_field
 from ensemble_bench.decoding.params import normalised_weights as normalised_weights
 from ensemble_bench.decoding.params import resolve_member as resolve_member
@@ -185,6 +188,15 @@ def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_
     return each(members, totals)
 
 
+def sequence_mixture(weights: Sequence[float], per_member: list[list[float]]) -> list[float]:
+    """log(sum_i w_i exp(logp_i) / sum_i w_i) per sequence, from each member's log-probabilities
+    (``per_member[i][k]``); a zero weight (a member kept for the gate only; GaC Table 5) has no share."""
+    log_w = [math.log(w) if w > 0 else -math.inf for w in weights]
+    log_total = math.log(sum(weights))
+    return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
+            for values in zip(*per_member)]
+
+
 class Method(MethodSpec, ABC):
     """A decoding strategy over one or more members: what its declaration (``MethodSpec``) says, and
     the work."""
@@ -214,8 +226,9 @@ class Method(MethodSpec, ABC):
         if not self.samples:
             raise UserError(f"method '{self.name}' decodes greedily only, but a request samples ({asked.record()}): "
                             "use a method that samples (docs/sampling.md) or set sampling: {do_sample: false}")
-        if getattr(self, "speculation", None) is not None:
-            raise UserError(f"method '{self.name}' with speculative decodes greedily only, but a request samples: "
+        if getattr(self, "speculation", None) is not None and (
+                problem := self.speculative_sampling_problem(self.params)) is not None:
+            raise UserError(f"method '{self.name}' {problem}, but a request samples: "
                             "set speculative: 0, or sampling: {do_sample: false}")
 
     @abstractmethod

@@ -101,6 +101,13 @@ def weights_problem(weights: Sequence[float]) -> str | None:
     return None
 
 
+def checked_weights(value: list[float] | None) -> list[float] | None:
+    """A ``weights`` field's check (``Annotated[..., AfterValidator(checked_weights)]``): None, or usable weights."""
+    if value is not None and (problem := weights_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
 def normalised_weights(weights: Sequence[float], count: int) -> list[float]:
     """Explicit per-member weights, checked and scaled to sum to 1."""
     if len(weights) != count:
@@ -162,6 +169,12 @@ class MethodSpec:
     def takes_weights(cls) -> bool:
         """Whether the method combines members with per-member weights (``weights`` parameter)."""
         return "weights" in cls.Params.model_fields
+
+    @classmethod
+    def speculative_sampling_problem(cls, params: MethodParams) -> str | None:
+        """Why a row with these parameters and ``speculative: N`` cannot sample (the end of a sentence
+        after the method's name), or None where it samples speculatively (decoding/speculative_sampling.py)."""
+        return "with speculative decodes greedily only"
 
     @classmethod
     def packages(cls, params: MethodParams) -> dict[str, str]:

@@ -25,7 +25,10 @@ rows of a batch:
 
 Every decision is the method's own, on the distributions of the text it chose: the outputs are the
 every-token outputs up to the float differences between a block forward and one-token steps
-(docs/speculative.md lists the near-ties measured). Sampling stays every-token.
+(docs/speculative.md lists the near-ties measured). A request that samples drafts by sampling and is
+verified by ``SamplingAcceptance`` (decoding/acceptance.py, beside the greedy rule), which keeps its
+output distribution the ensemble's (methods that offer ``speculative_choice``: GaC;
+decoding/speculative_sampling.py).
 
 The draft length adapts to the batch (``_draft_lengths``): the d <= N with the most tokens per second
 expected from its rows' acceptance rates and the measured costs of a proposer step and of the
@@ -60,6 +63,7 @@ from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.params import SpeculativeParams as SpeculativeParams
 from ensemble_bench.decoding.params import resolve_proposer as resolve_proposer
 from ensemble_bench.decoding.speculation_stats import Costs, Rate, RowRecord, SpeculationStats
+from ensemble_bench.decoding.speculative_sampling import Drafted, draft_tokens, replay_choice, samples
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
@@ -197,7 +201,10 @@ class Speculation(Rounds):
         next draft length."""
         states, pending = [self.all_states[i] for i in live], [self.pending[i] for i in live]
         proposer = self._pick_proposer()
-        room = [max(0, min(d, s.rule.max_new_tokens - s.count - 1)) for d, s in zip(self._draft_lengths(live), states)]
+        # a row that samples keeps its own length (N after its first round): its draws never depend on the clock
+        lengths = [self.lengths[i] if samples(s) else d for i, s, d in zip(live, states, self._draft_lengths(live))]
+        room = [max(0, min(d, s.rule.max_new_tokens - s.count - 1)) for d, s in zip(lengths, states)]
+        self.drafted: list[list[Drafted]] = [[] for _ in states]  # sampling rows: what each position proposed
         if any(room) or 1 not in self.costs.blocks:
             forced = self._rehearse(self.stand_ins, states, pending, room, proposer)
         else:  # an every-token round: the replay reads what it needs, in one forward per member
@@ -206,8 +213,9 @@ class Speculation(Rounds):
         for k, (i, row) in enumerate(zip(live, rows)):
             self.pending[i] = row.pending
             self._observe(self.records[i], self.rates[i], row, [m.forwards[k] for m in self.stand_ins])
-            self.lengths[i] = min(self.longest, row.drafted + 2) if row.accepted == row.drafted and row.agreed_after \
-                else row.accepted
+            grows = row.accepted == row.drafted and row.agreed_after
+            self.lengths[i] = self.longest if samples(states[k]) else \
+                min(self.longest, row.drafted + 2) if grows else row.accepted
         for member in self.stand_ins:
             member.forwards = [0] * len(member.forwards)
             member.prune()
@@ -283,10 +291,11 @@ class Speculation(Rounds):
         rows that draft on."""
         dists = torch.stack([drafter.known[k][len(own[k])] for k in going])
         taken: dict[int, Advance] = {}
-        for index, (k, token) in enumerate(zip(going, block_argmax(dists).tolist())):
-            if token in drafter.member.stop_ids:
-                continue
-            advance = self.method.draft_advance(copies[k], token, proposer, dists[index])
+        for index, (k, token) in enumerate(zip(going, draft_tokens(dists, [copies[k] for k in going]))):
+            advance = None if token in drafter.member.stop_ids else self.method.draft_advance(
+                copies[k], token, proposer, dists[index])
+            if samples(copies[k]):  # the proposal, and "none" for a token the draft cannot take
+                self.drafted[k].append(Drafted(advance, proposer, dists[index]))
             if advance is not None:
                 taken[k] = advance
                 forced[k].append(advance)
@@ -325,7 +334,8 @@ class Speculation(Rounds):
             dists = [m.current() for m in members]
             check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
             try:
-                advances = method.choose(dists, [states[k] for k in going]).advances
+                advances = replay_choice(method, dists, [states[k] for k in going],
+                                         [self._drafted_at(k, position) for k in going])
             except NonFiniteFusion as err:
                 raise located(err, self.method, [live[k] for k in going], prompts, self.all_states) from None
             agreed = self._agreement(dists, advances, proposer)
@@ -342,6 +352,11 @@ class Speculation(Rounds):
             self._feed(method, members, states, goes_on)
             going, position = list(goes_on), position + 1
         return outcome
+
+    def _drafted_at(self, k: int, position: int) -> Drafted | None:
+        """What row k's proposer drafted at ``position`` of the replay (None: past its draft, or a greedy row)."""
+        drafted = self.drafted[k]
+        return drafted[position] if position < len(drafted) else None
 
     def _agreement(self, dists: list[torch.Tensor], advances: list[Advance], proposer: int) -> list[bool]:
         """Per row, whether the proposer's own greedy token was the choice; with ``proposer: auto``

@@ -74,7 +74,6 @@ from ensemble_bench.methods.covering_decoder import (
     ScoringState,
     TeacherForced,
     forced_logprobs,
-    live_average,
 )
 from ensemble_bench.vocab.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
 from ensemble_bench.vocab.covering import SortedVocab, mixture_by_row, opening_masses
@@ -191,8 +190,8 @@ class ByteLevel(ByteLevelSpec, CoveringDecoder):
             for r, state in enumerate(states):
                 walk.walk(self.vocabs[i], r, state.forced, tries[r][i], reads[i][r], firsts[r])
         self.stats.add_walks(walks, firsts[-1])
-        mixed, alive = live_average([self._forced_distributions(i, walks[i], dists[i], reads[i], firsts[-1])
-                                     for i in range(len(self.members))], self.weights)
+        mixed, alive = self.combine([self._forced_distributions(i, walks[i], dists[i], reads[i], firsts[-1])
+                                     for i in range(len(self.members))])
         forced = torch.tensor([byte for state in states for byte in state.forced], dtype=torch.long)
         chance = forced_logprobs(mixed, alive, forced)
         greedy = ((mixed.argmax(dim=1) == forced) & alive).tolist()

@@ -196,7 +196,12 @@ class CoveringDecoder(CoveringSpec, DecodingMethod):
 
     def mixed_rows(self, states: Sequence[CoverState]) -> tuple[torch.Tensor, torch.Tensor]:
         """The weighted average of the members' next-symbol distributions (step 2) and whether a member is live."""
-        return live_average([self.member_distributions(i, states) for i in range(len(self.members))], self.weights)
+        return self.combine([self.member_distributions(i, states) for i in range(len(self.members))])
+
+    def combine(self, dists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 2 on the members' [rows, symbols + 1] distributions: q and whether a row has a live member
+        (``live_average``; f_ensemble combines by its operator)."""
+        return live_average(dists, self.weights)
 
     def plan(self, state: CoverState, symbol: int) -> Advance:
         """Each member's re-tokenisation of ``symbol`` (for ``feed``), and the advance that takes it."""

@@ -16,7 +16,6 @@ greedy for every member. Thresholds do not apply to scoring.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ import torch
 
 from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, PendingState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders
 from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
@@ -33,9 +32,11 @@ from ensemble_bench.decoding.method import (
     LoglikelihoodRequest,
     rolling_with_members,
     score_with_members,
+    sequence_mixture,
 )
 from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeSteps
+from ensemble_bench.decoding.speculative_sampling import UnionSpeculativeSampling
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion
@@ -47,15 +48,13 @@ from ensemble_bench.vocab.union_cache import cached_union
 
 
 @dataclass
-class GacState(RequestState):
-    """A request under GaC: its ids are the lead member's (``lead``)."""
+class GacState(PendingState):
+    """A request under GaC: its ids are the lead member's (``lead``); ``pending``: what skipped members missed."""
 
-    pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
 
     def copy(self) -> GacState:
         copied = super().copy()
-        copied.pending = {index: list(pieces) for index, pieces in self.pending.items()}
         copied.ensembled = list(self.ensembled)
         return copied
 
@@ -95,7 +94,7 @@ class GacReport(MethodStats):
     core: dict = spread()            # CoRE's counters (methods/core.py) when core: true
 
 
-class Gac(GacSpec, SpeculativeSteps, DecodingMethod):
+class Gac(GacSpec, UnionSpeculativeSampling, SpeculativeSteps, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: GacParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -277,11 +276,7 @@ class Gac(GacSpec, SpeculativeSteps, DecodingMethod):
 
     # --- scoring --------------------------------------------------------------------------------
     def _combine(self, per_member: list[list[float]]) -> list[float]:
-        # a zero weight (a member kept for the gate only; GaC Table 5) is log 0 = -inf: no share
-        log_w = [math.log(w) if w > 0 else -math.inf for w in self.weights.tolist()]
-        log_total = math.log(sum(self.weights.tolist()))
-        return [float(torch.logsumexp(torch.tensor([lp + lw for lp, lw in zip(values, log_w)]), 0)) - log_total
-                for values in zip(*per_member)]
+        return sequence_mixture(self.weights.tolist(), per_member)
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
         per_member = score_with_members(self.members, requests, self.batch_size)

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ensemble_bench.decoding.params import (
+    AUTO,
     MethodSpec,
     Retokenize,
     SpeculativeParams,
@@ -118,3 +119,14 @@ class GacSpec(MethodSpec):
     def check_members(cls, params: GacParams, labels: Sequence[str]) -> None:
         resolve_weights(params, len(labels))
         resolve_proposer(params, labels, resolve_lead(params, labels))
+
+    @classmethod
+    def speculative_sampling_problem(cls, params: GacParams) -> str | None:
+        """Sampled speculation verifies drafts as union entries (decoding/speculative_sampling.py): not with
+        a gate (a gated step's unit is the gate's token), CoRE (another fusion) or proposer: auto (chosen by
+        measured speed: the draws would depend on the clock)."""
+        if params.threshold is not None or params.core:
+            return "with speculative and a threshold or CoRE decodes greedily only"
+        if params.proposer == AUTO:
+            return "with speculative and proposer: auto decodes greedily only (name the proposer)"
+        return None

@@ -97,13 +97,13 @@ def sampling_problems(recipe, index: Mapping[str, Found] | None) -> list[str]:
     for row in recipe.plan:
         method = method_spec(row.method)
         speculative = bool(getattr(row.params, "speculative", 0))
-        if method.samples and not speculative:
+        if method.samples and not (speculative and method.speculative_sampling_problem(row.params)):
             continue
         policy = row_policy(recipe, row)
         asking = next((s for s in settings if _said(policy, s)), None)
         if asking is None:
             continue
-        why = "with speculative decodes greedily only" if method.samples else "decodes greedily only"
+        why = method.speculative_sampling_problem(row.params) if method.samples else "decodes greedily only"
         fix = "set speculative: 0" if method.samples else "use a method that samples (docs/sampling.md)"
         lines.append(f"row {row.label}: method '{row.method}' {why}, but tasks[{asking.task}] '{asking.name}' "
                      f"samples ({_said(policy, asking)}): {fix}, or give the entry sampling: {{do_sample: false}}")

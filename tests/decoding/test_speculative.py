@@ -101,10 +101,18 @@ def test_draft_length_adapts_down_when_drafts_fail(pair):
     assert all(r["tokens"] >= r["rounds"] for r in rows)
 
 
-def test_sampling_is_every_token_only(pair):
-    method = Gac(pair("bpe", "sp"), GacParams(speculative=2))
-    with pytest.raises(UserError, match="with speculative decodes greedily only, but a request samples"):
+@pytest.mark.parametrize("params, why", [({"threshold": 0.5}, "with speculative and a threshold or CoRE"),
+                                         ({"core": True}, "with speculative and a threshold or CoRE"),
+                                         ({"proposer": "auto"}, "with speculative and proposer: auto")])
+def test_sampling_speculatively_is_refused_where_drafts_are_not_union_entries(pair, params, why):
+    """Sampled speculation is GaC's, without a gate, CoRE or an automatic proposer (tests/decoding/
+    test_speculative_sampling.py); the other speculative methods refuse it as before."""
+    method = Gac(pair("bpe", "sp"), GacParams(speculative=2, **params))
+    with pytest.raises(UserError, match=f"{why}.*, but a request samples"):
         method.generate(sampled(REQUESTS[:1]))
+    unite = Unite(pair("bpe", "sp"), UniteParams(speculative=2))
+    with pytest.raises(UserError, match="with speculative decodes greedily only, but a request samples"):
+        unite.generate(sampled(REQUESTS[:1]))
 
 
 def test_unknown_proposer_is_one_line():

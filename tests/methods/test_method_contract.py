@@ -70,6 +70,9 @@ CONTRACT_PARAMS: dict[str, list[dict]] = {
     "adafuse": [{"beam_size": 1}, {"theta_delta": 0.0, "max_words": 2, "lead": 1},
                 {"beam_size": 1, "commit_rule": "code", "theta_delta": 0.05},
                 {"beam_size": 1, "word_unit": "whitespace", "theta_delta": 0.5}],
+    "me": [{}, {"weights": [0.3, 2.0], "lead": 1}],
+    "f_ensemble": [{}, {"operator": "sum"}, {"operator": "min", "weights": [1.0, 4.0], "lead": 1}, {"operator": "max"},
+                   {"operator": "power_mean", "exponent": -2.0, "weights": [3.0, 1.0]}],
 }
 
 # What a member scored with itself keeps, by the method's equations: "values" (log-likelihoods
@@ -80,6 +83,7 @@ SCORING_IDENTITY: dict[str, str] = {
     "single": "values", "gac": "values", "unite": "flags", "deepen": "flags", "voting": "choice", "mbr": "choice",
     "rerank": "choice", "coolfusion": "values", "sweetspan": "values", "packllm": "values", "chared": "values",
     "safe": "values", "byte_level": "values", "lvr": "values", "eva": "flags", "adafuse": "values",
+    "me": "values", "f_ensemble": "values",
 }
 
 def params_of(cls: type[Method], entry: dict) -> MethodParams:

@@ -19,7 +19,7 @@ WEIGHTED = [name for name, cls in METHODS.items() if cls.takes_weights()]
 
 def test_the_lead_is_one_parameter_named_lead():
     assert set(LEADING) == {"gac", "unite", "deepen", "voting", "mbr", "rerank", "coolfusion", "sweetspan", "safe",
-                            "byte_level", "lvr", "eva", "adafuse"}
+                            "byte_level", "lvr", "eva", "adafuse", "me", "f_ensemble"}
     for name in LEADING:
         assert METHODS[name].lead_param == "lead" and "lead" in METHODS[name].Params.model_fields, name
 
@@ -53,7 +53,7 @@ def test_window_is_declared_once():
                  if "window" in cls.__dict__.get("__annotations__", {})}
     assert declaring == {WindowParams}
     assert {name for name, cls in METHODS.items() if "window" in cls.Params.model_fields} == {
-        "gac", "unite", "deepen", "packllm", "chared", "safe", "eva"}
+        "gac", "unite", "deepen", "packllm", "chared", "safe", "eva", "me"}
 
 
 def test_samples_is_declared_by_the_methods_that_can_draw():

@@ -25,7 +25,8 @@ SAMPLED_PARAMS = [
     ("packllm", {"core": True, "alignment": "union"}), ("chared", {}), ("byte_level", {}), ("lvr", {}),
     ("eva", {"retokenize": "local", "overlap": "direct"}),
     ("eva", {"retokenize": "local", "overlap": "direct", "core": True}),
-    ("voting", {}), ("mbr", {}), ("rerank", {}),
+    ("voting", {}), ("mbr", {}), ("rerank", {}), ("me", {}), ("me", {"weights": [1.0, 3.0], "lead": 1}),
+    ("f_ensemble", {}), ("f_ensemble", {"operator": "power_mean", "exponent": 0.5}),
 ]
 
 

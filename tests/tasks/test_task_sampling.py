@@ -62,10 +62,12 @@ def test_a_method_that_cannot_sample_is_refused_in_one_line_per_row():
 
 
 def test_speculative_with_sampling_is_refused_and_an_override_can_ask_for_sampling():
-    [line] = sampling_problems(*indexed(recipe({"name": "gac", "speculative": 2})))
-    assert line.startswith("row gac: method 'gac' with speculative decodes greedily only") and "speculative: 0" in line
+    [line] = sampling_problems(*indexed(recipe({"name": "gac", "speculative": 2, "threshold": 0.5})))
+    assert line.startswith("row gac: method 'gac' with speculative and a threshold or CoRE decodes greedily only")
+    assert "speculative: 0" in line
+    assert sampling_problems(*indexed(recipe({"name": "gac", "speculative": 2}))) == []  # speculative sampling
     [line] = sampling_problems(*indexed(recipe({"name": "unite", "speculative": 2}, [{"name": "nq"}],
-                                      sampling={"temperature": 0.5})))
+                                               sampling={"temperature": 0.5})))
     assert "tasks[0] 'nq' samples (temperature 0.5, seed 1234)" in line
 
 

@@ -1,0 +1,75 @@
+"""Speculative sampling against every-token sampling, GaC over a packaged pair, in one run on the same
+prompts (lm-eval's gsm8k prompts of the offline copy, as scripts/bench_speculative.py builds them).
+
+Per batch size: decode wall seconds of every-token sampling and of ``speculative: N`` (the same
+requests, seeds and settings), their ratio, and the acceptance rate. The samples differ between the
+two (the draws are used differently); their distribution is the same (docs/sampling.md).
+
+    python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4]
+           [--temperature 0.7] [--max-new-tokens 64] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_speculative import TASKS, task_prompts  # noqa: E402
+
+
+def requests(prompts: list[str], temperature: float, max_new_tokens: int) -> list:
+    from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
+    from ensemble_bench.members import Prompt
+    from ensemble_bench.methods import GenerationRequest
+
+    params = SamplingParams(do_sample=True, temperature=temperature)
+    return [GenerationRequest(Prompt(text=p), TASKS["gsm8k"].until, max_new_tokens,
+                              RequestSampling(params, 1234, request_key(p, {}), 0)) for p in prompts]
+
+
+def timed(members, params, batch, batch_size: int) -> tuple[float, object]:
+    from ensemble_bench.methods.gac import Gac
+
+    method = Gac(members, params, batch_size=batch_size)
+    start = time.perf_counter()
+    method.generate(batch)
+    return time.perf_counter() - start, method
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--limit", type=int, default=2)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--draft", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    import torch
+
+    from ensemble_bench.members import load_member
+    from ensemble_bench.methods.gac import GacParams
+
+    torch.set_num_threads(args.threads)
+    members = [load_member("smollm2-135m", chat_template=False, name="smollm2"),
+               load_member("qwen2.5-0.5b", chat_template=False, name="qwen2.5")]
+    for batch_size in args.batch_sizes:
+        prompts = task_prompts("gsm8k", max(args.limit, batch_size))
+        batch = requests(prompts, args.temperature, args.max_new_tokens)
+        every, _ = timed(members, GacParams(), batch, batch_size)
+        spec, method = timed(members, GacParams(speculative=args.draft, proposer=0), batch, batch_size)
+        stats = method.speculation.stats
+        print(f"batch {batch_size}: {len(batch)} requests, every-token {every:.1f} s, speculative {spec:.1f} s, "
+              f"ratio {spec / every:.2f}, acceptance {stats.accepted}/{stats.drafted}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
