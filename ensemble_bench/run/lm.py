@@ -26,7 +26,8 @@ from ensemble_bench.errors import UserError
 from ensemble_bench.members import Prompt
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
 from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
-from ensemble_bench.run.build import build_from_model_args
+from ensemble_bench.run.build import MemberPool, build_from_model_args, build_method
+from ensemble_bench.run.sittings import resume_counts, save_counts
 
 CHAT_MARK = "\u0000ensbench-chat\u0000"
 DEFAULT_MAX_GEN_TOKS = 256
@@ -108,7 +109,7 @@ class EnsembleLM(LM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
-        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n}."""
+        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n, "replicas": n}."""
         try:
             data = json.loads(arg_string) if arg_string.strip() else {}
         except json.JSONDecodeError as err:
@@ -120,10 +121,15 @@ class EnsembleLM(LM):
         """lm-eval's ``batch_size`` (a number, ``auto``), ``max_batch_size`` and ``device`` come in
         ``additional_config`` (build.recipe_from_model_args says how they apply)."""
         extra = additional_config or {}
-        row, method = build_from_model_args(dict(arg_dict), cls.method_name, extra)
-        lm = LM_CLASSES[row.method](method, row.label)
+        recipe, row = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        if recipe.placement.replicas > 1:  # "replicas": n (run/replicas.py)
+            from ensemble_bench.run.replicas import Replicas, ReplicatedLM
+
+            lm = ReplicatedLM(Replicas(recipe), row.label)
+        else:
+            lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label)
         if str(extra.get("batch_size")).startswith("auto"):
-            lm.batch_sizes = {"auto": method.batch_size}  # lm-eval records the size 'auto' chose
+            lm.batch_sizes = {"auto": recipe.batch_size}  # lm-eval records the size 'auto' chose
         return lm
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
@@ -144,27 +150,41 @@ class EnsembleLM(LM):
                              "members": [m.name for m in self.method.members], **self.rendered.info()}}
 
     # --- requests -------------------------------------------------------------------------------
-    def _run_in_chunks(self, kind: str, requests, convert, call) -> list:
+    def _run_in_chunks(self, kind: str, requests) -> list:
         """Answer requests in chunks (longest first), caching each answer as soon as it exists.
         A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
-        examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
-        if self.progress:  # the pass starts: its examples per task are known before the first batch ends
-            self.progress({}, examples)
+        examples = self._pass_started(requests)
         for chunk in self._chunks(requests):
             try:
-                computed = call([convert(requests[i].args) for i in chunk])
+                computed = self.answer(kind, [requests[i].args for i in chunk])
             except NonFiniteScore as err:
                 raise _located(err, requests, chunk) from None
-            for i, answer in zip(chunk, computed):
-                answers[i] = answer
-            cache_chunk(self.cache_hook, kind, [(requests[i].args, answers[i]) for i in chunk])
-            self.requests_computed += len(chunk)
-            if self.after_chunk:
-                self.after_chunk()
-            if self.progress:
-                self.progress(_tally(requests, chunk), examples)
+            self._chunk_done(kind, requests, chunk, computed, answers, examples)
         return answers
+
+    def _pass_started(self, requests) -> dict[str, int]:
+        """The pass's examples per task (the choices of a question are one), shown to progress at once:
+        they are known before the first batch ends."""
+        examples = _tally(requests, range(len(requests)))
+        if self.progress:
+            self.progress({}, examples)
+        return examples
+
+    def _chunk_done(self, kind: str, requests, chunk: list[int], computed: list, answers: list, examples) -> None:
+        """A chunk's answers: kept, cached whole (``cache_chunk``), counted, shown to progress."""
+        for i, answer in zip(chunk, computed):
+            answers[i] = answer
+        cache_chunk(self.cache_hook, kind, [(requests[i].args, answers[i]) for i in chunk])
+        self.requests_computed += len(chunk)
+        if self.after_chunk:
+            self.after_chunk()
+        if self.progress:
+            self.progress(_tally(requests, chunk), examples)
+
+    def answer(self, kind: str, batch: list[tuple]) -> list:
+        """The method's answers to one chunk of lm-eval request arguments of ``kind``."""
+        return ANSWERS[kind](self, batch)
 
     def _chunks(self, requests) -> list[list[int]]:
         """Request indices in chunks, longest context first; requests sharing a context (the
@@ -180,44 +200,68 @@ class EnsembleLM(LM):
         return chunks
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        def convert(args) -> GenerationRequest:
-            context, gen_kwargs = args
-            gen_kwargs = dict(gen_kwargs or {})
-            if gen_kwargs.get("do_sample") or (gen_kwargs.get("temperature") or 0) > 0:
-                log.warning("ensbench decodes greedily; ignoring sampling settings %s", gen_kwargs)
-            return GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
-                                     int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)))
-
-        def call(batch):
-            return [g.text for g in self.method.generate(batch)]
-
-        return self._run_in_chunks("generate_until", requests, convert, call)
+        return self._run_in_chunks("generate_until", requests)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        def convert(args) -> LoglikelihoodRequest:
-            context, continuation = args
-            return LoglikelihoodRequest(to_prompt(context), continuation)
-
-        def call(batch):
-            started = time.perf_counter()
-            scores = self.method.loglikelihood(batch)
-            self.scoring.seconds += time.perf_counter() - started
-            self.scoring.requests += len(batch)
-            self.scoring.tokens += sum(len(self.method.members[0].encode(r.continuation, add_special_tokens=False))
-                                       for r in batch)
-            check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in batch],
-                         [r.continuation for r in batch])
-            return [(s.logprob, s.is_greedy) for s in scores]
-
-        return self._run_in_chunks("loglikelihood", requests, convert, call)
+        return self._run_in_chunks("loglikelihood", requests)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        def call(texts):
-            totals = self.method.loglikelihood_rolling(texts)
-            check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
-            return totals
+        return self._run_in_chunks("loglikelihood_rolling", requests)
 
-        return self._run_in_chunks("loglikelihood_rolling", requests, lambda args: args[0], call)
+    # --- what a row reports -----------------------------------------------------------------------
+    def reported(self) -> dict:
+        """The row's statistics for its timing.json: the method's, the requests computed, the scoring's."""
+        return {**self.method.info(), "requests_computed": self.requests_computed, **self.scoring.summary()}
+
+    def span_traces(self) -> list[dict]:
+        """Span-level methods: candidates and scores per round, of the requests computed in this sitting."""
+        return getattr(self.method, "traces", None) or []
+
+    def carried(self) -> dict[str, object]:
+        """The accumulators of the row's statistics carried across sittings (run/sittings.py)."""
+        return {**self.method.carried(), "scoring": self.scoring}
+
+    def carry_counts(self, db) -> None:
+        """The row's statistics over all its sittings: the earlier sittings' counters are added before it
+        computes anything, and the counters so far are written after every chunk of cached answers."""
+        resume_counts(self.carried(), db)
+        self.after_chunk = lambda: save_counts(self.carried(), db)  # the cuts looked at anew
+
+
+def _generate(lm: EnsembleLM, batch: list[tuple]) -> list[str]:
+    requests = []
+    for context, gen_kwargs in batch:
+        gen_kwargs = dict(gen_kwargs or {})
+        if gen_kwargs.get("do_sample") or (gen_kwargs.get("temperature") or 0) > 0:
+            log.warning("ensbench decodes greedily; ignoring sampling settings %s", gen_kwargs)
+        requests.append(GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
+                                          int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))))
+    return [g.text for g in lm.method.generate(requests)]
+
+
+def _loglikelihood(lm: EnsembleLM, batch: list[tuple]) -> list[tuple[float, bool]]:
+    requests = [LoglikelihoodRequest(to_prompt(context), continuation) for context, continuation in batch]
+    started = time.perf_counter()
+    scores = lm.method.loglikelihood(requests)
+    lm.scoring.seconds += time.perf_counter() - started
+    lm.scoring.requests += len(requests)
+    lm.scoring.tokens += sum(len(lm.method.members[0].encode(r.continuation, add_special_tokens=False))
+                             for r in requests)
+    check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in requests],
+                 [r.continuation for r in requests])
+    return [(s.logprob, s.is_greedy) for s in scores]
+
+
+def _loglikelihood_rolling(lm: EnsembleLM, batch: list[tuple]) -> list[float]:
+    texts = [args[0] for args in batch]
+    totals = lm.method.loglikelihood_rolling(texts)
+    check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
+    return totals
+
+
+# lm-eval's request kinds -> how the method answers a chunk of their arguments
+ANSWERS = {"generate_until": _generate, "loglikelihood": _loglikelihood,
+           "loglikelihood_rolling": _loglikelihood_rolling}
 
 
 def _tally(requests, indices) -> dict[str, int]:

@@ -51,7 +51,6 @@ from ensemble_bench.run.row_store import (
     seed_cache,
 )
 from ensemble_bench.run.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
-from ensemble_bench.run.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
 from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
 from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
@@ -71,7 +70,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     shutil.rmtree(partial, ignore_errors=True)
     cache = inside(run_dir, CACHE)
     cache.mkdir(parents=True, exist_ok=True)
-    _carry_counts(lm, cache_db(run_dir, row.label))
+    lm.carry_counts(cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
     for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
@@ -95,9 +94,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         for task_name in results["configs"]:
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
-    write_row_timing(partial, recipe, row, {**lm.method.info(), "requests_computed": lm.requests_computed,
-                                            **lm.scoring.summary(), "row_key": row_key})
-    traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
+    write_row_timing(partial, recipe, row, {**lm.reported(), "row_key": row_key})
+    traces = lm.span_traces()  # span-level methods: candidates and scores per round
     if traces:
         write_span_trace(partial, traces)
     missing = damage(partial, [group for _, group in groups])
@@ -107,14 +105,6 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
-
-
-def _carry_counts(lm, db: Path) -> None:
-    """The row's statistics over all its sittings: the earlier sittings' counters are added before it
-    computes anything, and the counters so far are written after every chunk of cached answers."""
-    holders = {**lm.method.carried(), "scoring": lm.scoring}
-    resume_counts(holders, db)
-    lm.after_chunk = lambda: save_counts({**lm.method.carried(), "scoring": lm.scoring}, db)  # the cuts looked at anew
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
@@ -329,6 +319,7 @@ def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
+    from ensemble_bench.run.replicas import Replicas, ReplicatedLM
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     run_dir, _ = run_dir_of(recipe, fresh)
@@ -350,13 +341,20 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
     store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
     folders = [*recipe_tasks.include_folders(recipe), run_dir / TASKS]
     keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))
-    for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
-        on_row and on_row(row, "loading")
-        method = build_method(recipe, row, pool)
-        row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
-        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress)
-        on_row and on_row(row, "evaluating")
-        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
-        store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
+    replicas = Replicas(recipe) if recipe.placement.replicas > 1 else None  # run/replicas.py
+    try:
+        for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
+            on_row and on_row(row, "loading")
+            row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
+            if replicas is not None:
+                lm = ReplicatedLM(replicas, row.label, progress=row_progress)
+            else:
+                lm = LM_CLASSES[row.method](build_method(recipe, row, pool), row.label, progress=row_progress)
+            on_row and on_row(row, "evaluating")
+            _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
+            store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
+    finally:
+        if replicas is not None:
+            replicas.close()
     _check_complete(run_dir, rows, group_names)
     return run_dir

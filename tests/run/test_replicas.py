@@ -1,0 +1,148 @@
+"""Data-parallel replicas (placement: {kind: ray, replicas: R}, run/replicas.py): the chunks left after any
+set of finished chunks are the chunks one process forms; two replicas give the samples, results and
+statistics of one process, byte for byte; a replica killed mid-run loses nothing.
+"""
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.run.lm import EnsembleLM
+from tests.cli_helpers import row_files, run_cli
+
+
+def chunker(size: int) -> EnsembleLM:
+    return EnsembleLM(SimpleNamespace(batch_size=size, members=[]), "chunks")
+
+
+def requests_with_shared_contexts(rng: random.Random, count: int) -> list:
+    """Requests whose contexts repeat (the choices of one question) and whose lengths tie."""
+    contexts = [rng.choice("ab") * rng.randint(1, 6) + str(rng.randint(0, 3)) for _ in range(count // 2 + 1)]
+    return [SimpleNamespace(args=(rng.choice(contexts), f"choice {i}")) for i in range(count)]
+
+
+def test_the_chunks_left_after_any_finished_chunks_are_the_chunks_one_process_forms():
+    """Replicas cache whole chunks in any order; a resumed run chunks the requests left greedily. Those
+    chunks must be the original chunks left (a chunk's batch decides its padding, and so its scores)."""
+    rng = random.Random(7)
+    for _ in range(300):
+        size = rng.randint(1, 4)
+        requests = requests_with_shared_contexts(rng, rng.randint(1, 24))
+        chunks = chunker(size)._chunks(requests)
+        finished = {n for n in range(len(chunks)) if rng.random() < 0.5}
+        left = [i for n, chunk in enumerate(chunks) if n not in finished for i in chunk]
+        again = chunker(size)._chunks([requests[i] for i in left])
+        assert [[left[j] for j in chunk] for chunk in again] == \
+            [chunk for n, chunk in enumerate(chunks) if n not in finished]
+
+
+def test_replicas_need_ray_placement():
+    with pytest.raises(Exception, match="replicas need kind: ray"):
+        parse_recipe({"name": "r", "members": [{"model": "m"}, {"model": "n"}], "method": "gac", "tasks": ["piqa"],
+                      "placement": {"replicas": 2}}, "recipe")
+
+
+RECIPE = """\
+name: tiny-replicas
+members:
+  - {{model: {bpe}, name: bpe, num_cpus: 0.5}}
+  - {{model: {sp}, name: sp, num_cpus: 0.5}}
+methods:
+  - {{name: gac, threshold: 0.6, gate: bpe}}
+  - {{name: sweetspan, span_words: 2}}
+tasks:
+  - {{name: gsm8k, shots: 1, limit: 3, gen_kwargs: {{max_gen_toks: 12}}}}
+  - {{name: piqa, limit: 3}}
+batch_size: 2
+data: offline
+output: {output}
+{placement}
+"""
+TWO_REPLICAS = "placement: {kind: ray, replicas: 2}"
+ROWS = ("gac", "sweetspan")
+SAME = ("tokens_generated", "decode_steps", "generation_batches", "contexts_truncated", "requests_computed",
+        "requests_scored", "tokens_scored", "ensembled_fraction", "params", "batch_size")
+
+
+def run_recipe_text(monkeypatch, capsys, tmp_path, name, text):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    code, out = run_cli(monkeypatch, capsys, "run", str(path))
+    assert code == 0, out.err
+    [run_dir] = (tmp_path / name / "tiny-replicas").iterdir()
+    return run_dir
+
+
+def timing(run_dir, row):
+    return json.loads((run_dir / row / "timing.json").read_text())
+
+
+def method_counters(stats: dict, method: str) -> dict:
+    """The method's own statistics that count work (not seconds)."""
+    own = stats.get(method, {})
+    return {k: v for k, v in own.items() if "seconds" not in k and "_ms" not in k}
+
+
+@pytest.mark.slow
+def test_two_replicas_give_the_samples_results_and_counts_of_one_process(ray_cluster, tiny_dirs, tmp_path,
+                                                                           monkeypatch, capsys):
+    bpe, sp = tiny_dirs
+    one = run_recipe_text(monkeypatch, capsys, tmp_path, "one", RECIPE.format(
+        bpe=bpe, sp=sp, output=tmp_path / "one", placement=""))
+    two = run_recipe_text(monkeypatch, capsys, tmp_path, "two", RECIPE.format(
+        bpe=bpe, sp=sp, output=tmp_path / "two", placement=TWO_REPLICAS))
+    for row in ROWS:
+        assert row_files(two / row) == row_files(one / row), row
+        alone, replicated = timing(one, row), timing(two, row)
+        assert {k: replicated.get(k) for k in SAME} == {k: alone.get(k) for k in SAME}, row
+        assert method_counters(replicated, row) == method_counters(alone, row), row
+        spread = replicated["replicas"]
+        assert spread["count"] == 2 and sum(spread["batches"]) >= 4 and spread["wall_seconds"] > 0, spread
+        assert "replicas" not in alone
+    one_traces, two_traces = ((run / "sweetspan" / "span_trace.jsonl").read_text() for run in (one, two))
+    assert one_traces == two_traces and one_traces
+
+
+@pytest.mark.slow
+def test_a_killed_replica_loses_nothing(ray_cluster, tiny_dirs, tmp_path):
+    """The second replica is killed after the first chunk arrives: its chunk in flight goes to the other,
+    and the answers equal one process's."""
+    from ensemble_bench.run.build import MemberPool, build_method
+    from ensemble_bench.run.lm import LM_CLASSES
+    from ensemble_bench.run.replicas import Replicas, ReplicatedLM
+
+    bpe, sp = tiny_dirs
+    text = RECIPE.format(bpe=bpe, sp=sp, output=tmp_path, placement=TWO_REPLICAS)
+    recipe = parse_recipe(yaml.safe_load(text), "recipe")
+    row = recipe.plan[0]
+    contexts = [f"Question {i}: what is {i} plus {i * 3}?" + " Think." * (i % 4) for i in range(9)]
+    requests = [SimpleNamespace(args=(c, {"until": ["\n"], "max_gen_toks": 8})) for c in contexts]
+    local = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe.model_copy(
+        update={"placement": type(recipe.placement)()}))), row.label)
+    expected = local.generate_until(requests)
+
+    replicas = Replicas(recipe)
+    try:
+        lm = ReplicatedLM(replicas, row.label)
+        killed = []
+
+        def kill_second():
+            if not killed:
+                killed.append(replicas.actors[1])
+                ray_cluster.kill(replicas.actors[1], no_restart=True)
+
+        lm.after_chunk = kill_second
+        assert lm.generate_until(requests) == expected
+        assert killed and replicas.live == [0] and lm.requests_computed == len(requests)
+    finally:
+        replicas.close()
+
+
+def test_replicas_in_the_recipe_text():
+    parsed = parse_recipe({"name": "r", "members": [{"model": "m"}, {"model": "n"}], "method": "gac", "tasks": ["piqa"],
+                           "placement": {"kind": "ray", "replicas": 3}}, "recipe")
+    assert parsed.placement.replicas == 3
