@@ -17,35 +17,20 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 from lm_eval.api.model import LM, hash_args
 
-from ensemble_bench.decoding.method import NonFiniteScore, check_finite
+from ensemble_bench.decoding.method import NonFiniteScore
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Prompt
-from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
+from ensemble_bench.members.rendered import RenderedPrompts
+from ensemble_bench.methods import Method, when_registered
+from ensemble_bench.run.answers import ANSWERS, CHAT_MARK, ScoringClock, to_prompt
 from ensemble_bench.run.build import MemberPool, build_from_model_args, build_method
-from ensemble_bench.run.sittings import resume_counts, save_counts
+from ensemble_bench.run.replicas import Joined, Located, ReplicaClock, Replicas
+from ensemble_bench.run.sittings import resume_counts, save_counts, saved_counts, write_counts
 
-CHAT_MARK = "\u0000ensbench-chat\u0000"
-DEFAULT_MAX_GEN_TOKS = 256
-ENSEMBLE, COMBINING = "the ensemble", "combining its members' scores"  # who and when, in NonFiniteScore
 log = logging.getLogger(__name__)
-
-
-def to_prompt(context: str) -> Prompt:
-    """An lm-eval context string -> Prompt (chat messages if it came from apply_chat_template)."""
-    if context.startswith(CHAT_MARK):
-        return chat_prompt(json.loads(context[len(CHAT_MARK):])["messages"])
-    return Prompt(text=context)
-
-
-def stop_strings(until) -> tuple[str, ...]:
-    if until is None:
-        return ()
-    return (until,) if isinstance(until, str) else tuple(until)
 
 
 def cache_chunk(hook, kind: str, answered: list[tuple[tuple, object]]) -> None:
@@ -65,23 +50,6 @@ def cache_chunk(hook, kind: str, answered: list[tuple[tuple, object]]) -> None:
     rows = ", ".join(["(?, ?)"] * len(answered))
     dbdict.conn.execute(f'REPLACE INTO "{dbdict.tablename}" (key, value) VALUES {rows}', values)
     dbdict.commit()
-
-
-@dataclass
-class ScoringClock:
-    """Time the method spends scoring continuations (multiple choice), per request and per token of
-    the continuations (the first member's tokens), for the row's timing.json."""
-
-    seconds: float = 0.0
-    requests: int = 0
-    tokens: int = 0
-
-    def summary(self) -> dict:
-        if not self.requests:
-            return {}
-        return {"loglikelihood_ms_per_request": 1000 * self.seconds / self.requests,
-                "loglikelihood_ms_per_token": 1000 * self.seconds / self.tokens if self.tokens else None,
-                "requests_scored": self.requests, "tokens_scored": self.tokens}
 
 
 class EnsembleLM(LM):
@@ -123,8 +91,6 @@ class EnsembleLM(LM):
         extra = additional_config or {}
         recipe, row = build_from_model_args(dict(arg_dict), cls.method_name, extra)
         if recipe.placement.replicas > 1:  # "replicas": n (run/replicas.py)
-            from ensemble_bench.run.replicas import Replicas, ReplicatedLM
-
             lm = ReplicatedLM(Replicas(recipe), row.label)
         else:
             lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label)
@@ -228,41 +194,6 @@ class EnsembleLM(LM):
         self.after_chunk = lambda: save_counts(self.carried(), db)  # the cuts looked at anew
 
 
-def _generate(lm: EnsembleLM, batch: list[tuple]) -> list[str]:
-    requests = []
-    for context, gen_kwargs in batch:
-        gen_kwargs = dict(gen_kwargs or {})
-        if gen_kwargs.get("do_sample") or (gen_kwargs.get("temperature") or 0) > 0:
-            log.warning("ensbench decodes greedily; ignoring sampling settings %s", gen_kwargs)
-        requests.append(GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
-                                          int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))))
-    return [g.text for g in lm.method.generate(requests)]
-
-
-def _loglikelihood(lm: EnsembleLM, batch: list[tuple]) -> list[tuple[float, bool]]:
-    requests = [LoglikelihoodRequest(to_prompt(context), continuation) for context, continuation in batch]
-    started = time.perf_counter()
-    scores = lm.method.loglikelihood(requests)
-    lm.scoring.seconds += time.perf_counter() - started
-    lm.scoring.requests += len(requests)
-    lm.scoring.tokens += sum(len(lm.method.members[0].encode(r.continuation, add_special_tokens=False))
-                             for r in requests)
-    check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in requests],
-                 [r.continuation for r in requests])
-    return [(s.logprob, s.is_greedy) for s in scores]
-
-
-def _loglikelihood_rolling(lm: EnsembleLM, batch: list[tuple]) -> list[float]:
-    texts = [args[0] for args in batch]
-    totals = lm.method.loglikelihood_rolling(texts)
-    check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
-    return totals
-
-
-# lm-eval's request kinds -> how the method answers a chunk of their arguments
-ANSWERS = {"generate_until": _generate, "loglikelihood": _loglikelihood,
-           "loglikelihood_rolling": _loglikelihood_rolling}
-
 
 def _tally(requests, indices) -> dict[str, int]:
     """The benchmark examples among ``requests[indices]`` per task (``""`` for requests without one),
@@ -289,6 +220,67 @@ def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
     task = getattr(request, "task_name", None)
     document = f" ({task}, document {request.doc_id})" if task is not None else ""
     return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
+
+
+
+class ReplicatedLM(EnsembleLM):
+    """The lm-eval model of a row whose ensemble runs in replicas: chunks go out, answers come back and
+    are cached as one process caches them."""
+
+    def __init__(self, replicas: Replicas, label: str, progress=None):
+        row = next(row for row in replicas.recipe.plan if row.label == label)
+        described = replicas.begin(label, LM_CLASSES[row.method])
+        members = [SimpleNamespace(name=name, uses_chat_template=chat) for name, chat in described["members"]]
+        method = SimpleNamespace(members=members, batch_size=replicas.recipe.batch_size)
+        super().__init__(method, label, progress=progress)
+        self.replicas = replicas
+        self.joined = Joined(described["joins"])
+        count = len(replicas.actors)
+        self.clock = ReplicaClock([0.0] * count, [0] * count)
+        self.passes = 0
+
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        return self.replicas.call("render", chat_history)
+
+    def _run_in_chunks(self, kind: str, requests) -> list:
+        answers: list = [None] * len(requests)
+        examples = self._pass_started(requests)
+        chunks = self._chunks(requests)
+        started, self.passes = time.perf_counter(), self.passes + 1
+        try:
+            for replica, number, reply in self.replicas.answer(kind, [[requests[i].args for i in c] for c in chunks]):
+                self.clock.busy_seconds[replica] += reply["busy"]
+                self.clock.batches[replica] += 1
+                self.joined.counts[replica] = reply["counts"]
+                self.joined.records[(self.passes, number)] = reply["records"]
+                self.joined.traces[(self.passes, number)] = reply["traces"]
+                self._chunk_done(kind, requests, chunks[number], reply["answers"], answers, examples)
+        except Located as err:
+            raise _located(err.err, requests, chunks[err.number]) from None
+        finally:
+            self.clock.wall_seconds += time.perf_counter() - started
+        return answers
+
+    def carry_counts(self, db) -> None:
+        self.joined.earlier = saved_counts(db)
+        self.after_chunk = lambda: write_counts(self.joined.snapshot(), db)
+
+    def _report(self) -> dict:
+        return self.replicas.call("report", self.joined.snapshot())
+
+    def reported(self) -> dict:
+        found = self._report()
+        return {**found["info"], "requests_computed": self.requests_computed, **found["scoring"],
+                "replicas": self.clock.summary()}
+
+    def get_model_info(self) -> dict:
+        found = self._report()
+        return {"ensbench": {"label": self.label, **found["info"], **found["scoring"],
+                             "members": [m.name for m in self.method.members], **found["rendered"],
+                             "replicas": self.clock.summary()}}
+
+    def span_traces(self) -> list[dict]:
+        return [t for k in sorted(self.joined.traces) for t in self.joined.traces[k]]
 
 
 # --- one registered lm-eval model per method, made when the method is registered ---------------------------

@@ -21,7 +21,6 @@ import torch
 from ensemble_bench.recipe import Recipe
 from ensemble_bench.recipe.schema import PlacementSpec
 from ensemble_bench.run.build import MemberPool, build_method
-from ensemble_bench.run.lm import LM_CLASSES, EnsembleLM
 from ensemble_bench.run.sittings import counters, joins, overwrite, record_counts, records_since, snapshot
 
 
@@ -54,7 +53,7 @@ class ReplicaServer:
 
     def __init__(self, recipe: Recipe, threads: int | None = None):
         self._args, self._failure = (recipe, threads), None
-        self.lm: EnsembleLM | None = None
+        self.lm = None  # run/lm.py's EnsembleLM of the row (begin)
 
     def placed(self) -> bool:
         return True
@@ -74,14 +73,15 @@ class ReplicaServer:
         except Exception as err:  # raised again by begin(), where the driver waits
             self._failure = err
 
-    def begin(self, label: str) -> dict[str, Any]:
-        """Build the method of row ``label``; what the driver needs of it: the members' names and chat
-        templates, and how each carried counter joins another replica's."""
+    def begin(self, label: str, lm_class: type) -> dict[str, Any]:
+        """Build the method of row ``label`` in ``lm_class`` (the row's lm-eval model, run/lm.py); what the
+        driver needs of it: the members' names and chat templates, and how each carried counter joins
+        another replica's."""
         self.start()
         if self._failure is not None:
             raise self._failure
         row = next(row for row in self.recipe.plan if row.label == label)
-        self.lm = LM_CLASSES[row.method](build_method(self.recipe, row, self.pool), row.label)
+        self.lm = lm_class(build_method(self.recipe, row, self.pool), row.label)
         members = [(m.name, m.uses_chat_template) for m in self.lm.method.members]
         return {"members": members, "joins": joins(self.lm.carried())}
 

@@ -14,25 +14,23 @@ the queue for the others; when none is left, the run stops in one line and resum
 Statistics are joined as one process would report them: counters added (or the largest kept, ``peak``),
 request records and span traces put in chunk order, then the method's report is made by one replica over
 those joined counters (``ReplicaServer.report``). timing.json's ``replicas`` says how the work was spread.
+The lm-eval model of such a row is run/lm.py's ``ReplicatedLM``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from ensemble_bench.decoding.method import NonFiniteScore
 from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.members.remote import connect, launch, wait_placed
 from ensemble_bench.recipe import Recipe
-from ensemble_bench.run.lm import EnsembleLM, _located
 from ensemble_bench.run.replica_server import ReplicaServer, replica_options
-from ensemble_bench.run.sittings import joined, saved_counts, write_counts
+from ensemble_bench.run.sittings import joined
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +44,9 @@ class Replicas:
         self.actors: list = []
         self.live: list[int] = []
 
-    def begin(self, label: str) -> dict[str, Any]:
-        """Every live replica builds the method of row ``label``; replica 0's description of it."""
-
+    def begin(self, label: str, lm_class: type) -> dict[str, Any]:
+        """Every live replica builds the method of row ``label`` in an ``lm_class`` (run/lm.py's model of
+        the row's method); replica 0's description of it."""
         if not self.actors:
             placement = self.recipe.placement
             connect(placement.address, placement.num_cpus, placement.num_gpus)
@@ -57,7 +55,7 @@ class Replicas:
             self.live = list(range(len(self.actors)))
             wait_placed({f"replica {r + 1}": a for r, a in enumerate(self.actors)}, placement.schedule_timeout,
                         what="replica")
-        described = [self._get(self.actors[r].begin.remote(label)) for r in self.live]
+        described = [self._get(self.actors[r].begin.remote(label, lm_class)) for r in self.live]
         return described[0]
 
     def call(self, name: str, *args):
@@ -94,7 +92,7 @@ class Replicas:
                 queue.appendleft(number)
                 continue
             except NonFiniteScore as err:
-                raise _Located(number, err) from None
+                raise Located(number, err) from None
             idle.append(replica)
             yield replica, number, reply
 
@@ -114,7 +112,7 @@ class Replicas:
         self.actors, self.live = [], []
 
 
-class _Located(Exception):
+class Located(Exception):
     """A replica's NonFiniteScore with the number of its batch (named by the driver, ``_located``)."""
 
     def __init__(self, number: int, err: NonFiniteScore):
@@ -141,7 +139,7 @@ class ReplicaClock:
 
 
 @dataclass
-class _Joined:
+class Joined:
     """The row's counters per replica and earlier sittings, its request records and traces by batch."""
 
     joins: dict[str, dict[str, str]]
@@ -160,62 +158,3 @@ class _Joined:
                     later = [r for k in sorted(self.records) for r in self.records[k].get(key, {}).get(name, [])]
                     records.setdefault(key, {})[name] = [*earlier, *later]
         return joined(self.joins, [self.earlier, *self.counts.values()], records)
-
-
-class ReplicatedLM(EnsembleLM):
-    """The lm-eval model of a row whose ensemble runs in replicas: chunks go out, answers come back and
-    are cached as one process caches them."""
-
-    def __init__(self, replicas: Replicas, label: str, progress=None):
-        described = replicas.begin(label)
-        members = [SimpleNamespace(name=name, uses_chat_template=chat) for name, chat in described["members"]]
-        method = SimpleNamespace(members=members, batch_size=replicas.recipe.batch_size)
-        super().__init__(method, label, progress=progress)
-        self.replicas = replicas
-        self.joined = _Joined(described["joins"])
-        count = len(replicas.actors)
-        self.clock = ReplicaClock([0.0] * count, [0] * count)
-        self.passes = 0
-
-    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
-        return self.replicas.call("render", chat_history)
-
-    def _run_in_chunks(self, kind: str, requests) -> list:
-        answers: list = [None] * len(requests)
-        examples = self._pass_started(requests)
-        chunks = self._chunks(requests)
-        started, self.passes = time.perf_counter(), self.passes + 1
-        try:
-            for replica, number, reply in self.replicas.answer(kind, [[requests[i].args for i in c] for c in chunks]):
-                self.clock.busy_seconds[replica] += reply["busy"]
-                self.clock.batches[replica] += 1
-                self.joined.counts[replica] = reply["counts"]
-                self.joined.records[(self.passes, number)] = reply["records"]
-                self.joined.traces[(self.passes, number)] = reply["traces"]
-                self._chunk_done(kind, requests, chunks[number], reply["answers"], answers, examples)
-        except _Located as err:
-            raise _located(err.err, requests, chunks[err.number]) from None
-        finally:
-            self.clock.wall_seconds += time.perf_counter() - started
-        return answers
-
-    def carry_counts(self, db) -> None:
-        self.joined.earlier = saved_counts(db)
-        self.after_chunk = lambda: write_counts(self.joined.snapshot(), db)
-
-    def _report(self) -> dict:
-        return self.replicas.call("report", self.joined.snapshot())
-
-    def reported(self) -> dict:
-        found = self._report()
-        return {**found["info"], "requests_computed": self.requests_computed, **found["scoring"],
-                "replicas": self.clock.summary()}
-
-    def get_model_info(self) -> dict:
-        found = self._report()
-        return {"ensbench": {"label": self.label, **found["info"], **found["scoring"],
-                             "members": [m.name for m in self.method.members], **found["rendered"],
-                             "replicas": self.clock.summary()}}
-
-    def span_traces(self) -> list[dict]:
-        return [t for k in sorted(self.joined.traces) for t in self.joined.traces[k]]

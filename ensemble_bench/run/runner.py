@@ -318,8 +318,8 @@ def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: 
 
 
 def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
-    from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
-    from ensemble_bench.run.replicas import Replicas, ReplicatedLM
+    from ensemble_bench.run.lm import LM_CLASSES, ReplicatedLM  # lm-eval's model API
+    from ensemble_bench.run.replicas import Replicas
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     run_dir, _ = run_dir_of(recipe, fresh)

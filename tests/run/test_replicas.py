@@ -112,8 +112,8 @@ def test_a_killed_replica_loses_nothing(ray_cluster, tiny_dirs, tmp_path):
     """The second replica is killed after the first chunk arrives: its chunk in flight goes to the other,
     and the answers equal one process's."""
     from ensemble_bench.run.build import MemberPool, build_method
-    from ensemble_bench.run.lm import LM_CLASSES
-    from ensemble_bench.run.replicas import Replicas, ReplicatedLM
+    from ensemble_bench.run.lm import LM_CLASSES, ReplicatedLM
+    from ensemble_bench.run.replicas import Replicas
 
     bpe, sp = tiny_dirs
     text = RECIPE.format(bpe=bpe, sp=sp, output=tmp_path, placement=TWO_REPLICAS)
