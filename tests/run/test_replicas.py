@@ -146,3 +146,34 @@ def test_replicas_in_the_recipe_text():
     parsed = parse_recipe({"name": "r", "members": [{"model": "m"}, {"model": "n"}], "method": "gac", "tasks": ["piqa"],
                            "placement": {"kind": "ray", "replicas": 3}}, "recipe")
     assert parsed.placement.replicas == 3
+
+
+# --- the lm-eval route: "replicas" in --model_args ----------------------------------------------------------------
+def test_replicas_in_model_args_are_ray_placement():
+    from ensemble_bench.run.build import recipe_from_model_args
+
+    members = [{"model": "m", "name": "a"}, {"model": "n", "name": "b"}]
+    recipe = recipe_from_model_args({"members": members, "replicas": 2}, "gac", {})
+    assert (recipe.placement.kind, recipe.placement.replicas) == ("ray", 2)
+    recipe = recipe_from_model_args({"members": members, "replicas": 3, "placement": {"schedule_timeout_s": 9}},
+                                    "gac", {})
+    assert (recipe.placement.replicas, recipe.placement.schedule_timeout) == (3, 9)
+
+
+@pytest.mark.slow
+def test_the_lm_eval_route_with_two_replicas_gives_one_processs_samples(ray_cluster, tiny_dirs, offline_data,
+                                                                         tmp_path, monkeypatch, capsys):
+    from tests.cli.test_lm_eval_route import lm_eval
+
+    members = [{"model": str(tiny_dirs[0]), "name": "a", "num_cpus": 0.5},
+               {"model": str(tiny_dirs[1]), "name": "b", "num_cpus": 0.5}]
+    found = {}
+    for name, extra in (("one", {}), ("two", {"replicas": 2})):
+        args = json.dumps({"members": members, "method": {"threshold": 0.5}, "batch_size": 1, **extra})
+        code, out = lm_eval(monkeypatch, capsys, "run", "--model", "gac", "--model_args", args, "--tasks", "piqa",
+                            "--limit", "3", "--log_samples", "--output_path", str(tmp_path / name))
+        assert code == 0, out.err[-3000:]
+        found[name] = tmp_path / name / "gac-a+b" / "gac"
+    assert row_files(found["two"]) == row_files(found["one"])
+    timing = json.loads((found["two"] / "timing.json").read_text())
+    assert timing["replicas"]["count"] == 2 and sum(timing["replicas"]["batches"]) == 3  # a question's choices: one batch
