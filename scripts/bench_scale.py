@@ -7,9 +7,9 @@ identical byte for byte.
            [--batch-size 1] [--output results/bench/scale.json]
 
 The run's wall time counts everything a user waits for (lm-eval's start, model loading, Ray's start
-for the replicas); the evaluation wall is the row's own passes (timing.json's replicas.wall_seconds;
-for one replica, the run's wall less its loading, which the run's log does not separate: not given).
-Run it under `timing` on a machine free of other work, and quote the load it ran under.
+for the replicas); the evaluation wall is lm-eval's own ``total_evaluation_time_seconds`` of the row
+(from its evaluation tracker, made after the members, or the replicas, have loaded), and throughput is
+compared on it. Run it under `timing` on a machine free of other work, and quote the load it ran under.
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def run(setup: tuple[str, int, int], args, folder: Path) -> dict:
     [run_dir] = (output / "scale").iterdir()
     row = run_dir / "gac"
     timing = json.loads((row / "timing.json").read_text())
+    [results] = row.glob("results_*.json")
+    evaluated = float(json.loads(results.read_text())["total_evaluation_time_seconds"])
     samples = sorted(row.glob("samples_*.jsonl"))
     resps = [[(r["doc_id"], r["resps"]) for r in map(json.loads, p.read_text().splitlines())] for p in samples]
     return {"setup": name, "replicas": replicas, "threads": threads, "run_wall_s": wall,
-            "eval_wall_s": timing.get("replicas", {}).get("wall_seconds"), "replica_stats": timing.get("replicas"),
+            "eval_wall_s": evaluated, "replica_stats": timing.get("replicas"),
             "decode_ms_per_token": timing.get("decode_ms_per_token"), "samples": resps}
 
 
@@ -76,9 +78,8 @@ def main() -> None:
     print(f"{'setup':<24}{'run wall s':>11}{'eval wall s':>12}{'throughput vs 1x1':>19}  samples")
     for r in found:
         same = "identical" if r["samples"] == base["samples"] else "DIFFERENT"
-        evaluated = f"{r['eval_wall_s']:.1f}" if r["eval_wall_s"] is not None else "-"
-        ratio = base["run_wall_s"] / r["run_wall_s"]
-        print(f"{r['setup']:<24}{r['run_wall_s']:>11.1f}{evaluated:>12}{ratio:>18.2f}x  {same}")
+        ratio = base["eval_wall_s"] / r["eval_wall_s"]
+        print(f"{r['setup']:<24}{r['run_wall_s']:>11.1f}{r['eval_wall_s']:>12.1f}{ratio:>18.2f}x  {same}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                        "load_after": os.getloadavg(),

@@ -55,7 +55,14 @@ class Replicas:
             self.live = list(range(len(self.actors)))
             wait_placed({f"replica {r + 1}": a for r, a in enumerate(self.actors)}, placement.schedule_timeout,
                         what="replica")
-        described = [self._get(self.actors[r].begin.remote(label, lm_class)) for r in self.live]
+        import ray
+
+        described = []
+        for replica in list(self.live):
+            try:
+                described.append(self._get(self.actors[replica].begin.remote(label, lm_class)))
+            except ray.exceptions.RayActorError as err:
+                self._lost(replica, err)
         return described[0]
 
     def call(self, name: str, *args):
