@@ -12,12 +12,12 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install install-latex demo lint test test-fast fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install install-latex demo lint test test-fast test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
 	bench-speculative bench-speculative-check bench-scale \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
-	reproduce-core reproduce-adafuse
+	reproduce-core reproduce-adafuse docs-tables
 # reproduce-*: SCALE=paper (default) runs the paper's recipes (GPUs, model hub); SCALE=offline runs
 # the same layout with the packaged models and small limits on this machine. DRY_RUN=1 checks each
 # recipe and prints its plan (runs nothing); LIMIT=n caps every task at n examples; OUTPUT=dir writes
@@ -85,6 +85,12 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
+# The fast suite from a clone of HEAD in a temporary folder (no ../shared beside it, its own .venv,
+# ENSBENCH_BBH_DIR unset) beside a busy loop pinned to CPU 0: what a new user's clone on a loaded machine
+# meets (docs/ci.md#a-clone-elsewhere-under-load). CI runs it after `make test`.
+test-elsewhere:
+	.ci/test-elsewhere
+
 # The property-based fuzzer of tests/cli/test_fuzz.py with ten times its default examples (FUZZ_EXAMPLES,
 # FUZZ_SEED to change them; `make test` runs the default 40 with seed 30).
 FUZZ_EXAMPLES ?= 400
@@ -140,6 +146,11 @@ reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-co
 reproduce-core reproduce-adafuse: install
 	$(BIN)/python scripts/reproduce.py $(@:reproduce-%=%) --scale $(SCALE) --threads $(THREADS) \
 		$(if $(filter 1 yes true,$(DRY_RUN)),--dry-run) $(if $(LIMIT),--limit $(LIMIT)) $(if $(OUTPUT),--output $(OUTPUT))
+
+# The committed tables in docs/tables/ rendered again from their CSVs by today's code (legend, columns,
+# notes); the numbers are the CSVs'. After a reproduction, copy its CSV there first (docs/reproduction.md).
+docs-tables: install
+	$(BIN)/python -m ensemble_bench.report.from_csv
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

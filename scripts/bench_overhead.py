@@ -32,6 +32,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -176,6 +177,23 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Drawing:
+    """A method whose every request samples (temperature 1, decoding/sampling.py), each from its own generator."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def generate(self, requests):
+        from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
+
+        params = SamplingParams(do_sample=True)
+        return self.method.generate([replace(r, sampling=RequestSampling(params, 0, request_key(r.prompt.text, {})))
+                                     for r in requests])
+
+    def __getattr__(self, name):
+        return getattr(self.method, name)
+
+
 def make_methods(members, names: list[str]):
     from ensemble_bench.methods.deepen import Deepen, DeepenParams
     from ensemble_bench.methods.gac import Gac, GacParams
@@ -184,7 +202,7 @@ def make_methods(members, names: list[str]):
     factories = {
         "gac": lambda b: Gac(members, GacParams(), batch_size=b),
         "gac-gated": lambda b: Gac(members, GacParams(threshold=0.5, gate=0), batch_size=b),
-        "gac-sample": lambda b: Gac(members, GacParams(temperature=1.0), batch_size=b),  # draws from q^(1/T)
+        "gac-sample": lambda b: Drawing(Gac(members, GacParams(), batch_size=b)),  # draws from q (temperature 1)
         "unite": lambda b: Unite(members, UniteParams(primary=0), batch_size=b),
         "deepen": lambda b: Deepen(members, DeepenParams(main=0), batch_size=b),
         # the other retokenize policy of each (issue 22): gac defaults to local, unite / deepen to canonical

@@ -298,17 +298,19 @@ def method_lines(row: dict) -> list[str]:
     for name, result in row["methods"].items():
         if "speculative" in result:
             fast = result["speculative"]
+            forwards = ", ".join(f"{member} {number(value, 2)}" for member, value
+                                 in (fast.get("speculative_forwards_per_token") or {}).items())
             lines.append(f"{head}| {name} | {number(result['every_token']['ms_per_token'])} | "
                          f"{number(fast['ms_per_token'])} | {number(result['ratio'], 2, 'x')} | "
                          f"{number(fast.get('speculative_acceptance_rate'), 2)} | "
-                         f"{number(fast.get('speculative_tokens_per_round'), 2)} | "
+                         f"{number(fast.get('speculative_tokens_per_round'), 2)} | {forwards} | "
                          f"{result['identical']}/{result['total']} |")
         else:
             drafter = row["members"][result["drafter"]]
             lines.append(f"{head}| {name} (vs {result['drafter']} alone) | {number(drafter['ms_per_token'])} | "
-                         f"{number(result['run']['ms_per_token'])} | {number(result['ratio'], 2, 'x')} |  |  |  |")
+                         f"{number(result['run']['ms_per_token'])} | {number(result['ratio'], 2, 'x')} |  |  |  |  |")
     for label, alone in row["members"].items():
-        lines.append(f"{head}| {label} alone | {number(alone['ms_per_token'])} |  |  |  |  |  |")
+        lines.append(f"{head}| {label} alone | {number(alone['ms_per_token'])} |  |  |  |  |  |  |")
     return lines
 
 
@@ -323,7 +325,7 @@ def bound_lines(row: dict) -> list[str]:
 def table(rows: list[dict]) -> str:
     draft = rows[0]["draft"] if rows else ""
     out = ["| pair | task | batch | method | every-token ms/token | speculative ms/token | ratio | acceptance "
-           "| tokens/round | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| tokens/round | forwards/token per row | identical |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     out += [line for row in rows for line in method_lines(row)]
     out += ["", f"| pair | task | batch | member | alone ms/step | one-token step ms | block of {draft} ms "
             "| block / step | acceptance |", "|---|---|---|---|---|---|---|---|---|"]

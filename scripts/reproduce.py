@@ -6,18 +6,25 @@
 
 Writes results/tables/<layout>[-<block>][_offline].{md,tex,csv} with the paper's numbers beside ours
 (<output>/tables/... with --output). The `make reproduce-*` targets call this (DRY_RUN=1 LIMIT=n OUTPUT=dir).
+Each block of a table is headed by a line naming it and its recipes; a recipe that fills several blocks
+runs (and is planned) once. A dry run prints each recipe's plan and an estimate of its run from measured
+per-example costs (ensemble_bench/report/estimate.py), then the whole target's, and how it is computed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+
+from ensemble_bench.recipe import load_recipe
+from ensemble_bench.recipe.overrides import option_overrides
+from ensemble_bench.report.estimate import HOW, Estimate, combined, estimate, estimate_lines
+from ensemble_bench.report.from_csv import table_stem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,37 +82,71 @@ def ensbench(*args: str) -> None:
         sys.exit(done.returncode)
 
 
-def main() -> None:
+def block_heading(layout: str, block: str | None, recipes: list[str]) -> str:
+    """The line above a block's recipes: which table, which block, from which recipes."""
+    return f"== {layout}" + (f", block {block}" if block else "") + f": recipe{'s' * (len(recipes) > 1)} " \
+        + ", ".join(recipes)
+
+
+def recipe_estimate(path: Path, limit: int | None) -> Estimate:
+    """The estimate of one recipe as `ensbench run --limit` would run it (report/estimate.py)."""
+    return estimate(load_recipe(path, option_overrides(limit, None, None, None, None)))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", choices=sorted(TARGETS))
     parser.add_argument("--scale", choices=("paper", "offline"), default="paper")
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--dry-run", action="store_true", help="check each recipe and print its plan; run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="check each recipe and print its plan and an estimate "
+                                                               "of the run; run nothing")
     parser.add_argument("--limit", type=int, help="at most this many examples per task (ensbench run --limit)")
     parser.add_argument("--output", help="results folder instead of each recipe's output: (ensbench run --output)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.output = args.output and os.path.expanduser(os.path.expandvars(args.output))  # as ensbench reads it
     if args.scale not in TARGETS[args.target]:
         sys.exit(f"error: {args.target} has no {args.scale} stand-in; every method on the packaged models: "
                  "ensbench run recipes/offline/compare_all.yaml")
+    return args
+
+
+def run_block(args, recipes: list[str], where: str, planned: dict[str, str], estimates: dict, run) -> list[str]:
+    """Run (or plan and estimate) a block's recipes, each recipe once over all blocks; their results folders."""
     folder = "offline" if args.scale == "offline" else "paper"
     overrides = [*(["--dry-run"] if args.dry_run else []), *(["--limit", str(args.limit)] if args.limit else []),
                  *(["--output", args.output] if args.output else [])]
+    runs = []
+    for name in recipes:
+        path = ROOT / "recipes" / folder / f"{name}.yaml"
+        if name in planned:  # one recipe fills several blocks: it runs (and is planned) once
+            print(f"{name}: {'planned' if args.dry_run else 'run'} above, under {planned[name]}", flush=True)
+        else:
+            run("run", str(path), "--reuse", "--threads", str(args.threads), *overrides)
+            planned[name] = where
+            if args.dry_run:
+                estimates[name] = recipe_estimate(path, args.limit)
+                print("\n".join(estimate_lines(estimates[name], f"estimate of {name}")), flush=True)
+        recipe = yaml.safe_load(path.read_text())
+        runs.append(str(ROOT / (args.output or recipe.get("output", "results")) / recipe["name"]))
+    return runs
+
+
+def main(argv: list[str] | None = None, run=ensbench) -> None:
+    args = parse_args(argv)
+    planned: dict[str, str] = {}  # recipe -> the block it was first run (or planned) under
+    estimates: dict[str, Estimate] = {}
     for layout, block, recipes in TARGETS[args.target][args.scale]:
-        runs = []
-        for name in recipes:
-            path = ROOT / "recipes" / folder / f"{name}.yaml"
-            ensbench("run", str(path), "--reuse", "--threads", str(args.threads), *overrides)
-            recipe = yaml.safe_load(path.read_text())
-            runs.append(str(ROOT / (args.output or recipe.get("output", "results")) / recipe["name"]))
+        print(block_heading(layout, block, recipes), flush=True)
+        runs = run_block(args, recipes, layout + (f", block {block}" if block else ""), planned, estimates, run)
         if args.dry_run:
             continue
-        stem = layout + (f"-{re.sub(r'[^a-z0-9]+', '_', block.lower()).strip('_')}" if block else "")
-        out = ROOT / (args.output or "results") / "tables" / (stem + ("_offline" if args.scale == "offline" else ""))
+        out = ROOT / (args.output or "results") / "tables" / table_stem(layout, block, args.scale == "offline")
         out.parent.mkdir(parents=True, exist_ok=True)
         block_args = ["--block", block] if block else []
-        ensbench("table", *runs, "--layout", layout, "--paper", "--out", str(out), *block_args)
+        run("table", *runs, "--layout", layout, "--paper", "--out", str(out), *block_args)
         print(out.with_name(out.name + ".md").read_text())
+    if args.dry_run:
+        print("\n".join([*estimate_lines(combined(estimates), f"estimate of {args.target}", costliest=0), HOW]))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,7 @@
-import os
+import pytest
+import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import tests.environment  # noqa: F401  (pins the environment the tests expect, before any test module loads)
 
 torch.set_num_threads(1)
 

@@ -32,10 +32,13 @@ from ensemble_bench.cli import main as cli
 from ensemble_bench.methods import METHODS
 from ensemble_bench.recipe import MemberSpec, MethodSpec, PlacementSpec, Recipe, TaskSpec
 from tests.fake_runs import BASE_RECIPE, ROWS, fake_run
+from tests.tolerances import HANG_GUARD_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()) for p in sorted((ROOT / "recipes").rglob("*.yaml"))}
-CALL_LIMIT_S = 20  # one CLI call; an alias bomb or a quadratic loop shows as a hang instead of stalling the suite
+# CPU seconds one CLI call may use: an alias bomb or a quadratic loop shows as a hang instead of stalling the
+# suite. CPU time, not wall time: other processes loading the machine do not add to it.
+CALL_LIMIT_S = 20
 CACHE = os.environ.get("ENSBENCH_CACHE") or str(Path.home() / ".cache" / "ensbench")  # the real one, before $HOME moves
 MPL_CONFIG = tempfile.mkdtemp(prefix="ensbench-fuzz-mpl-")  # matplotlib's font cache, outside every sandbox
 MAX_ERROR_CHARS = 20_000  # an error is one clear line: an alias bomb echoed back in full is not
@@ -91,7 +94,8 @@ FIELD_NAMES = sorted({*Recipe.model_fields, *MemberSpec.model_fields, *TaskSpec.
                       *PlacementSpec.model_fields, *(f for fields in METHOD_FIELDS.values() for f in fields)})
 # fields read only when a row runs, and values of their type but out of their range: where the runtime
 # failures of issue 30 lived (seed -1, NaN weights, shots above the data)
-RUNTIME_FIELDS = ["seed", "shots", "limit", "batch_size", "weights", "weight", "threshold", "temperature", "window",
+RUNTIME_FIELDS = ["seed", "shots", "limit", "batch_size", "weights", "weight", "threshold", "temperature", "top_p",
+                  "top_k", "min_p", "repeats", "window",
                   "scores", "ece", "k", "steps", "eta", "support", "span_words", "draft_tokens", "tau",
                   "gate_threshold",
                   "candidate_floor", "filter_ratio", "chance", "num_gpus", "num_cpus", "schedule_timeout_s"]
@@ -320,7 +324,7 @@ def written_outside(before: dict, after: dict, allowed: list[Path]) -> list[str]
 
 # --- running the CLI in-process ----------------------------------------------------------------------------------
 class Hung(BaseException):
-    """Raised by the alarm when one CLI call runs past CALL_LIMIT_S."""
+    """Raised by a timer when one CLI call uses more than its CPU seconds, or waits past the hang guard."""
 
 
 @dataclass
@@ -330,16 +334,15 @@ class Outcome:
     out: str
     err: str
     seconds: float
-    hung: bool
+    hung: str  # what stopped it: its CPU seconds, or the hang guard (a call blocked without using CPU); "" if none
     outside: list[str]
-    limit_s: float = CALL_LIMIT_S
 
     def problems(self) -> list[str]:
         """What breaks the contract: a hang, exit 70 or an unexpected code, a traceback, a refusal without
         an `error:` line (several mistakes: one `error:` line each), a file written outside the allowed paths."""
         found = []
         if self.hung:
-            found.append(f"ran past {self.limit_s} s")
+            found.append(self.hung)
         elif self.code not in (0, 1, 2):
             found.append(f"exit {self.code}")
         if "Traceback" in self.out + self.err:
@@ -383,12 +386,15 @@ def call_cli(box: Sandbox, argv: list[str], allowed: list[Path], env: dict[str, 
     the sandbox is compared before and after (only paths under ``allowed`` may change)."""
     before = tree(box.root)
     out, err, hung = io.StringIO(), io.StringIO(), []
+    reasons = {signal.SIGPROF: f"used more than {limit_s} CPU seconds",
+               signal.SIGALRM: f"waited past the {HANG_GUARD_S + limit_s} s hang guard"}
 
-    def on_alarm(*_):
-        hung.append(True)
+    def on_timer(signum, _frame):
+        hung.append(reasons[signum])
         raise Hung
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    previous = {signum: signal.signal(signum, on_timer) for signum in reasons}
+    signal.setitimer(signal.ITIMER_PROF, limit_s)  # CPU time of this process
+    signal.setitimer(signal.ITIMER_REAL, HANG_GUARD_S + limit_s)
     start = time.perf_counter()
     try:
         with patched_process(box, argv, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -400,10 +406,12 @@ def call_cli(box: Sandbox, argv: list[str], allowed: list[Path], env: dict[str, 
             except Hung:
                 code = None
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    return Outcome(argv, code, out.getvalue(), err.getvalue(), time.perf_counter() - start, bool(hung),
-                   written_outside(before, tree(box.root), allowed), limit_s)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return Outcome(argv, code, out.getvalue(), err.getvalue(), time.perf_counter() - start, "".join(hung[:1]),
+                   written_outside(before, tree(box.root), allowed))
 
 
 def user_paths(box: Sandbox, text) -> list[Path]:

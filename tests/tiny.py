@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest
 
@@ -91,3 +94,10 @@ REQUESTS = [GenerationRequest(Prompt(text=CORPUS[i][: 12 + 9 * i]), ("@@",) if i
 def outputs(method, requests=REQUESTS):
     """(text, new tokens) of each generation."""
     return [(g.text, g.new_tokens) for g in method.generate(requests)]
+
+
+def sampled(requests=REQUESTS, seed: int = 1234, repeat: int = 0, **settings) -> list[GenerationRequest]:
+    """The requests drawing with ``settings`` (temperature 1 unless given), each with its own generator."""
+    params = SamplingParams(do_sample=True, **settings)
+    return [replace(r, sampling=RequestSampling(params, seed, request_key(r.prompt.text, {"until": r.until}), repeat))
+            for r in requests]

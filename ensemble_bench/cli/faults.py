@@ -1,6 +1,7 @@
 """How every fault leaves ``ensbench`` and ``ensbench-lm-eval``: one ``error:`` line per mistake on stderr
 and an exit code (0 done, 1 regression or environment fault, 2 user error, 70 a bug with its traceback,
-130 interrupted); a reader of stdout that went away or a full stdout end quietly."""
+130 interrupted, with the hint to resume only where the command resumes); a reader of stdout that went
+away or a full stdout end quietly."""
 
 from __future__ import annotations
 
@@ -57,8 +58,18 @@ def _say(line: str, prefix: str = "error:") -> None:
         pass
 
 
+_resumes = [False]  # whether the command under way keeps its work for the next run (``ensbench run``)
+
+
+def set_resumable(resumes: bool) -> None:
+    """Whether, from here on, an interrupt's line says that running the command again resumes it (each
+    command starts without)."""
+    _resumes[0] = resumes
+
+
 def interrupted() -> int:
-    _say("run the same command again to resume", prefix="interrupted:")
+    """The interrupt's line: the resume hint only for a command that resumes (a report command resumes nothing)."""
+    _say("run the same command again to resume" if _resumes[0] else "stopped before it finished", prefix="interrupted:")
     return INTERRUPTED
 
 

@@ -15,6 +15,8 @@ writes the run in ensbench's layout:
   reads the local copy, and every task is loaded before any model, so missing data is one line;
 * ``--threads N`` (ensbench's own flag, default ``$ENSBENCH_THREADS``): torch's CPU threads, as
   ``ensbench run --threads`` sets them; ``--limit`` must be positive;
+* for every model: the checks of lm_eval_checks.py (nesting, ``--model``, ``--num_fewshot``,
+  ``--gen_kwargs``, and task code only with ``--allow_task_code``, ensbench's own flag);
 * while requests run, a progress line per finished batch (examples done, elapsed time, ETA) on stderr.
 """
 
@@ -41,18 +43,21 @@ if (_NO_FOLDER := working_folder_fault()) is not None:  # before build imports t
 
 from ensemble_bench import settings  # noqa: E402
 from ensemble_bench.cache import atomic_write_text  # noqa: E402
+from ensemble_bench.cli.lm_eval_checks import check_nesting, check_run  # noqa: E402
 from ensemble_bench.recipe import Recipe, Row, parse_recipe  # noqa: E402
 from ensemble_bench.run.build import recipe_from_model_args  # noqa: E402
 from ensemble_bench.run.folder import (  # noqa: E402
     LM_EVAL_OUTPUT,
     RECIPE,
     SUMMARY,
+    newest_samples,
     read_json,
     results_files,
     write_recipe,
     write_row_timing,
 )
 from ensemble_bench.tasks import Benchmark, get_benchmark, list_benchmarks  # noqa: E402
+from ensemble_bench.tasks.ties import position_ties  # noqa: E402
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
 HELP = "(ensbench-lm-eval run --help)"
@@ -96,13 +101,16 @@ def run_cli() -> None:
     setup_logging()
     parser = HarnessCLI()
     add_own_flags(parser)
+    check_nesting(sys.argv[1:])  # lm-eval's JSON parsing of --model_args recurses once per level
     args = lm_eval_step(parser.parse_args)
     if getattr(args, "command", None) != "run":
         return parser.execute(args)
-    threads = vars(args).pop("threads", 0)  # ensbench's flag: lm-eval's config does not take it
+    threads = vars(args).pop("threads", 0)  # ensbench's flags: lm-eval's config does not take them
+    allow_task_code = vars(args).pop("allow_task_code", False)
     check_limit(getattr(args, "limit", None))
     with quiet_lm_eval():  # lm-eval reads args again when it runs, and warns (--limit) or prints (--config) then
         config = lm_eval_step(EvaluatorConfig.from_cli, args)
+    check_run(config, allow_task_code)  # before lm-eval matches the tasks: a task YAML in --tasks runs its code then
     if config.model not in LM_CLASSES:
         set_threads(threads)
         return parser.execute(args)
@@ -116,11 +124,14 @@ def run_cli() -> None:
 
 
 def add_own_flags(parser) -> None:
-    """``--threads`` on lm-eval's ``run`` command (shown in its --help)."""
+    """``--threads`` and ``--allow_task_code`` on lm-eval's ``run`` command (shown in its --help)."""
     run = parser._subparsers.choices["run"]
     group = run.add_argument_group("ensbench")
     group.add_argument("--threads", type=int, default=settings.threads(), metavar="<n>",
                        help="torch CPU threads (0: torch's default; $ENSBENCH_THREADS), as ensbench run --threads")
+    group.add_argument("--allow_task_code", action="store_true",
+                       help="let the tasks import and run their own Python (!function), unsandboxed, as a "
+                            "recipe's allow_task_code: true")
 
 
 def check_limit(limit) -> None:
@@ -143,14 +154,17 @@ def set_threads(threads: int) -> None:
 @contextmanager
 def request_progress(write=None):
     """While lm-eval runs an ensbench model: a line on stderr per finished batch of requests (examples
-    done of the pass, elapsed time, ETA), as ``ensbench run`` prints them to a log."""
+    done of the pass, elapsed time, ETA) and per member load or stage of a long first use, as ``ensbench
+    run`` prints them to a log."""
     from ensemble_bench.cli.main import PlainProgress
+    from ensemble_bench.members import load_listener
     from ensemble_bench.run.lm import EnsembleLM
 
     plain = PlainProgress(write=write or (lambda text, flush=True: print(text, file=sys.stderr, flush=flush)))
     EnsembleLM.default_progress = staticmethod(lambda label, done, total: plain.on_progress(label, done, total))
     try:
-        yield plain
+        with load_listener(plain.on_load):
+            yield plain
     finally:
         EnsembleLM.default_progress = None
 
@@ -245,11 +259,16 @@ def run_name(row: Row, recipe: Recipe) -> str:
 def _check_machine(recipe: Recipe, run_dir: Path | None) -> None:
     """The recipe preflight of ``ensbench run`` (models, packages, devices, output and cache folders).
     The data is checked by loading the tasks (hub offline) or by lm-eval itself, so the preflight
-    sees the recipe with data: offline and its placeholder task, which needs no network."""
+    sees the recipe with data: offline and its placeholder task (built in: no task lines), which needs no
+    network."""
+    from ensemble_bench import settings
+    from ensemble_bench.run.folder import output_root
     from ensemble_bench.run.preflight import preflight
 
+    settings.check_environment()
     output = str(run_dir.parent) if run_dir is not None else recipe.output
-    problems = preflight(recipe.model_copy(update={"data": "offline", "output": output}), "--model_args")
+    checked = recipe.model_copy(update={"data": "offline", "output": output})
+    problems = preflight(checked, "--model_args", output_root(checked), [])
     if problems:
         raise EnvironmentFault("; ".join(problems))
 
@@ -296,8 +315,10 @@ def write_run(plan: Plan) -> None:
     newest = max(results_files(row_dir), key=lambda path: path.stat().st_mtime)
     results = read_json(newest)
     info = results.get("config", {}).get("ensbench", {})
+    samples = {task: read_json(path) for task, path in newest_samples(row_dir).items()}  # with --log_samples
     write_row_timing(row_dir, plan.recipe, plan.row,
-                     {key: value for key, value in info.items() if key not in ("label", "members")})
+                     {**{key: value for key, value in info.items() if key not in ("label", "members")},
+                      "position_ties": position_ties(samples) if samples else None})
     try:
         recipe = stored_recipe(plan, results)
     except UserError as err:

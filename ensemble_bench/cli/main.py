@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ensemble_bench import settings
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.cli.faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted
+from ensemble_bench.cli.faults import BUG, INTERRUPTED, PipeConsole, exit_code, interrupted, set_resumable
 from ensemble_bench.cli.progress import BarProgress, PlainProgress
 from ensemble_bench.errors import EnvironmentFault, UserError, several, working_folder_fault
 
@@ -86,7 +86,7 @@ def _quiet_libraries() -> None:
     datasets.utils.logging.set_verbosity_error()
 
 
-def _run_with_progress(loaded, fresh: bool):
+def _run_with_progress(setup):
     """Run the recipe with a live bar per row on a terminal, progress lines otherwise (progress.py): the
     members loading, the examples done per task, the row's elapsed time and an ETA."""
     from rich.progress import Progress
@@ -98,11 +98,11 @@ def _run_with_progress(loaded, fresh: bool):
     if not console.is_terminal:
         plain = PlainProgress()
         with load_listener(plain.on_load):
-            return run_recipe(loaded, write_summary, fresh=fresh, progress=plain.on_progress, on_row=plain.on_row)
+            return run_recipe(setup, write_summary, progress=plain.on_progress, on_row=plain.on_row)
     with Progress(*BarProgress.columns(), console=console) as progress:
         bars = BarProgress(progress)
         with load_listener(bars.on_load):
-            return run_recipe(loaded, write_summary, fresh=fresh, progress=bars.on_progress, on_row=bars.on_row)
+            return run_recipe(setup, write_summary, progress=bars.on_progress, on_row=bars.on_row)
 
 
 @app.command()
@@ -133,18 +133,18 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.recipe.overrides import option_overrides, parse_set
     from ensemble_bench.run.folder import SUMMARY
-    from ensemble_bench.run.preflight import preflight
     from ensemble_bench.run.runs import finished_run
+    from ensemble_bench.run.setup import run_setup
 
     overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)
-    problems = preflight(loaded, str(recipe))  # a task lm-eval lacks here is named before the plan lists it
-    console.print(*plan_tables(loaded, fresh), sep="\n", soft_wrap=True)  # a path is never broken
-    if problems:
-        raise several(EnvironmentFault, problems)
+    setup = run_setup(loaded, str(recipe), fresh, dry_run)  # resolved once: the plan prints it, the run acts on it
+    console.print(*plan_tables(setup), sep="\n", soft_wrap=True)  # a path is never broken
+    if setup.problems:
+        raise several(EnvironmentFault, list(setup.problems))
     if dry_run:
         return
-    done = finished_run(loaded) if reuse and not fresh else None
+    done = finished_run(loaded, setup.output_root) if reuse and not fresh else None
     if done is not None:
         print((done / SUMMARY).read_text())
         console.print(f"results (reused): {done}", soft_wrap=True)
@@ -154,7 +154,8 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
 
     if threads > 0:
         torch.set_num_threads(threads)
-    run_dir = _run_with_progress(loaded, fresh)
+    set_resumable(True)  # rows finished and answers in the response caches are kept: an interrupted run resumes
+    run_dir = _run_with_progress(setup)
     print((run_dir / SUMMARY).read_text())  # scores with intervals, then what the ensemble changed
     console.print(f"results: {run_dir}", soft_wrap=True)
 
@@ -331,6 +332,7 @@ def compare(runs: list[Path] = typer.Argument(..., help="finished run, or result
 def main() -> None:
     """The ``ensbench`` entry point: exit 0 done, 1 regression or environment fault, 2 user error,
     70 a bug (with its traceback), 130 interrupted."""
+    set_resumable(False)
     try:
         try:
             if (no_folder := working_folder_fault()) is not None:

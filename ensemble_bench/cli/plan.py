@@ -8,8 +8,6 @@ import json
 from rich.table import Table
 from rich.text import Text
 
-from ensemble_bench.errors import UserError, lines_of
-
 
 def row_parameters(row) -> str:
     """A row's method parameters as the run resolves them (recipe, member weights, sweep point; the plan's
@@ -29,23 +27,20 @@ def row_parameters(row) -> str:
     return ", ".join(shown) or "defaults"
 
 
-def results_line(recipe, fresh: bool) -> Text:
+def results_line(setup) -> Text:
     """Where the run writes: the unfinished run it resumes, or the new run folder."""
-    from ensemble_bench.run.runs import planned_run_dir
-
-    try:
-        folder, resumed = planned_run_dir(recipe, fresh)
-    except (UserError, OSError) as err:  # the preflight says what is wrong with output:
-        return Text(f"results: output: {recipe.output} ({lines_of(err)[0] if isinstance(err, UserError) else err})")
-    return Text(f"results: {folder}" + (" (resumes this unfinished run)" if resumed else " (a new run)"))
+    if setup.run_dir is None:  # the problems the plan ends with say why
+        return Text(f"results: output: {setup.recipe.output} (its run folders cannot be read)")
+    return Text(f"results: {setup.run_dir}" + (" (resumes this unfinished run)" if setup.resumed else " (a new run)"))
 
 
-def plan_tables(recipe, fresh: bool = False) -> list:
-    """The plan as a heading line, where results go and two narrow tables (rows, then benchmarks),
-    readable at 80 columns."""
-    from ensemble_bench.recipe import selected_benchmarks, task_notes
+def plan_tables(setup) -> list:
+    """The plan of a resolved run (``run.setup.RunSetup``) as a heading line, where results go and two
+    narrow tables (rows, then benchmarks), readable at 80 columns; then its notes."""
+    from ensemble_bench.tasks.task_sampling import sampling_notes
     from ensemble_bench.tasks.whitespace import recipe_warnings
 
+    recipe = setup.recipe
     heading = Text(f"plan: {recipe.name} ({recipe.data} data, batch {recipe.batch_size}, seed {recipe.seed})")
     rows = Table(title="rows")
     for column in ("row", "method", "members", "parameters"):
@@ -56,33 +51,45 @@ def plan_tables(recipe, fresh: bool = False) -> list:
     benches = Table(title="benchmarks")
     for column in ("benchmark", "lm-eval task", "shots", "limit"):
         benches.add_column(column, no_wrap=True, overflow="fold")
-    for bench, shots, limit in selected_benchmarks(recipe):
+    for bench, shots, limit in setup.benchmarks:
         benches.add_row(bench.name, bench.task, str(shots if shots is not None else bench.default_shots),
                         str(limit or "all"))
-    notes = [Text(f"note: {line}") for line in [*task_notes(recipe), *task_code_notes(recipe),
-                                                 *reuse_notes(recipe, fresh)]]
-    notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe)]
-    return [heading, results_line(recipe, fresh), rows, benches, *notes]
+    notes = [Text(f"note: {line}") for line in [*sampling_notes(recipe, setup.task_index), *task_code_notes(setup),
+                                                 *reuse_notes(setup), *choice_notes(setup)]]
+    notes += [Text(f"warning: {line}") for line in recipe_warnings(recipe, setup.task_index)]
+    return [heading, results_line(setup), rows, benches, *notes]
 
 
-def reuse_notes(recipe, fresh: bool) -> list[str]:
-    """A line per row the run would not compute: kept from the run it resumes, or reused from another run."""
-    from ensemble_bench.run.runner import planned_reuse
+def reuse_notes(setup) -> list[str]:
+    """A line per row the run would not compute: kept from the run it resumes, or reused from another run
+    (``RowState``). None when the setup wrote no task configs (``--fresh``, nothing to take, or the offline
+    data not built yet: the run builds it, and decides then)."""
+    from ensemble_bench.run.setup import KEPT, REUSED
 
-    try:
-        states = planned_reuse(recipe, fresh)
-    except (UserError, OSError):  # the preflight names what is wrong
-        return []
-    return [f"row {label}: {state} (not computed)" for label, state in states.items()]
+    taken = {label: "kept from the unfinished run" if state.kind == KEPT else f"reused from {state.source_name}"
+             for label, state in setup.states.items() if state.kind in (KEPT, REUSED)}
+    return [f"row {label}: {how} (not computed)" for label, how in taken.items()]
 
 
-def task_code_notes(recipe) -> list[str]:
-    """A line per module of an include_path folder that the tasks import (``!function``) and so run."""
+def task_code_notes(setup) -> list[str]:
+    """A line per module that the tasks import (``!function``, wherever it lies; installed code aside) and so run."""
     from ensemble_bench.tasks.recipe_tasks import recipe_task_code
 
-    try:
-        found = recipe_task_code(recipe)
-    except UserError:  # the preflight names what is wrong with the folders
-        return []
-    return [f"task code: {code.module} runs when the tasks load (!function {code.reference} in {code.task_yaml.name})"
-            f"{'' if recipe.allow_task_code else ' - not allowed: set allow_task_code: true'}" for code in found]
+    allowed = setup.recipe.allow_task_code
+    return [f"task code: {code.shown()} runs when the tasks load ({code.origin()})"
+            f"{'' if allowed else ' - not allowed: set allow_task_code: true'}"
+            for code in recipe_task_code(setup.recipe, setup.task_index)]
+
+
+def choice_notes(setup) -> list[str]:
+    """A line per ensemble row that sets parameters its method does not use to score multiple-choice
+    options (``Method.unused_on_choices``), when the recipe has multiple-choice benchmarks."""
+    from ensemble_bench.methods import get_method
+    from ensemble_bench.tasks.output_kinds import choice_benchmarks
+
+    ensembles = [row for row in setup.recipe.plan if row.spec is not None]
+    unused = [(row, names) for row in ensembles if (names := get_method(row.method).unused_on_choices(row.params))]
+    choices = ", ".join(choice_benchmarks([bench for bench, _, _ in setup.benchmarks], setup.task_index)) \
+        if unused else ""
+    return [f"row {row.label}: {', '.join(names)} {'does' if len(names) == 1 else 'do'} nothing on the multiple-choice "
+            f"benchmarks ({choices}): {get_method(row.method).choice_scoring}" for row, names in unused if choices]

@@ -14,7 +14,9 @@ itself is the same for both:
                    choose   the method's step: one token per row (GaC: mix and choose; UniTE /
                             DeePEn: the lead's step; single: argmax) or one segment per row (span
                             methods: propose, score, choose and commit) -> a ``Round``: one
-                            ``Advance`` per live row
+                            ``Advance`` per live row; a fusion the method consumes passes
+                            ``fused.checked_fusion`` (a NaN or infinite one: NonFiniteFusion,
+                            named here by its row and step, ``located``)
                    advance  each request takes its advance (``advance_request``); it stops on the
                             method's word (a stop id, a span's final segment), an ``until`` string
                             or its token budget (stopping.py)
@@ -37,6 +39,7 @@ from typing import NamedTuple
 import torch
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -46,6 +49,7 @@ from ensemble_bench.decoding.method import (
     excerpt,
     request_excerpt,
 )
+from ensemble_bench.decoding.sampling import Sampler
 from ensemble_bench.decoding.stopping import StopRule, cut_at_until
 from ensemble_bench.members.base import Member, Prompt
 from ensemble_bench.members.batching import in_batches
@@ -101,11 +105,13 @@ class RequestState:
     count: int = 0
     finish: str | None = None
     held: dict = field(default_factory=dict)  # member index -> how it holds the text (decoding/feeding.Held)
+    sampler: Sampler | None = None  # a request that samples: its settings and generator (decoding/sampling.py)
 
     @classmethod
     def of(cls, request: GenerationRequest, **fields) -> RequestState:
-        """A new state for ``request`` (its stop strings and budget), with a subclass's ``fields``."""
-        return cls(StopRule(request.until, request.max_new_tokens), **fields)
+        """A new state for ``request`` (its stop strings, budget and sampler), with a subclass's ``fields``."""
+        sampler = request.sampling.sampler() if request.sampling is not None else None
+        return cls(StopRule(request.until, request.max_new_tokens), sampler=sampler, **fields)
 
     def copy(self) -> RequestState:
         """A copy that can change without changing this state (a subclass copies its own mutable fields)."""
@@ -179,9 +185,24 @@ def check_distributions(members: Sequence[Member], dists: list[torch.Tensor], li
             continue
         k = int((~torch.isfinite(top)).nonzero()[0, 0])
         row = live[k]
-        shown = member.decode([t for t in prompts[index][row] if t >= 0][-16:])  # seq2seq rows hold a -1 mark
         raise NonFiniteScore(f"member '{member.name}'", float(top[k]), f"at decoding step {states[row].count}",
-                             f"context {excerpt(shown, end=True)}", row=row)
+                             row_context(member, prompts[index][row]), row=row)
+
+
+def row_context(member: Member, ids: Sequence[int]) -> str:
+    """How a fault quotes a batch row: the end of its prompt as ``member`` reads it."""
+    return f"context {excerpt(member.decode([t for t in ids if t >= 0][-16:]), end=True)}"  # seq2seq: a -1 mark
+
+
+def located(err: NonFiniteFusion, steps: Steps, live: list[int], prompts: list[list[list[int]]],
+            states: list[RequestState]) -> NonFiniteFusion:
+    """A fusion fault of ``choose`` row ``err.row`` (one of the ``live`` rows) naming its batch row, its
+    decoding step and its context (decoding/fused.py)."""
+    if err.row is None:
+        return err
+    row = live[err.row]
+    return err.with_(row=row, step=f"at decoding step {states[row].count}",
+                     excerpt=row_context(steps.members[steps.lead], prompts[steps.lead][row]))
 
 
 class Tally(NamedTuple):
@@ -230,7 +251,10 @@ class EveryToken(Rounds):
         if self.advances is not None:
             self.dists = steps.feed(self.dists, states, self.advances)
         check_distributions(steps.members, self.dists, live, self.prompts, self.states)
-        done = steps.choose(self.dists, states)
+        try:
+            done = steps.choose(self.dists, states)
+        except NonFiniteFusion as err:
+            raise located(err, steps, live, self.prompts, self.states) from None
         lead = steps.members[steps.lead]
         for state, advance in zip(states, done.advances):
             advance_request(lead, state, advance)
@@ -291,6 +315,7 @@ class DecodingMethod(Method, Steps):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Each request rendered by each member's own template; batches longest prompts first."""
+        self.refuse_sampling(requests)
         prompts = [[self.render(i, r.prompt) for r in requests] for i in range(len(self.members))]
         lengths = [max(len(p[i]) for p in prompts) for i in range(len(requests))]
         return in_batches(lengths, self.batch_size, lambda batch: self._generate_batch(

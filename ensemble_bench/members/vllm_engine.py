@@ -10,14 +10,19 @@ condition variable shared by the member's thread and the engine thread.
 
 A row the engine cannot advance by one forced token per step (a crop, a row that takes nothing this
 step, a row whose tokens outnumber its batch's) is finished and submitted again with its whole prefix
-as the prompt; prefix caching gives back every full KV block it held.
+as the prompt; prefix caching gives back every full KV block it held. A block read submits the row
+with the block at the end of its prompt: the one step that computes the prompt gives the log-probs
+after every block token (``PromptReader``: the step's hidden states at those positions through the
+model's own output head), not only after the last.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +32,7 @@ STEERINGS: dict[str, Steering] = {}  # steering id -> Steering (the processor fi
 # One engine step at a time in this process: two vLLM CPU engines computing at once corrupted the heap
 # (a SweetSpan run aborted with "corrupted double-linked list"). A step waiting for its member lets go.
 STEPPING = threading.Lock()
+COST_DECAY = 0.9  # StepCosts: the weight of a member's earlier calls against its latest
 _ids = itertools.count()
 
 
@@ -45,6 +51,8 @@ class SteeredRow:
     wanted: frozenset = frozenset()  # block read: the call's token indices whose next-token log-probs it keeps
     captured: list = field(default_factory=list)  # those log-probs, in order (the published one not included)
     index: int = 0                 # the call's tokens forced and computed so far, after the first
+    in_prompt: tuple = ()          # one-pass block read: positions before the prompt's last token, counted back
+                                   # from it, whose next-token log-probs the step computing the prompt keeps
 
 
 @dataclass
@@ -68,6 +76,7 @@ class Steering:
         self.error: BaseException | None = None
         self.closed = False
         self.steps = 0  # engine steps completed (the index of the step in progress, or of the next one)
+        self.reader: PromptReader | None = None  # one-pass block reads (None: one forced step per token)
         STEERINGS[self.id] = self
 
     def wait(self, ready) -> None:
@@ -82,6 +91,9 @@ class Steering:
             held = [(i, self.rows.get(key)) for i, key in rows]
             for i, row in held:
                 if row is not None and not row.dropped and not row.queue:
+                    if row.in_prompt:
+                        row.captured.extend(self.reader.log_probs(i, row.in_prompt))
+                        row.in_prompt = ()
                     row.dist = torch.log_softmax(logits[i], dim=-1)
                     row.waiting = True
             waits = any(row is not None and row.waiting for _, row in held)
@@ -156,6 +168,111 @@ class ForcingProcessor:
         return logits
 
 
+class PromptReader:
+    """Next-token log-probs at a prompt's positions before its last, read in the engine step that
+    computes the prompt. vLLM samples (and its logits processors see) only a request's last position;
+    a forward hook keeps the step's hidden states, the model runner's ``query_start_loc`` (where each
+    batch row's tokens start in this step) finds the row's positions among them, and the model's own
+    ``compute_logits`` (the sampled position's output head, scaling and all) turns them into logits."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.hidden: torch.Tensor | None = None
+        runner.model.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output) -> None:
+        self.hidden = output if isinstance(output, torch.Tensor) else None
+
+    def log_probs(self, row: int, back: Sequence[int]) -> torch.Tensor:
+        """float32 log-softmax [len(back), V] after the tokens ``back[j]`` positions before batch row
+        ``row``'s last token in this step."""
+        first, last = int(self.runner.query_start_loc.np[row]), int(self.runner.query_start_loc.np[row + 1]) - 1
+        if last - max(back) < first:  # the member asks vLLM not to read the cache where it could serve them
+            raise RuntimeError(f"prompt positions {back} before the last were not computed in this step")
+        index = torch.tensor([last - b for b in back], dtype=torch.long, device=self.hidden.device)
+        logits = self.runner.model.compute_logits(self.hidden.index_select(0, index))
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    @classmethod
+    def attach(cls, engine) -> PromptReader | None:
+        """A reader on ``engine``'s model, or None where the engine does not expose what it reads (its
+        worker in another process, CUDA graphs around the model, another vLLM's runner, speculative
+        decoding): block reads then take one forced engine step per token."""
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        if not in_process or engine.vllm_config.parallel_config.world_size != 1:
+            return None
+        [runner] = engine.collective_rpc(_model_runner)
+        readable = (isinstance(getattr(runner, "model", None), torch.nn.Module)
+                    and callable(getattr(runner.model, "compute_logits", None))
+                    and hasattr(getattr(runner, "query_start_loc", None), "np")
+                    and getattr(runner, "speculative_config", None) is None)
+        return cls(runner) if readable else None
+
+
+class StepCosts:
+    """What a member's call costs: f seconds per engine step plus c per token the steps compute, fitted
+    by least squares over its calls (each call weighing COST_DECAY times the one after it). Until calls
+    of two shapes are seen, c is 0: a step costs the same whatever it computes (as on a GPU, where a
+    step is memory-bound). On a CPU a step that computes a prompt is compute-bound: c counts."""
+
+    def __init__(self):
+        self.sums = [0.0] * 5  # sum of s*s, s*t, t*t, s*y, t*y over (steps s, tokens t, seconds y)
+
+    def observe(self, steps: int, tokens: int, seconds: float) -> None:
+        terms = (steps * steps, steps * tokens, tokens * tokens, steps * seconds, tokens * seconds)
+        self.sums = [COST_DECAY * total + term for total, term in zip(self.sums, terms)]
+
+    def of(self, steps: int, tokens: int) -> float:
+        per_step, per_token = self.fitted()
+        return per_step * steps + per_token * tokens
+
+    def fitted(self) -> tuple[float, float]:
+        """(f, c): the least-squares line through the calls seen, never negative."""
+        ss, st, tt, sy, ty = self.sums
+        det = ss * tt - st * st
+        if det <= 1e-6 * ss * tt:  # one shape of call (or none) so far: no per-token cost to tell apart
+            return (sy / ss if ss else 0.0), 0.0
+        per_step, per_token = (sy * tt - ty * st) / det, (ty * ss - sy * st) / det
+        if per_token < 0 or per_step < 0:
+            return (sy / ss, 0.0) if per_token < 0 else (0.0, ty / tt)
+        return per_step, per_token
+
+
+class ComputedBlocks:
+    """The full KV blocks an engine may hold in its prefix cache: every full block of every token
+    sequence a request computed, keyed as a prefix cache keys them (a block's tokens after the key of
+    the blocks before it). vLLM evicts blocks, so this may say more than the cache holds, never less:
+    ``served`` bounds how many of a prompt's leading tokens a step may take from the cache instead
+    of computing them."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.keys: set[int] = set()
+
+    def _chain(self, ids: Sequence[int]):
+        key = 0
+        for start in range(0, len(ids) - self.block_size + 1, self.block_size):
+            key = hash((key, tuple(ids[start:start + self.block_size])))
+            yield key
+
+    def add(self, ids: Sequence[int]) -> None:
+        self.keys.update(self._chain(ids))
+
+    def served(self, prompt: Sequence[int]) -> int:
+        """The most prompt tokens the cache may serve (vLLM computes at least the last one)."""
+        served = 0
+        for key in self._chain(prompt[:-1]):
+            if key not in self.keys:
+                break
+            served += self.block_size
+        return served
+
+
+def _model_runner(worker):
+    """collective_rpc's call on the engine's worker: its model runner (in this process)."""
+    return worker.model_runner
+
+
 def processor_class() -> type:
     """``ForcingProcessor`` as a subclass of vLLM's ``LogitsProcessor`` (vLLM checks the type)."""
     from vllm.v1.sample.logits_processor import LogitsProcessor
@@ -173,6 +290,11 @@ class EngineThread(threading.Thread):
 
     def run(self) -> None:
         steering = self.steering
+        # OpenMP keeps a thread count per thread: this new thread starts at the process default (the cores,
+        # or OMP_NUM_THREADS) until torch's first parallel call sets the count torch was given (--threads).
+        # vLLM's CPU attention plans a step with the count it reads first and checks it again inside the
+        # kernel ("thread_num == thread_num (2 vs. 1)"): asking torch first makes both read torch's.
+        torch.get_num_threads()
         try:
             busy = False
             while True:

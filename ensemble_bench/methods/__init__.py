@@ -123,12 +123,14 @@ def default_text(value: Any) -> str:
 def current_params(name: str, stored: dict[str, Any]) -> dict[str, Any]:
     """Stored parameters (a run's params.json row, timing.json's ``params``) as this code names them:
     the papers' spellings read (``primary`` -> ``lead``, ``filter_ratio`` -> ``lambda``,
-    ``weights: average`` -> null) and defaults filled in; as stored if they no longer validate."""
+    ``weights: average`` -> null), a retired parameter at the value that meant today's behaviour dropped
+    (GaC's ``temperature: 0``), and defaults filled in; as stored if they no longer validate."""
     method = METHODS.get(name)
     if method is None:
         return dict(stored)
+    kept = {key: value for key, value in stored.items() if key not in method.retired or method.retired[key] != value}
     try:
-        return method.Params.model_validate(without_defaults(method.Params, stored)).model_dump(mode="json")
+        return method.Params.model_validate(without_defaults(method.Params, kept)).model_dump(mode="json")
     except ValidationError:
         return dict(stored)
 

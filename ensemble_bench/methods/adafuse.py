@@ -34,6 +34,7 @@ from pydantic import Field
 
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.span_level import (
+    SPAN_CHOICES,
     Branch,
     Proposal,
     SpanMethod,
@@ -91,6 +92,8 @@ class AdaFuseReport(SpanReport):
 class AdaFuse(SpanMethod):
     name = "adafuse"
     Params = AdaFuseParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(AdaFuseParams.model_fields)
     score_name = "nll"
 
     def __init__(self, members: Sequence[Member], params: AdaFuseParams, batch_size: int = 1):

@@ -42,6 +42,7 @@ from ensemble_bench.decoding.method import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.sampling import Sampler, draw_rows
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.packllm import mix
@@ -110,19 +111,24 @@ def member_readers(vocab: SortedVocab, stop_ids: Sequence[int], logprobs: torch.
     return [Reader(vocab, row, stop, 0, vocab.size) for row, stop in zip(probs[:, order], stops)]
 
 
-def grow_piece(readers: Sequence[Reader], weights: Sequence[float]) -> bytes | None:
+def grow_piece(readers: Sequence[Reader], weights: Sequence[float], sampler: Sampler | None = None) -> bytes | None:
     """One row's next piece, byte by byte from the weighted marginals (ties: END, then the lowest
-    byte); None: a stop wins at s = ""."""
+    byte; a row that samples draws each byte or END from q(. | s)); None: a stop wins at s = ""."""
     prefix = b""
+    drawing = [sampler] if sampler is not None and not sampler.params.greedy else None
     while True:
         total = torch.zeros(END + 1, dtype=torch.float64)
         for reader, weight in zip(readers, weights):
             votes = reader.votes(prefix)
             if votes is not None:
                 total += weight * votes
-        if total[END] >= total.max():
+        if drawing is not None and bool(total.sum() > 0):
+            chosen = draw_rows(total.log()[None], drawing)[0]
+        else:
+            chosen = END if total[END] >= total.max() else int(total[:END].argmax())
+        if chosen == END:
             return prefix or None
-        prefix += bytes([int(total[:END].argmax())])
+        prefix += bytes([chosen])
         readers = [reader.narrowed(prefix) for reader in readers]
 
 
@@ -149,6 +155,9 @@ class CharReport(MethodStats):
 class CharED(DecodingMethod):
     name = "chared"
     Params = CharEDParams
+    choice_scoring = "CharED scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({"window"})
+    samples = True
     min_members = 1  # one member alone decodes character-wise (the reference a member with itself equals)
 
     def __init__(self, members: Sequence[Member], params: CharEDParams, batch_size: int = 1):
@@ -172,7 +181,8 @@ class CharED(DecodingMethod):
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
         readers = each(self.members, lambda m, vocab, stops, lp: member_readers(vocab, stops, lp),
                        self.vocabs, self.stop_ids, dists)
-        pieces = [grow_piece([r[row] for r in readers], self.weights) for row in range(len(states))]
+        pieces = [grow_piece([r[row] for r in readers], self.weights, state.sampler)
+                  for row, state in enumerate(states)]
         return Round([self._advance(piece) for piece in pieces], dists)
 
     def _advance(self, piece: bytes | None) -> Advance:

@@ -23,7 +23,7 @@ from ensemble_bench.decoding.method import Generation, GenerationRequest, Method
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.scorers import PerplexityScorer
 from ensemble_bench.methods.single import Single
-from ensemble_bench.methods.span_level import SpanMethod, SpanParams
+from ensemble_bench.methods.span_level import SPAN_CHOICES, SpanMethod, SpanParams
 
 
 class CoolFusionParams(SpanParams):
@@ -36,6 +36,8 @@ class CoolFusionParams(SpanParams):
 class CoolFusion(SpanMethod):
     name = "coolfusion"
     Params = CoolFusionParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(CoolFusionParams.model_fields)
 
     def __init__(self, members: Sequence[Member], params: CoolFusionParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

@@ -47,6 +47,11 @@ from pydantic import Field, model_validator
 from ensemble_bench.decoding.method import MethodParams
 
 EPS = 1e-12  # as the official code: an entropy floor, and "no mass" below it
+# The rbf filter divides by 1 - exp(-beta), computed in float64 (``token_filter``). Doubles below 1 are
+# 2**-53 apart, so exp(-beta) ~ 1 - beta rounds to 1.0 once beta <= 2**-54 (half that spacing; the tie
+# rounds to even, 1.0): the divisor is then 0 and every s_t is 0/0 = NaN. Just above it the filter is
+# finite (a coarse step, s_t in {0, 1}). Refused when the recipe is read (``rbf_beta_problem``).
+RBF_BETA_FLOOR = 2.0 ** -54
 FILTER_PARAMS = {"rbf": "core_beta", "power": "core_alpha", "reciprocal": "core_gamma", "sigmoid": "core_k"}
 
 
@@ -80,15 +85,30 @@ class CoreParams(MethodParams):
         strength = {name for name in FILTER_PARAMS.values() if name in self.model_fields_set}
         if strength - {FILTER_PARAMS.get(self.core_filter)}:
             raise ValueError(f"'{sorted(strength)[0]}' does not apply to core_filter '{self.core_filter}'")
+        if self.core and self.core_filter == "rbf" and (problem := rbf_beta_problem(self.core_beta)):
+            raise ValueError(problem)
         return self
+
+
+def rbf_divisor(beta: float) -> float:
+    """1 - exp(-beta), the rbf filter's divisor, as ``token_filter`` computes it (float64)."""
+    return 1 - math.exp(-beta)
+
+
+def rbf_beta_problem(beta: float) -> str | None:
+    """Why ``core_beta`` makes the rbf filter NaN at every token (its divisor rounds to 0), or None."""
+    if rbf_divisor(beta) != 0:
+        return None
+    return (f"core_beta {beta:g} makes the rbf filter 0/0 (NaN) at every token: exp(-core_beta) rounds to 1 in "
+            f"float64, so its divisor 1 - exp(-core_beta) is 0; core_beta must be above {RBF_BETA_FLOOR:.3g} (2**-54)")
 
 
 def token_filter(params: CoreParams) -> Callable[[torch.Tensor], torch.Tensor]:
     """f(delta) for delta in [0, 1], elementwise (float64)."""
     kind = params.core_filter
     if kind == "rbf":
-        floor = math.exp(-params.core_beta)
-        return lambda d: (torch.exp(-params.core_beta * d) - floor) / (1 - floor)
+        floor, divisor = math.exp(-params.core_beta), rbf_divisor(params.core_beta)
+        return lambda d: (torch.exp(-params.core_beta * d) - floor) / divisor
     if kind == "linear":
         return lambda d: 1 - d
     if kind == "power":

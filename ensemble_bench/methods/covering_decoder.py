@@ -9,7 +9,8 @@ Each step, for every live row:
    probability of their trunks, each summing its next-token probabilities by the symbol that
    follows y[j:] in the token's spelling;
 2. the weighted average over the members with a live branch (``live_average``); greedy: its
-   argmax symbol, or the end of the text;
+   argmax symbol, or the end of the text; a request that samples draws it from the average
+   (decoding/sampling.py);
 3. every member takes the symbol's bytes: its branches narrow to the tokens that extend y[j:] s,
    and it re-tokenises the text canonically (vocab/retokenize.py: crop + append on its KV cache,
    one forward that also scores the new tokens), which opens the branch at the new end when the
@@ -32,6 +33,7 @@ from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps
 from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.decoding.method import GenerationRequest, normalised_weights, resolve_member
+from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.stats import peak
 from ensemble_bench.members.base import Member
 from ensemble_bench.vocab.append import common_prefix
@@ -115,6 +117,7 @@ class CoveringDecoder(DecodingMethod):
     gives each symbol's first byte (``first_bytes``) and says how a symbol is spelled."""
 
     first_bytes: Sequence[int]
+    samples = True
     lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params, batch_size: int = 1):
@@ -160,10 +163,18 @@ class CoveringDecoder(DecodingMethod):
             self.begin(dists, states)
         self.stats.add_rows(states)
         mixed, alive = self.mixed_rows(states)
-        chosen = mixed.argmax(dim=1).tolist()
+        chosen = self.symbols(mixed, alive, states)
         return Round([self.read_prompt(state) if len(state.symbols) < len(state.read_first)
                       else NO_CONTINUATION if not live else STOP if symbol == self.end else self.plan(state, symbol)
                       for state, symbol, live in zip(states, chosen, alive.tolist())], dists, by_span=True)
+
+    def symbols(self, mixed: torch.Tensor, alive: torch.Tensor, states: list[CoverState]) -> list[int]:
+        """Each row's symbol: q's argmax (step 2), or a draw from q for a row that samples, is live and
+        no longer reads the prompt."""
+        live = alive.tolist()
+        samplers = [state.sampler if live[k] and len(state.symbols) >= len(state.read_first) else None
+                    for k, state in enumerate(states)]
+        return decide_on(mixed, samplers, lambda kept: kept.argmax(dim=1).tolist(), probabilities=True)
 
     def read_prompt(self, state: CoverState) -> Advance:
         """The prompt's next byte taken as the symbol (``read_first``): every member re-tokenises it as

@@ -31,7 +31,9 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field, normalised_weights
+from ensemble_bench.decoding.sampling import Sampler, draw_rows, rows_of, sampling_rows
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member
@@ -246,20 +248,26 @@ class Deepen(EmitterMethod):
                                          self.scratch)
         return slices[self.lead].head_ids.gather(1, winner[:, None])[:, 0], decided
 
-    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        if targets is None:
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None, samplers=()) -> Step:
+        count = logprobs[0].shape[0]
+        choices: list[int | None] = [None] * count
+        if targets is None:  # the bounds decide greedy rows; a row that samples needs the exact transform
             supports, support_probs = zip(*(self._supports_from_logprobs(i, lp) for i, lp in enumerate(logprobs)))
-            choices = self._bounded(list(support_probs), list(supports))
-        else:
-            choices = [None] * logprobs[0].shape[0]
+            greedy = sorted(set(range(count)) - set(sampling_rows(samplers)))
+            if greedy:
+                bounded = self._bounded([rows_of(p, greedy) for p in support_probs],
+                                        [rows_of(s, greedy) for s in supports])
+                for row, choice in zip(greedy, bounded):
+                    choices[row] = choice
         rows = [row for row, choice in enumerate(choices) if choice is None]
         if targets is None:  # the undecided rows only (a copy of those rows, on their device)
             probs, supports = [lp[rows].exp() for lp in logprobs], [s[rows] for s in supports]
         else:
             probs = [lp.exp() for lp in logprobs]
             supports = [self._supports(i, p) for i, p in enumerate(probs)]
+        drawing = [samplers[row] if samplers else None for row in rows]
         scored = []
-        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets)):
+        for row, (choice, share) in zip(rows, self._exact(probs, supports, targets, rows, drawing)):
             choices[row] = choice
             scored.append(share)
         if targets is None:
@@ -267,8 +275,12 @@ class Deepen(EmitterMethod):
             self.stats.support_total += len(choices) * sum(s.shape[1] for s in supports)
         return Step(choices, scored if targets is not None else None)
 
-    def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None):
-        """The dense transform on each row's support: (choice, log share of the target or None)."""
+    def _exact(self, probs: list[torch.Tensor], supports: list[torch.Tensor], targets: list[int] | None,
+               rows: list[int], samplers: list[Sampler | None]):
+        """The dense transform on each row's support: (choice, log share of the target or None); ``rows``:
+        the step's row of each (a NaN or infinite result stops the row: decoding/fused.py). A row that
+        samples draws its token from the updated probabilities clamped at 0 (the shares scoring reads);
+        the argmax when none is positive."""
         if not len(supports[0]):
             return
         for index, space in enumerate(self.spaces):  # one matmul for the rows missing from the cache
@@ -288,12 +300,13 @@ class Deepen(EmitterMethod):
                 search_rows = None if search_rows is None else torch.cat([search_rows, lead_space.rows(extra)])
             updated = inverse_transform(probs[self.lead][row][search], search, lead_space,  # Eq. 6-7
                                         target, self.params.eta, self.params.steps, search_rows)
-            updated = updated.to(search.device)
-            choice = int(search[int(updated.argmax())])
+            updated = checked_fusion(updated.to(search.device)[None], [rows[row]])[0]
+            kept = updated.clamp(min=0)
+            drawn = samplers[row] is not None and not samplers[row].params.greedy and bool(kept.sum() > 0)
+            choice = int(search[draw_rows(kept.log()[None], [samplers[row]])[0] if drawn else int(updated.argmax())])
             if targets is None:
                 yield choice, None
             else:
-                kept = updated.clamp(min=0)
                 share = float(kept[search == targets[row]].sum() / kept.sum()) if kept.sum() > 0 else 0.0
                 yield choice, log_or_floor(share)
 

@@ -3,7 +3,7 @@ NAACL 2024, arXiv 2404.09492; code xydaytoy/EVA).
 
 The lead is the paper's pivot model: by default the member with the largest vocabulary, as the
 paper chooses it. Sec. 3.1: a map from each auxiliary member's vocabulary to the lead's, learned
-from the tokens they share (vocab/eva_map.py; built once per pair and cached, eva_cache.py).
+from the tokens they share (vocab/eva_map.py; built once per pair and cached, vocab/eva_cache.py).
 Sec. 3.2, each step: every member's distribution keeps its top-k tokens (softmax over them); the
 auxiliary ones are projected into the lead's vocabulary (p M); the faithfulness filter leaves out a
 member whose top token is in no other member's top-n; the rest are averaged, and the lead emits
@@ -27,14 +27,17 @@ import torch
 from pydantic import Field
 
 from ensemble_bench.cache import cache_dir
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field
+from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.speculative import resolve_proposer
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
-from ensemble_bench.eva_cache import cached_projection
 from ensemble_bench.members.base import Member
+from ensemble_bench.members.loading import Stage, tell_load
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step, log_or_floor
+from ensemble_bench.methods.token_level import EmitterMethod, EmitterParams, EmitterReport, Step
+from ensemble_bench.vocab.eva_cache import cached_projection
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection
 
 
@@ -107,11 +110,15 @@ class Eva(EmitterMethod):
             super().check_members(params, labels)
 
     def _projection(self, index: int) -> VocabProjection:
+        """The map from member ``index`` into the lead's vocabulary: cached, or learned (first use), saying
+        its stage and progress to the load listeners (the run's progress display)."""
         aux, lead = self.members[index], self.members[self.lead]
+        learning = f"learning EVA's map {aux.name} -> {lead.name} (first use; cached after)"
         try:
             return cached_projection(aux.vocab, lead.vocab, sorted(aux.stop_ids), sorted(lead.stop_ids),
                                      aux.output_embeddings(), lead.output_embeddings(), self.params.alignment(),
-                                     cache_dir() / "eva")
+                                     cache_dir() / "eva", lambda stage, done: tell_load(
+                                         aux.name, Stage(f"{learning}, {stage}", done)))
         except ValueError as err:
             raise UserError(f"eva: members '{aux.name}' and '{lead.name}': {err}") from None
 
@@ -154,16 +161,35 @@ class Eva(EmitterMethod):
         kept = self.faithful_members(projected)
         return self.core.fuse(torch.stack(projected), kept.T.float(), self.lead).float()
 
-    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None, samplers=()) -> Step:
         projected = self.project(logprobs)
-        fused = self.fuse(projected) if self.core is None else self.core_fuse(projected)
-        choices = fused.argmax(dim=-1).tolist()  # the first of equal values, as torch.argmax in the authors' code
-        if targets is None:
-            return Step(choices, None)
-        rows = torch.arange(fused.shape[0], device=fused.device)
-        total = fused.sum(dim=-1)
-        chosen = fused[rows, torch.tensor(targets, device=fused.device)] / total
-        return Step(choices, [log_or_floor(p) for p in chosen.tolist()])
+        fused = checked_fusion(self.fuse(projected) if self.core is None else self.core_fuse(projected))
+        # the first of equal values, as torch.argmax in the authors' code; a row that samples draws from fused
+        choices = decide_on(fused, samplers or [None] * len(fused), lambda kept: kept.argmax(dim=-1).tolist(),
+                            probabilities=True)
+        return Step(choices, None if targets is None else self.score(logprobs, targets))
+
+    def score(self, logprobs: list[torch.Tensor], targets: list[int]) -> list[float]:
+        """log P(target) per row when scoring a continuation: the target's share of the members' whole
+        distributions averaged in the lead's vocabulary (the lead's own, the others' through the map, p M),
+        in float64 and log space. Neither the paper nor the authors' code scores a continuation (they
+        generate); the step's top-k cut and faithfulness filter would give a target outside every kept
+        member's top-k probability 0, which ranks nothing, so they choose the greedy token only
+        (``Step.choices``). The lead's own term keeps every score finite."""
+        device = logprobs[self.lead].device
+        rows = torch.arange(len(targets), device=device)
+        wanted = torch.tensor(targets, device=device)
+        shares, totals = [], []
+        for index, lp in enumerate(logprobs):
+            lp = lp.to(device).double()
+            if index == self.lead:
+                shares.append(lp[rows, wanted])
+                totals.append(torch.ones(len(targets), dtype=torch.float64, device=device))
+            else:
+                projected = self.projections[index].project(lp.exp())
+                shares.append(projected[rows, wanted].log())
+                totals.append(projected.sum(dim=-1))
+        return (torch.logsumexp(torch.stack(shares), dim=0) - torch.stack(totals).sum(dim=0).log()).tolist()
 
     def statistics(self) -> EvaReport:
         return EvaReport(**vars(super().statistics()),

@@ -17,7 +17,6 @@ greedy for every member. Thresholds do not apply to scoring.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -29,6 +28,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -40,15 +40,18 @@ from ensemble_bench.decoding.method import (
     score_with_members,
     weights_problem,
 )
+from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.core import CoreFusion, CoreParams
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.fast_topk import block_argmax
-from ensemble_bench.vocab.mixture import UnionMixture, draw, tempered
+from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import UnionVocab
+from ensemble_bench.vocab.union_cache import cached_union
+
+RETIRED = {"temperature": 0.0, "seed": 0}  # GaC's own sampling parameters before decoding/sampling.py, greedy
 
 
 class GacParams(WindowParams, SpeculativeParams, CoreParams):
@@ -66,9 +69,16 @@ class GacParams(WindowParams, SpeculativeParams, CoreParams):
         "is ensembled"))
     retokenize: Retokenize = Field(default="local", description=(
         "how members take the chosen token (docs/retokenize.md): local, as Eq. 4 and the official code"))
-    temperature: float = Field(default=0.0, ge=0.0, description="0: greedy; > 0: sample x ~ q^(1/T)")
-    seed: int = Field(default=0, ge=0, le=2**32 - 1, description=(
-        "sampling seed; each request draws from its own generator (batch-invariant)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sampling_moved(cls, data):
+        """GaC's own temperature and seed became every method's sampling (docs/sampling.md)."""
+        if isinstance(data, dict) and (moved := [key for key in RETIRED if key in data]):
+            raise ValueError(f"'{moved[0]}' is no longer a GaC parameter: a row samples when its tasks ask "
+                             "(do_sample, temperature) or its entry says so (sampling: {temperature: 0.7}); the "
+                             "seed is the recipe's seed (docs/sampling.md)")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -94,8 +104,6 @@ class GacParams(WindowParams, SpeculativeParams, CoreParams):
             raise ValueError(f"weights '{self.weights}' needs 'scores' (one per member)")
         if self.weights == "score_minus_ece" and self.ece is None:
             raise ValueError("weights 'score_minus_ece' needs 'ece' (one per member)")
-        if self.speculative and self.temperature > 0:
-            raise ValueError("speculative decoding is greedy only: set temperature 0 or speculative 0")
         return self
 
 
@@ -127,7 +135,6 @@ class GacState(RequestState):
 
     pending: dict[int, list[bytes]] = field(default_factory=dict)  # member -> chosen pieces it missed
     ensembled: list[int] = field(default_factory=list)       # step indices that were ensembled
-    generator: torch.Generator | None = None  # set when sampling
 
     def copy(self) -> GacState:
         copied = super().copy()
@@ -174,8 +181,12 @@ class GacReport(MethodStats):
 class Gac(SpeculativeSteps, DecodingMethod):
     name = "gac"
     Params = GacParams
+    choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
+                                  "lead", "threshold", "retokenize", "temperature", "seed"})
     min_members = 2
     samples = True
+    retired = RETIRED
     lead_param = "lead"
 
     def __init__(self, members: Sequence[Member], params: GacParams, batch_size: int = 1):
@@ -216,13 +227,13 @@ class Gac(SpeculativeSteps, DecodingMethod):
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def start(self, request: GenerationRequest) -> GacState:
-        return GacState.of(request, generator=self._generator(request))
+        return GacState.of(request)
 
     def choose(self, dists: list[torch.Tensor], states: list[GacState]) -> Round:
         """Eq. 5's gate, lazy catch-up of skipped members, then Eq. 3 (or the gate's token) per row."""
         confident = self._gate_confident(dists)
         dists = self._catch_up(states, confident, dists)
-        picks = self._choose(dists, confident, [state.generator for state in states])
+        picks = self._choose(dists, confident, [state.sampler for state in states])
         advances = [self._advance(state, gated, pick) for state, gated, pick in zip(states, confident.tolist(), picks)]
         return Round(advances, dists)
 
@@ -249,51 +260,44 @@ class Gac(SpeculativeSteps, DecodingMethod):
             updated[index] = result
         return updated
 
-    def _generator(self, request: GenerationRequest) -> torch.Generator | None:
-        if self.params.temperature == 0:
-            return None
-        key = zlib.crc32(repr((request.prompt, request.until)).encode())
-        return torch.Generator().manual_seed(self.params.seed * 1_000_003 + key)
-
-    def _choose(self, logprobs, confident, generators) -> list[tuple[int, bytes | None]]:
+    def _choose(self, logprobs, confident, samplers: list[Sampler | None]) -> list[tuple[int, bytes | None]]:
         """(union index or gate id, bytes or None for stop) per live row."""
         picks: list[tuple[int, bytes | None]] = [(-1, None)] * confident.shape[0]
         gate_rows = confident.nonzero().flatten().tolist()
         if gate_rows:
             gate_member = self.members[self.gate]
-            for k, token in zip(gate_rows, self._pick_rows(logprobs[self.gate], gate_rows, generators)):
+            gate_samplers = [samplers[k] for k in gate_rows]
+            for k, token in zip(gate_rows, self._pick_rows(logprobs[self.gate], gate_rows, gate_samplers)):
                 picks[k] = (token, None if token in gate_member.stop_ids else (gate_member.vocab.pieces[token] or b""))
         ensemble_rows = (~confident).nonzero().flatten().tolist()
         if ensemble_rows:
-            for k, index in zip(ensemble_rows, self._mix_and_pick(logprobs, ensemble_rows, generators)):
+            ensemble_samplers = [samplers[k] for k in ensemble_rows]
+            for k, index in zip(ensemble_rows, self._mix_and_pick(logprobs, ensemble_rows, ensemble_samplers)):
                 picks[k] = (index, None if index in self.stop_entries else self.union.entries[index])
         return picks
 
-    def _pick_rows(self, logprobs: torch.Tensor, rows: list[int], generators) -> list[int]:
-        """The gate's own token for these rows: greedy in one batched argmax, or drawn from p^(1/T)
-        on the gate's device, each row with its own generator."""
-        chosen = _rows(logprobs, rows)
-        if self.params.temperature == 0:
-            return block_argmax(chosen).tolist()
-        return draw(tempered(chosen, self.params.temperature), [generators[k] for k in rows]).tolist()
+    def _pick_rows(self, logprobs: torch.Tensor, rows: list[int], samplers: list[Sampler | None]) -> list[int]:
+        """The gate's own token for these rows: greedy in one batched argmax, or drawn from the gate's
+        distribution (shaped by the row's settings) on its device, each row with its own generator."""
+        return decide_on(rows_of(logprobs, rows), samplers, lambda chosen: block_argmax(chosen).tolist())
 
-    def _mix_and_pick(self, logprobs, rows: list[int], generators) -> list[int]:
+    def _mix_and_pick(self, logprobs, rows: list[int], samplers: list[Sampler | None]) -> list[int]:
         """Union entries for these rows: the exact greedy argmax of Eq. 3 (vocab/mixture.py), or a
-        draw from q^(1/T) on the device, each row with its own generator (Eq. 3, Sec. 4.3)."""
-        chosen = [_rows(lp, rows) for lp in logprobs]
+        draw from q (shaped by the row's settings: q^(1/T) with a temperature) on the device, each row
+        with its own generator (Eq. 3, Sec. 4.3)."""
+        chosen = [rows_of(lp, rows) for lp in logprobs]
         if self.core is not None:
-            return self._core_pick(chosen, [generators[k] for k in rows])
-        if self.params.temperature == 0:
-            return self.mixture.greedy(chosen)
-        return self.mixture.sample(chosen, self.params.temperature, [generators[k] for k in rows])
+            return self._core_pick(chosen, rows, samplers)
+        return decide(samplers, lambda kept: self.mixture.greedy([rows_of(lp, kept) for lp in chosen]),
+                      lambda drawn, drawing: draw_blocks(
+                          self.mixture.log_blocks([rows_of(lp, drawn) for lp in chosen]), drawing))
 
-    def _core_pick(self, logprobs, generators) -> list[int]:
+    def _core_pick(self, logprobs, rows: list[int], samplers: list[Sampler | None]) -> list[int]:
         """Eq. 3 under CoRE (methods/core.py): the members' union projections fused by consistency,
-        the method's weights as base weights; greedy or a draw from q^(1/T)."""
-        fused = self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead)
-        if self.params.temperature == 0:
-            return block_argmax(fused).tolist()
-        return draw(tempered(fused.log(), self.params.temperature), generators).tolist()
+        the method's weights as base weights; greedy or a draw from the fused distribution (a NaN or
+        infinite fusion stops the row: decoding/fused.py)."""
+        fused = checked_fusion(self.core.fuse(self.mixture.projections(logprobs), self.weights, self.lead), rows)
+        return decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist(), probabilities=True)
 
     def _advance(self, state: GacState, gated: bool, pick: tuple[int, bytes | None]) -> Advance:
         """What the row takes: the chosen bytes, and the lead member's id for them if it has one."""
@@ -384,9 +388,3 @@ class Gac(SpeculativeSteps, DecodingMethod):
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         return self._combine(rolling_with_members(self.members, texts, self.batch_size))
 
-
-def _rows(logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """These rows of a member's log-probs (no copy when they are all of them, in order)."""
-    if rows == list(range(logprobs.shape[0])):
-        return logprobs
-    return logprobs.index_select(0, torch.tensor(rows, dtype=torch.long, device=logprobs.device))

@@ -34,6 +34,7 @@ from ensemble_bench.cache import cache_dir
 from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_lookup
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import (
     Generation,
     GenerationRequest,
@@ -42,6 +43,7 @@ from ensemble_bench.decoding.method import (
     rolling_with_members,
     score_with_members,
 )
+from ensemble_bench.decoding.sampling import Sampler, decide, decide_on, draw_blocks, rows_of
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Prompt, Score
@@ -60,11 +62,11 @@ from ensemble_bench.methods.packllm_weights import (
     score_prompts,
     sim_weights,
 )
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mined import cached_mined_map
 from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.union_cache import cached_union
 
 SIM_ONLY, OPT_ONLY = ("tau",), ("grid",)
 LEAD = 0  # whose decode renders the text (the method has no parameter naming it)
@@ -138,13 +140,19 @@ class UnionFusion:
         return {"union_size": self.union.size}
 
     def choose(self, dists: list[torch.Tensor], states: list[PackState]) -> list[Advance]:
+        """The union entry of each row: q's argmax, or a draw from q for a row that samples."""
+        samplers = [s.sampler for s in states]
         if self.core is not None:  # CoRE (methods/core.py) on the members' union projections, lambda as base weights
             weights = torch.tensor([s.weights for s in states], dtype=torch.float32)
-            fused = self.core.fuse(self.mixture.projections(dists), weights, LEAD)
-            return [self._advance(u) for u in block_argmax(fused).tolist()]
+            fused = checked_fusion(self.core.fuse(self.mixture.projections(dists), weights, LEAD))
+            chosen = decide_on(fused, samplers, lambda kept: block_argmax(kept).tolist(), probabilities=True)
+            return [self._advance(u) for u in chosen]
         log_w = torch.tensor([s.weights for s in states], dtype=torch.float32).log()  # [rows, K]
         shifted = [lp + log_w[:, k:k + 1].to(lp.device) for k, lp in enumerate(dists)]
-        return [self._advance(u) for u in self.mixture.greedy(shifted)]
+        chosen = decide(samplers, lambda rows: self.mixture.greedy([rows_of(lp, rows) for lp in shifted]),
+                        lambda rows, drawing: draw_blocks(
+                            self.mixture.log_blocks([rows_of(lp, rows) for lp in shifted]), drawing))
+        return [self._advance(u) for u in chosen]
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token's bytes (decoding/speculative.py): its union entry."""
@@ -197,32 +205,37 @@ class MinedFusion:
 
     def _argmax(self, dists: list[torch.Tensor], states: list[PackState], rows: list[int], expert: int) -> list[int]:
         """The expert's id at argmax_x sum_k lambda_k s_k(x) (the paper's logit fusion; softmax keeps the argmax, and
-        log-probs differ from logits by one constant per member and row) for these rows."""
+        log-probs differ from logits by one constant per member and row) for these rows; a row that samples
+        draws from softmax_x of that sum."""
         device = dists[expert].device
         weights = torch.tensor([s.weights for s in states], dtype=torch.float32, device=device)  # [rows, K]
         aligned = [self._aligned(lp, rows, k, expert, device) for k, lp in enumerate(dists)]
+        samplers = [s.sampler for s in states]
         if self.core is not None:
-            return self._core_argmax(aligned, weights, expert)
+            return self._core_argmax(aligned, weights, expert, rows, samplers)
         fused = torch.zeros((len(rows), dists[expert].shape[-1]), device=device)
         for k, member_aligned in enumerate(aligned):
             w = weights[:, k:k + 1]
             fused += torch.where(w > 0, w * member_aligned, 0.0)  # lambda_k = 0 adds nothing (not 0 * -inf)
         fused = fused.masked_fill(~self.choosable[expert].to(device), -math.inf)
-        return block_argmax(fused).tolist()  # ties: the lowest id
+        # ties: the lowest id
+        return decide_on(checked_fusion(fused, rows), samplers, lambda kept: block_argmax(kept).tolist())
 
     def _aligned(self, logprobs: torch.Tensor, rows: list[int], k: int, expert: int, device) -> torch.Tensor:
         """Member k's log-probs of these rows on the expert's vocabulary (its own, or carried by MinED)."""
         picked = logprobs[torch.tensor(rows, device=logprobs.device)]
         return picked.float().to(device) if k == expert else self.carried[expert][k].carry(picked, device)
 
-    def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int) -> list[int]:
+    def _core_argmax(self, aligned: list[torch.Tensor], weights: torch.Tensor, expert: int,
+                     rows: list[int], samplers: list[Sampler | None]) -> list[int]:
         """CoRE (methods/core.py) in probability space: each member's carried distribution renormalised over the
         expert's choosable ids, fused with lambda as base weights and the expert as the lead."""
         allowed = self.choosable[expert].to(weights.device)
         probs = torch.stack([torch.softmax(a.masked_fill(~allowed, -math.inf), dim=-1).nan_to_num(0.0)
                              for a in aligned])
         fused = self.core.fuse(probs, weights, expert).masked_fill(~allowed, -1.0)
-        return block_argmax(fused).tolist()
+        return decide_on(checked_fusion(fused, rows), samplers, lambda kept: block_argmax(kept).tolist(),
+                         probabilities=True)
 
     def draft(self, state: PackState, data: bytes, token: int, proposer: int) -> Advance | None:
         """The advance for a drafted token (decoding/speculative.py): the row's expert's token with
@@ -257,7 +270,12 @@ class MinedFusion:
 class PackLLM(SpeculativeSteps, DecodingMethod):
     name = "packllm"
     Params = PackLLMParams
+    choice_scoring = ("PackLLM scores an option by its members' sequence probabilities mixed with the prompt's "
+                      "perplexity weights")
+    inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields,
+                                  *WindowParams.model_fields})
     min_members = 2
+    samples = True
     lead = LEAD
 
     @classmethod

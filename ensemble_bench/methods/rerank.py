@@ -72,6 +72,7 @@ class RerankReport(SampleReport):
 class Rerank(SampleLevel):
     name = "rerank"
     Params = RerankParams
+    inert_on_choices = frozenset(RerankParams.model_fields) - {"lead"}
 
     @classmethod
     def packages(cls, params: RerankParams) -> dict[str, str]:

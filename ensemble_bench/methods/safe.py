@@ -63,10 +63,10 @@ from ensemble_bench.decoding.method import (
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
-from ensemble_bench.union_cache import cached_union
 from ensemble_bench.vocab.append import common_prefix
 from ensemble_bench.vocab.fast_topk import block_argmax
 from ensemble_bench.vocab.mixture import UnionMixture
+from ensemble_bench.vocab.union_cache import cached_union
 
 POOL_TOP = 10      # the sharpening pool: each member's most probable union entries (authors' code: top 10)
 AVERAGE_SKIP = 0.5  # Sec. 3.2 (ii)(2): skip when the (weighted) average of the own-token probabilities is above this
@@ -131,6 +131,8 @@ class Safe(DecodingMethod):
     Params = SafeParams
     min_members = 2
     lead_param = "lead"
+    choice_scoring = "SAFE scores an option by the drafter's (lead's) own probability"
+    inert_on_choices = frozenset(SafeParams.model_fields) - {"lead"}
 
     def __init__(self, members: Sequence[Member], params: SafeParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)

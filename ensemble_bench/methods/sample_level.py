@@ -1,7 +1,7 @@
-"""Sample-level ensembles: every member answers alone (greedy, batched, as ``single``), then one
-member's answer is chosen per request. Members run one after another; latency is accounted as
-the sum of the members' decode time over their mean number of steps (so ms/token is about the
-sum of the members' ms/token).
+"""Sample-level ensembles: every member answers alone (batched, as ``single``: greedy, or drawing from
+its own distribution when the request samples), then one member's answer is chosen per request.
+Members run one after another; latency is accounted as the sum of the members' decode time over their
+mean number of steps (so ms/token is about the sum of the members' ms/token).
 
 Multiple-choice requests (log-likelihood) are decided per question: the requests sharing one
 prompt are the question's choices, each member picks its most likely choice, and the method
@@ -16,7 +16,7 @@ import math
 from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ensemble_bench.decoding.method import (
     Generation,
@@ -51,7 +51,9 @@ class SampleReport(MethodStats):
 
 class SampleLevel(Method):
     min_members = 2
+    samples = True  # each member samples its own answer (``own_draws``)
     lead_param = "lead"
+    choice_scoring = "each member picks its most likely option and the most picked wins (ties: the lead's)"
 
     def __init__(self, members: Sequence[Member], params: SampleLevelParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -68,7 +70,9 @@ class SampleLevel(Method):
         """Index of the member whose answer is kept."""
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        candidates = [single.generate(requests) for single in self.singles]
+        """Every member's answer (a request that samples: each member draws with a generator of its own),
+        then the method's choice among them."""
+        candidates = [single.generate([own_draws(r, k) for r in requests]) for k, single in enumerate(self.singles)]
         return [candidates[self._choose([c[i].text for c in candidates], r)][i] for i, r in enumerate(requests)]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[Score]:
@@ -99,6 +103,14 @@ class SampleLevel(Method):
 
     def statistics(self) -> SampleReport:
         return SampleReport(lead_index=self.lead)
+
+
+def own_draws(request: GenerationRequest, member: int) -> GenerationRequest:
+    """The request as member ``member`` answers it: a request that samples draws from a generator of that
+    member's own (its key salted), so that two members never share their uniform numbers."""
+    if request.sampling is None:
+        return request
+    return replace(request, sampling=replace(request.sampling, key=f"{request.sampling.key}/member {member}"))
 
 
 def choose_by_vote(keys: Sequence[Hashable], lead: int) -> Hashable:

@@ -119,6 +119,9 @@ class SpanReport(MethodStats):
     retokenizing: dict = spread()
 
 
+SPAN_CHOICES = "span-level methods score an option by their members' mean log-likelihood (no spans, no lead)"
+
+
 class SpanMethod(DecodingMethod):
     min_members = 2
     lead_param = "lead"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from pydantic import AliasChoices, Field
 
-from ensemble_bench.methods.span_level import SpanMethod, SpanParams
+from ensemble_bench.methods.span_level import SPAN_CHOICES, SpanMethod, SpanParams
 
 
 class SweetSpanParams(SpanParams):
@@ -42,6 +42,8 @@ def choose_span(table: list[list[float]], ratio: float) -> tuple[int, list[list[
 class SweetSpan(SpanMethod):
     name = "sweetspan"
     Params = SweetSpanParams
+    choice_scoring = SPAN_CHOICES
+    inert_on_choices = frozenset(SweetSpanParams.model_fields)
 
     def _segment_end(self, proposer: int, text: str, tokens: list[int], picked_from: list[torch.Tensor]) -> int | None:
         return self._word_end(text, self.params.span_words)

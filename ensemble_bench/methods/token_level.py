@@ -24,6 +24,7 @@ from ensemble_bench.decoding.concurrent import each
 from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, Retokenize, make_feeders, text_appender, text_lookup
 from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, WindowParams, resolve_member
+from ensemble_bench.decoding.sampling import Sampler
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeParams, SpeculativeSteps, resolve_proposer
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
@@ -71,7 +72,10 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
     """Base of UniTE and DeePEn: subclasses implement ``_step``; their Params declare ``lead``."""
 
     min_members = 2
+    samples = True
     lead_param = "lead"
+    choice_scoring = "options are scored teacher-forced through the method's own step, with no drafting"
+    inert_on_choices = frozenset(SpeculativeParams.model_fields)  # drafting is for generation
 
     def __init__(self, members: Sequence[Member], params: EmitterParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
@@ -88,13 +92,16 @@ class EmitterMethod(SpeculativeSteps, DecodingMethod):
         resolve_proposer(params, labels, resolve_member(params.lead, labels, params.lead_spelling))
 
     @abstractmethod
-    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
-        """Combine the members' log-probs [rows, V_i]; choose (and score ``targets``) per row."""
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None,
+              samplers: Sequence[Sampler | None] = ()) -> Step:
+        """Combine the members' log-probs [rows, V_i]; choose (and score ``targets``) per row: the best,
+        or a draw for a row whose ``samplers`` entry samples (decoding/sampling.py)."""
 
     # --- generation: the loop's steps -------------------------------------------------------------
     def choose(self, dists: list[torch.Tensor], states: list[RequestState]) -> Round:
         lead = self.members[self.lead]
-        return Round([own_token(lead, t) for t in self._step(dists, None).choices], dists)
+        samplers = [state.sampler for state in states]
+        return Round([own_token(lead, t) for t in self._step(dists, None, samplers).choices], dists)
 
     def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
         """The lead appends its tokens; every other member takes their bytes (its feeder's policy)."""

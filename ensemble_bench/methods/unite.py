@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.method import lead_field, normalised_weights
+from ensemble_bench.decoding.sampling import decide, draw_rows
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.core import CoreFusion, CoreParams
@@ -74,11 +76,12 @@ class Unite(EmitterMethod):
         if params.weights is not None:
             normalised_weights(params.weights, len(labels))
 
-    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None) -> Step:
+    def _step(self, logprobs: list[torch.Tensor], targets: list[int] | None, samplers=()) -> Step:
         """Algorithm 1 for every row at once: each member's top-k and best stop id on its device;
         V^u and rules 1-3 as table lookups on the lead's (vocab/topk.py, AlignmentTables); one
         gather per member of its aligned ids' probabilities; then the average and the choice on
-        the host over the [rows, |V^u|] probabilities only (Alg. 1 lines 13-14)."""
+        the host over the [rows, |V^u|] probabilities only (Alg. 1 lines 13-14). A row that samples
+        draws its key from the average over the keys the lead can emit (docs/sampling.md)."""
         device = logprobs[self.lead].device
         tops = [block_topk(lp, min(self.params.k, lp.shape[-1])) for lp in logprobs]
         top_ids = [ids.to(device) for _, ids in tops]
@@ -88,10 +91,14 @@ class Unite(EmitterMethod):
         plan = self.tables.plan(top_ids, top_probs, stops, scored, self.lead)  # Alg. 1 lines 4-12
         probs = torch.stack([aligned_probs(lp, ids).cpu().double() for lp, ids in zip(logprobs, plan.ids)])
         averaged = self._average(probs)  # Alg. 1 line 13
+        checked_fusion(torch.from_numpy(averaged))  # a NaN or infinite fusion stops the row (decoding/fused.py)
         emitted = plan.ids[self.lead].cpu().numpy()
         if not (emitted >= 0).any(axis=1).all():
             raise ValueError("the lead member has no token for any key of V^u (its top-k has no text)")
         best = np.where(emitted >= 0, averaged, -np.inf).argmax(axis=1)  # Alg. 1 line 14: first key wins ties
+        if samplers:  # a row that samples draws a key (among those the lead emits) from the average
+            best = decide(samplers, lambda rows: best[rows].tolist(), lambda rows, drawing: draw_rows(
+                torch.from_numpy(np.where(emitted[rows] >= 0, averaged[rows], 0.0)).log(), drawing))
         choices = emitted[np.arange(len(best)), best].tolist()
         if targets is None:
             self.stats.union_sizes += int(plan.first[:, :plan.top_width].sum())

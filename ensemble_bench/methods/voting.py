@@ -65,6 +65,7 @@ def answer_key(text: str, answer: str) -> str:
 class Voting(SampleLevel):
     name = "voting"
     Params = VotingParams
+    inert_on_choices = frozenset({"answer"})
 
     def _choose(self, texts: list[str], request: GenerationRequest) -> int:
         keys = [answer_key(t, self.params.answer) for t in texts]

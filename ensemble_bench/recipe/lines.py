@@ -23,7 +23,8 @@ def is_safe_label(label: str) -> bool:
     return bool(re.fullmatch(LABEL, label)) and len(label) <= 200
 
 
-def _field_path(loc, prefix: str = "") -> str:
+def field_path(loc, prefix: str = "") -> str:
+    """A field's location as a recipe writes it: ``('members', 0, 'dtype')`` -> ``members[0].dtype``."""
     path = prefix
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
@@ -83,13 +84,18 @@ def _error_line(source: str, error: dict, prefix: str = "", model: type[BaseMode
     given = error.get("input")
     shown = "" if error["type"] in ("missing", "extra_forbidden") or isinstance(given, (dict, list)) else \
         f" (got {_shortened(repr(given))})"
-    return f"{source}: {_field_path(loc, prefix)}: {message}{shown}"
+    return f"{source}: {field_path(loc, prefix)}: {message}{shown}"
 
 
 def _field_of(error: dict) -> tuple:
     """The field an error is about: its location up to the union branch it names, if any."""
     loc = error["loc"]
     return loc[:next((k for k, part in enumerate(loc) if _is_branch(part)), len(loc))]
+
+
+def failed_fields(err: ValidationError) -> list[tuple]:
+    """The fields pydantic's errors are about (their locations, a union branch's tag left out), each once."""
+    return list(dict.fromkeys(_field_of(error) for error in err.errors()))
 
 
 def pydantic_lines(source: str, err: ValidationError, prefix: str = "",

@@ -8,6 +8,9 @@ Every bad field becomes one ``UserError`` line: ``<file>: <field>: <what is allo
 
 from __future__ import annotations
 
+import copy
+import functools
+import operator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError, several
-from ensemble_bench.recipe.lines import problems_of, pydantic_lines
+from ensemble_bench.recipe.lines import failed_fields, field_path, problems_of, pydantic_lines
 from ensemble_bench.recipe.overrides import Override, blame
 from ensemble_bench.recipe.overrides import apply as apply_overrides
 from ensemble_bench.recipe.schema import Recipe, TaskSpec, check_placement, plan_rows, validate_method
@@ -45,7 +48,7 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as err:
-        lines = [*pydantic_lines(source, err, model=Recipe), *_method_problems_beside(data, err, source)]
+        lines = [*pydantic_lines(source, err, model=Recipe), *_problems_beside(data, err, source)]
         raise several(UserError, list(dict.fromkeys(lines))) from None
     lines = [*_method_problems(recipe, source), *task_problems(recipe, source),
              *check_placement(recipe, source)]
@@ -56,20 +59,46 @@ def parse_recipe(data: Any, source: str = "recipe") -> Recipe:
     return recipe
 
 
-def _method_problems_beside(data: dict, err: ValidationError, source: str) -> list[str]:
-    """The method-parameter problems of a recipe whose schema failed in other fields, so that one schema
-    mistake and one method mistake are reported together: the failing top-level fields that have
-    defaults (or are unknown) are left out and the rest validated again. Nothing when the members, the
-    method entries or a required field failed (the methods cannot be read without them)."""
-    failed = {e["loc"][0] for e in err.errors() if e["loc"]}
-    needed = {"members", "method", "methods", "sweep"}
-    if failed & needed or any(Recipe.model_fields[k].is_required() for k in failed if k in Recipe.model_fields):
+# what the method checks read of a member (its label, its weight): a member that failed in one of these has
+# its methods checked on no guess
+MEMBER_IDENTITY = ("model", "name", "weight")
+
+
+def _problems_beside(data: dict, err: ValidationError, source: str) -> list[str]:
+    """The method, task and placement problems of a recipe whose schema failed elsewhere, so that every
+    mistake is reported at once (a member's dtype, a method's threshold and a task's limit: three lines).
+    Each failing field is left out (a top-level field, a field of a member, a task or the placement: its
+    default then holds) and the rest validated again; a line about a field left out is not repeated.
+    Nothing when the members' list, a member's model, name or weight, the method entries or the sweep
+    failed, or the rest does not validate (a required field failed): the methods cannot be read without
+    them."""
+    fields = failed_fields(err)
+    if not all(_can_leave_out(data, field) for field in fields):
         return []
+    rest = copy.deepcopy(data)
+    for *parents, key in fields:
+        functools.reduce(operator.getitem, parents, rest).pop(key, None)
     try:
-        recipe = Recipe.model_validate({k: v for k, v in data.items() if k not in failed})
+        recipe = Recipe.model_validate(rest)
     except ValidationError:
         return []
-    return _method_problems(recipe, source)
+    left_out = tuple(f"{source}: {field_path(field)}" for field in fields)
+    lines = [*_method_problems(recipe, source), *task_problems(recipe, source), *check_placement(recipe, source)]
+    return [line for line in lines if not line.startswith(left_out)]
+
+
+def _can_leave_out(data: dict, field: tuple) -> bool:
+    """Whether a failing field (pydantic's location) is a key given in the recipe whose absence leaves its
+    methods readable as written (see ``_problems_beside``)."""
+    node = data
+    for part in field[:-1]:
+        if not (isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int)
+                and 0 <= part < len(node)):
+            return False
+        node = node[part]
+    if not (isinstance(node, dict) and field and field[-1] in node) or field[0] in ("method", "methods", "sweep"):
+        return False
+    return field[0] != "members" or len(field) > 2 and field[2] not in MEMBER_IDENTITY
 
 
 def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
@@ -86,6 +115,9 @@ def _builtin_problems(recipe: Recipe, i: int, task: TaskSpec) -> list[str]:
     if most is not None and shots > most:
         lines.append(f"tasks[{i}].shots: at most {most} for '{task.name}' with data: {recipe.data} "
                      f"(its few-shot pool), got {shots}")
+    if bench.pass_k is not None and task.repeats is not None and task.repeats < bench.pass_k:
+        lines.append(f"tasks[{i}].repeats: benchmark '{task.name}' ({bench.variant}) reports pass@{bench.pass_k} from "
+                     f"its samples: give at least {bench.pass_k} repeats, got {task.repeats}")
     if task.gen_kwargs is not None and bench.primary_metric.startswith("acc,"):
         lines.append(f"tasks[{i}].gen_kwargs: benchmark '{task.name}' is scored by log-likelihood and generates "
                      "no text: remove gen_kwargs")
@@ -113,14 +145,6 @@ def task_problems(recipe: Recipe, source: str = "recipe") -> list[str]:
                          "each benchmark once (another variant: a recipe of its own)")
         listed.setdefault(key, i)
     return [f"{source}: {line}" for line in lines]
-
-
-def task_notes(recipe: Recipe) -> list[str]:
-    """Lines to show beside the plan: gen_kwargs that ask for sampling (written into the task config, but
-    ensbench's methods decode greedily: a method that samples takes its own parameters)."""
-    return [f"tasks[{i}].gen_kwargs: {', '.join(asked)} asks for sampling: written into the task config, but "
-            "ensbench's methods decode greedily, so the answers do not change"
-            for i, task in enumerate(recipe.tasks) if task.gen_kwargs and (asked := task.gen_kwargs.sampling())]
 
 
 def _read_text(path: Path) -> str:

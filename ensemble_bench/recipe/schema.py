@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from ensemble_bench.decoding.sampling import SamplingOverride
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.vllm_schema import VllmArgs
 from ensemble_bench.methods import ALONE, get_method, is_alone
@@ -153,6 +155,7 @@ class MethodSpec(BaseModel):
     label: str | None = Field(default=None, pattern=LABEL)
     members: list[str] | None = Field(default=None, min_length=1)
     paper_row: str | None = None  # the row of a paper's table this entry fills (`ensbench table --layout`)
+    sampling: SamplingOverride | None = None  # over the tasks' settings and the recipe's sampling, for its rows
 
     @property
     def params(self) -> dict[str, Any]:
@@ -175,16 +178,11 @@ class GenKwargs(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
 
     def given(self) -> dict[str, Any]:
         """The settings the recipe gives (lm-eval's names)."""
         return self.model_dump(exclude_none=True)
-
-    def sampling(self) -> list[str]:
-        """The settings that ask for sampling rather than greedy decoding."""
-        asked = {"do_sample": self.do_sample, "temperature": (self.temperature or 0) > 0,
-                 "top_p": self.top_p is not None and self.top_p < 1, "top_k": bool(self.top_k)}
-        return [name for name, on in asked.items() if on]
 
 
 class TaskSpec(BaseModel):
@@ -197,6 +195,7 @@ class TaskSpec(BaseModel):
     shots: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("shots", "num_fewshot"))
     limit: int | None = Field(default=None, gt=0, le=LIMIT_MAX)
     gen_kwargs: GenKwargs | None = None
+    repeats: int | None = Field(default=None, gt=0, le=1000)  # answers per request (lm-eval's repeats), for the task
     include_path: IncludePath = None
 
     @model_validator(mode="before")
@@ -228,6 +227,7 @@ class Recipe(BaseModel):
     allow_unisolated_execution: bool = False  # ... even where no namespace isolation works (docs/code_execution.md)
     allow_task_code: bool = False  # include_path tasks may import their own Python (!function), unsandboxed
     placement: PlacementSpec = PlacementSpec()  # local, or each member in a Ray actor
+    sampling: SamplingOverride | None = None  # over every task's own settings, for every row (docs/sampling.md)
     sweep: dict[str, list[Any]] | None = None  # one method parameter -> values: one ensemble row each
 
     @field_validator("sweep")
@@ -346,17 +346,19 @@ def plan_rows(recipe: Recipe, with_params: bool = True) -> list[Row]:
     if unsafe is not None:
         raise UserError(f"the row label {unsafe!r} is not a safe folder name ({SAFE_NAME}); "
                         "give the method entry a 'label'")
-    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    counts = Counter(labels)  # (list.count per label took seconds on a sweep of 10,000 rows)
+    repeated = next((label for label in labels if counts[label] > 1), None)
     if repeated:
         raise UserError(f"two rows of the recipe are labelled '{repeated}'; give each method entry a 'label'")
     return rows
 
 
-def selected_benchmarks(recipe: Recipe) -> list[tuple[Benchmark, int | None, int | None]]:
+def selected_benchmarks(recipe: Recipe, index: dict | None) -> list[tuple[Benchmark, int | None, int | None]]:
     """(benchmark, shots, limit) per recipe task; refuses built-in benchmarks that cannot run yet. A task
-    that is not built in is looked up in lm-eval's task index (seconds, once a process: tasks.lm_eval_tasks)."""
+    that is not built in is looked up in ``index``, lm-eval's task index with the recipe's include_path
+    folders (``recipe_tasks.task_index_of``; None when every task is built in)."""
     chosen = []
-    for task, bench in zip(recipe.tasks, task_benchmarks(recipe)):
+    for task, bench in zip(recipe.tasks, task_benchmarks(recipe, index)):
         if bench.needs:
             raise UserError(f"benchmark '{task.name}' cannot run: {bench.needs}")
         if recipe.data == "offline" and bench.builtin and not bench.offline:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ensemble_bench.errors import UserError
@@ -30,6 +30,7 @@ from ensemble_bench.report.paired import (
 from ensemble_bench.report.run_files import RunRow
 from ensemble_bench.report.samples import Example, require_examples
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
+from ensemble_bench.report.whitespace_notes import whitespace_warnings
 from ensemble_bench.tasks import Benchmark
 
 
@@ -48,6 +49,7 @@ class CompareReport:
     run_dir: Path | list[Path]  # the run, or the runs compared
     rows: list[str]
     views: list[BenchmarkView]
+    warnings: list[str] = field(default_factory=list)  # the summaries' whitespace warnings about these rows
 
 
 def _pick_rows(rows: list[RunRow], wanted: list[str], runs: int = 1) -> list[RunRow]:
@@ -149,7 +151,16 @@ def build_report(run_dir: Path | list[Path], rows: list[str] | None = None,
     labels = [row.plan.label for row in chosen]
     pairings = _pairings(chosen, explicit=bool(rows) or len(run_dirs) > 1)
     views = [_view(found.folders, bench, labels, pairings) for bench in benches]
-    return CompareReport(run_dirs[0] if len(run_dirs) == 1 else run_dirs, labels, views)
+    return CompareReport(run_dirs[0] if len(run_dirs) == 1 else run_dirs, labels, views,
+                         _warnings([found.folders[label] for label in labels]))
+
+
+def _warnings(row_dirs: list[Path]) -> list[str]:
+    """The summary's whitespace warnings about these rows, run by run."""
+    by_run: dict[Path, list[str]] = {}
+    for row_dir in row_dirs:
+        by_run.setdefault(row_dir.parent, []).append(row_dir.name)
+    return [line for run_dir, labels in by_run.items() for line in whitespace_warnings(run_dir, labels)]
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -212,6 +223,8 @@ def takeaway_lines(report: CompareReport) -> list[str]:
 def render_markdown(report: CompareReport, show: int) -> str:
     runs = report.run_dir if isinstance(report.run_dir, list) else [report.run_dir]
     lines = [f"# compare {', '.join(map(str, runs))}", "", f"rows: {', '.join(report.rows)}"]
+    if report.warnings:
+        lines += ["", "## Warnings", "", *(f"- warning: {line}" for line in report.warnings)]
     for view in report.views:
         lines += ["", f"## {view.bench.name} ({view.bench.primary_metric.split(',')[0]}), "
                       f"{view.examples} examples", "", *_stats_lines(view), *_example_lines(view, show)]

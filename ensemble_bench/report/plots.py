@@ -2,7 +2,7 @@
 threshold with % ensembled, SweetSpan's span length, UniTE's k). PNG and SVG via matplotlib.
 Every score carries its 95% interval as an error bar (report/paired.py). Latency is ms/token
 (generation), or ms/request for runs of multiple-choice rows; a row left out of a plot is named in
-one warning line on stderr."""
+one warning line on stderr, as are the runs' summary warnings (answers wrong only by whitespace)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from ensemble_bench.report.paired import row_intervals
 from ensemble_bench.report.run_files import ms_per_token
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.tables import resolve_run
+from ensemble_bench.report.whitespace_notes import whitespace_warnings
+from ensemble_bench.run.folder import reading_once
 
 LOG2_PARAMETERS = ("span_words", "k")
 PLOT_SUFFIXES = (".png", ".svg")
@@ -28,14 +30,19 @@ def warn_on_stderr(line: str) -> None:
     print(f"warning: {line}", file=sys.stderr)
 
 
-def parameter_records(run_dirs: list[Path], param: str | None = None) -> list[dict]:
+def parameter_records(run_dirs: list[Path], param: str | None = None,
+                      warn: Callable[[str], None] = warn_on_stderr) -> list[dict]:
     """One record per row: label, method, the value of ``param`` (None for rows without it, e.g.
-    the members alone), scores in % with their 95% intervals, ms/token, ms/request and % ensembled."""
+    the members alone), scores in % with their 95% intervals, ms/token, ms/request and % ensembled.
+    The runs' summary warnings about answers wrong only by whitespace go to ``warn``."""
     records = []
     for run_dir in map(resolve_run, run_dirs):
         recipe = finished_recipe(run_dir)
-        rows = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
+        with reading_once():
+            rows = run_rows(run_dir, recipe)
+            intervals = row_intervals(run_dir, rows, recipe_benchmarks(run_dir, recipe))
+            for line in whitespace_warnings(run_dir, [row.plan.label for row in rows]):
+                warn(line)
         for row in rows:
             stats = row.stats
             fraction = stats.ensembled_fraction

@@ -34,15 +34,16 @@ def legend(with_paper: bool) -> str:
 def run_shots(run_dir: Path, recipe, benches) -> dict[str, int | None]:
     """Benchmark column -> the shots its prompts had in this run: the recipe's, else a built-in benchmark's
     default, else what lm-eval's results files record (``n-shot``); None when nothing says."""
+    own = [task.shots if task.shots is not None else bench.default_shots if bench.builtin else None
+           for task, bench in zip(recipe.tasks, benches)]
     recorded: dict[str, int] = {}
-    for path in sorted(run_dir.glob(f"*/{RESULTS_GLOB}")):
-        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+    for path in sorted(run_dir.glob(f"*/{RESULTS_GLOB}")) if None in own else []:  # only when the recipe leaves
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # some task's shots open
             recorded = {**dict(parse_json(path).get("n-shot", {})), **recorded}
     shots = {}
-    for task, bench in zip(recipe.tasks, benches):
-        own = task.shots if task.shots is not None else bench.default_shots if bench.builtin else None
+    for given, bench in zip(own, benches):
         found = recorded.get(bench.task)
-        shots[column_key(bench.name)] = own if own is not None else found if isinstance(found, int) else None
+        shots[column_key(bench.name)] = given if given is not None else found if isinstance(found, int) else None
     return shots
 
 

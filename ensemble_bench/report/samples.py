@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from ensemble_bench.cache import atomic_write_text
-from ensemble_bench.errors import UserError
+from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.report.run_files import PERCENT_METRICS, leaf_tasks
 from ensemble_bench.run.folder import (
     EXTRACT_GLOB,
@@ -219,8 +219,8 @@ def row_examples(row_dir: Path, bench: Benchmark) -> list[Example] | None:
 def require_examples(row_dir: Path, bench: Benchmark) -> list[Example]:
     examples = row_examples(row_dir, bench)
     if examples is None:
-        raise UserError(f"{row_dir}: no per-sample file for {bench.name} ({SAMPLES_GLOB} or "
-                        f"{EXTRACT_GLOB}); run the recipe again to get them")
+        raise EnvironmentFault(f"{row_dir}: no per-sample file for {bench.name} ({SAMPLES_GLOB} or "
+                               f"{EXTRACT_GLOB}); run the recipe again to get them")
     return examples
 
 

@@ -13,6 +13,7 @@ from ensemble_bench.methods import RunStats
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.report.paired import comparison_records, ensemble_comparisons, row_intervals
 from ensemble_bench.report.run_files import PERCENT_METRICS, RunRow, leaf_tasks, ms_per_token, row_wall_seconds
+from ensemble_bench.report.tie_notes import tie_section
 from ensemble_bench.report.whitespace_notes import whitespace_section
 from ensemble_bench.run.folder import (
     PAIRED_CSV,
@@ -108,7 +109,8 @@ def run_rows(run_dir: Path, recipe=None) -> list[RunRow]:
     for plan in recipe.plan:
         timing = run_dir / plan.label / TIMING
         if not timing.exists():
-            raise UserError(f"{run_dir}: row {plan.label!r} of its recipe has no {TIMING}")
+            raise EnvironmentFault(f"{run_dir}: row {plan.label!r} of its recipe has no {TIMING}: run the recipe "
+                                   "again to compute the row, or leave this run out")
         _check_results(timing.parent, groups)
         rows.append(RunRow(plan, read_json(timing), row_scores(timing.parent, benches)))
     return rows
@@ -249,7 +251,8 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
     body = with_interval_cells(frame, benches).to_markdown(index=False, missingval="") + "\n"
     atomic_write_text(run_dir / SUMMARY, header + body + ("\n" + "\n".join(notes) + "\n" if notes else "")
                       + reuse_section(run_dir) + paired_section(comparisons)
-                      + whitespace_section(run_dir, [row.plan.label for row in rows]))
+                      + whitespace_section(run_dir, [row.plan.label for row in rows])
+                      + tie_section(run_dir, [row.plan.label for row in rows]))
     return frame
 
 

@@ -44,7 +44,8 @@ from ensemble_bench.report.provenance import (
 from ensemble_bench.report.run_files import ms_per_token, row_wall_seconds, run_hardware
 from ensemble_bench.report.summary import finished_recipe, recipe_benchmarks, run_rows
 from ensemble_bench.report.table_text import render
-from ensemble_bench.run.folder import is_finished
+from ensemble_bench.report.whitespace_notes import whitespace_warnings
+from ensemble_bench.run.folder import is_finished, reading_once
 
 HERE = Path(__file__).parent
 EXTRA_BLOCK = "(ours, not in the paper)"
@@ -85,6 +86,7 @@ class OurRuns:
     hardware: set[str] = field(default_factory=set)
     kept_apart: list[str] = field(default_factory=list)  # one line per label two runs measured on one benchmark
     metrics: dict[str, str] = field(default_factory=dict)  # benchmark column -> its metric (acc, exact_match ...)
+    warnings: list[str] = field(default_factory=list)  # the summaries' warnings (answers wrong by whitespace)
 
     def row_for(self, label: str, method: str, declared: str | None, run_dir: Path, columns: list[str]) -> OurRow:
         """The merged row a run's row goes into: the row of its label, unless an earlier run already
@@ -160,28 +162,35 @@ def resolve_run(path: Path) -> Path:
 def collect_rows(run_dirs: list[Path]) -> OurRuns:
     """Our rows by label (merged over runs), the runs' benchmarks and hardware."""
     ours = OurRuns()
-    for run_dir in map(resolve_run, run_dirs):
-        recipe = finished_recipe(run_dir)
-        benches = recipe_benchmarks(run_dir, recipe)
-        found = run_rows(run_dir, recipe)
-        intervals = row_intervals(run_dir, found, benches)
-        ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
-        ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
-        shots = run_shots(run_dir, recipe, benches)
-        ours.hardware.add(run_hardware(run_dir, recipe))
-        for row in found:
-            plan = row.plan
-            declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
-                recipe.ensembles[plan.spec].paper_row
-            merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(column_key, row.scores)))
-            _add_scores(merged, row, intervals)
-            merged.shots.update({column: shots.get(column) for column in map(column_key, row.scores)})
-            _add_timing(merged, row.stats, run_dir / plan.label)
-            if plan.spec is not None:
-                params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
-                if params.get("threshold") is not None:
-                    merged.values["threshold"] = params["threshold"]
+    with reading_once():
+        for run_dir in map(resolve_run, run_dirs):
+            _collect_run(ours, run_dir)
     return ours
+
+
+def _collect_run(ours: OurRuns, run_dir: Path) -> None:
+    """Add one run's rows, benchmarks and hardware to ``ours``."""
+    recipe = finished_recipe(run_dir)
+    benches = recipe_benchmarks(run_dir, recipe)
+    found = run_rows(run_dir, recipe)
+    intervals = row_intervals(run_dir, found, benches)
+    ours.warnings += [f"warning: {line}" for line in whitespace_warnings(run_dir, [row.plan.label for row in found])]
+    ours.benchmarks += [key for key in map(column_key, (b.name for b in benches)) if key not in ours.benchmarks]
+    ours.metrics.update({column_key(b.name): b.primary_metric.split(",")[0] for b in benches})
+    shots = run_shots(run_dir, recipe, benches)
+    ours.hardware.add(run_hardware(run_dir, recipe))
+    for row in found:
+        plan = row.plan
+        declared = recipe.members[plan.members[0]].paper_row if plan.spec is None else \
+            recipe.ensembles[plan.spec].paper_row
+        merged = ours.row_for(plan.label, plan.method, declared, run_dir, list(map(column_key, row.scores)))
+        _add_scores(merged, row, intervals)
+        merged.shots.update({column: shots.get(column) for column in map(column_key, row.scores)})
+        _add_timing(merged, row.stats, run_dir / plan.label)
+        if plan.spec is not None:
+            params = {**recipe.ensembles[plan.spec].params, **dict(plan.overrides)}
+            if params.get("threshold") is not None:
+                merged.values["threshold"] = params["threshold"]
 
 
 def _add_scores(merged: OurRow, row, intervals: dict) -> None:
@@ -237,7 +246,12 @@ def build_table(layout: Layout, run_dirs: list[Path], with_paper: bool = False,
                 block: str | None = None) -> pd.DataFrame:
     """One line per paper row (ours beside it, or "not run"), then our unmatched rows; the notes
     (``frame.attrs["notes"]``) say what the runs lack and what the layout leaves out."""
-    ours = collect_rows(run_dirs)
+    return layout_table(layout, collect_rows(run_dirs), with_paper, block)
+
+
+def layout_table(layout: Layout, ours: OurRuns, with_paper: bool = False, block: str | None = None) -> pd.DataFrame:
+    """The table of :func:`build_table` from rows already gathered (from runs, or from a table's CSV:
+    report/from_csv.py)."""
     rows = ours.rows
     slots = [(b, r) for b, r in paper_rows(layout) if block is None or b == block]
     if block is not None and not slots:
@@ -290,7 +304,7 @@ def _layout_notes(layout: Layout, ours: OurRuns, frame: pd.DataFrame, latency_ap
         paper = layout.hardware or "hardware this layout does not record"
         notes.append(f"latency: no difference to the paper's, which was timed on {paper}; these runs: "
                      f"{', '.join(sorted(ours.hardware))}")
-    return [note for note in notes if note] + ours.kept_apart
+    return [note for note in notes if note] + ours.kept_apart + ours.warnings
 
 
 def _record(layout: Layout, block: str, paper_row: str, label: str | None, values: dict, with_paper: bool,
@@ -341,7 +355,7 @@ def build_run_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, Layout]:
     setup_notes = add_setups(records, layout.benchmark_columns, list(ours.rows.values()))
     frame = setup_frame(records)
     averaged = average_note(ours.benchmarks, ours.metrics) if len(ours.benchmarks) > 1 else []
-    frame.attrs["notes"] = _run_notes(layout) + setup_notes + averaged + ours.kept_apart
+    frame.attrs["notes"] = _run_notes(layout) + setup_notes + averaged + ours.kept_apart + ours.warnings
     return frame, layout
 
 
@@ -365,5 +379,5 @@ def make_table(run_dirs: list[Path], layout_name: str | None, with_paper: bool =
 
 
 __all__ = ["EXTRA_BLOCK", "NOT_RUN", "ROW_COLUMN", "Layout", "OurRow", "OurRuns", "build_run_table",
-           "build_table", "collect_rows", "get_layout", "layouts", "make_table", "paper_numbers", "paper_rows",
-           "render", "resolve_run"]
+           "build_table", "collect_rows", "get_layout", "layout_table", "layouts", "make_table", "paper_numbers",
+           "paper_rows", "render", "resolve_run"]

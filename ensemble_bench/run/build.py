@@ -49,8 +49,8 @@ ONE_ROW_ONLY = ("methods", "sweep", "singles")  # recipe keys that plan several 
 
 
 def build_from_model_args(data: dict, method_name: str | None, extra: dict) -> tuple[Recipe, Row]:
-    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method); the
-    recipe it stands for and the row it plans."""
+    """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method, seed,
+    sampling, replicas); the recipe it stands for and the row it plans."""
     recipe = recipe_from_model_args(data, method_name, extra)
     return recipe, recipe.plan[-1]
 

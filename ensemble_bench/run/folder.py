@@ -23,6 +23,9 @@ name these files through this module only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +76,48 @@ def set_aside(run_dir: Path, label: str) -> Path:
     return inside(run_dir, f".{label}.damaged")
 
 
+KEPT_BYTES = 64 << 20  # the most JSON text reading_once keeps parsed (a large group's results file: ~0.5 MiB)
+
+
+@dataclass
+class _Reads:
+    found: dict = field(default_factory=dict)
+    size: int = 0  # bytes of the files kept
+
+
+_READ: list[_Reads] = []  # while reading_once() holds: what was listed and read, by what and where
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Within it, every listing of results files and every JSON file ``read_json`` reads is done once, however
+    often it is asked for (up to KEPT_BYTES of files kept): for a report command, whose runs do not change
+    while they are read (``table`` on a run of 10,000 rows listed and read each row's results file five
+    times). Outside it, every call reads the disk."""
+    _READ.append(_Reads())
+    try:
+        yield
+    finally:
+        _READ.pop()
+
+
+def _once(key: tuple, read: Callable[[], Any], size: int = 0) -> Any:
+    if not _READ:
+        return read()
+    reads = _READ[-1]
+    if key in reads.found:
+        return reads.found[key]
+    value = read()  # a fault is raised again next time: it is not kept
+    if reads.size + size <= KEPT_BYTES:
+        reads.found[key] = value
+        reads.size += size
+    return value
+
+
 def results_files(folder: Path, nested: bool = False) -> list[Path]:
     """lm-eval's results files in ``folder`` (``nested``: in it and every folder below), sorted."""
-    return sorted(folder.rglob(RESULTS_GLOB) if nested else folder.glob(RESULTS_GLOB))
+    return list(_once(("results", str(folder), nested),
+                      lambda: sorted(folder.rglob(RESULTS_GLOB) if nested else folder.glob(RESULTS_GLOB))))
 
 
 def results_date(path: Path) -> str:
@@ -125,17 +167,35 @@ def parse_json(path: Path) -> Any:
     return [json.loads(line) for line in text.splitlines()] if path.suffix == SAMPLES_SUFFIX else json.loads(text)
 
 
-def damaged(path: Path, err: Exception) -> EnvironmentFault:
-    return EnvironmentFault(f"{path}: damaged or unreadable ({type(err).__name__}): run its recipe again with "
-                            "--fresh, or leave this run out")
+def damaged(path: Path, err: Exception | str) -> EnvironmentFault:
+    why = err if isinstance(err, str) else type(err).__name__
+    return EnvironmentFault(f"{path}: damaged or unreadable ({why}): run its recipe again with --fresh, or leave "
+                            "this run out")
 
 
 def read_json(path: Path) -> Any:
-    """A JSON (or JSON-lines) file of a run, or one line naming the damaged file."""
+    """A JSON file of a run (a JSON object), or a JSON-lines file (a list of objects, one per line); else
+    one line naming the damaged file (valid JSON of another shape too: ``[]`` for timing.json). Within
+    ``reading_once`` a JSON file is read once; a JSON-lines (samples) file is not kept: it may be large,
+    and a report reads each once anyway."""
+    if path.suffix == SAMPLES_SUFFIX:
+        return _read_checked(path)
     try:
-        return parse_json(path)
+        size = path.stat().st_size
+    except OSError:
+        size = 0  # _read_checked names the file
+    return _once(("json", str(path)), lambda: _read_checked(path), size)
+
+
+def _read_checked(path: Path) -> Any:
+    try:
+        found = parse_json(path)
     except (OSError, ValueError) as err:
         raise damaged(path, err) from None
+    if not all(isinstance(value, dict) for value in (found if path.suffix == SAMPLES_SUFFIX else [found])):
+        raise damaged(path, "valid JSON, but not " + ("one object per line" if path.suffix == SAMPLES_SUFFIX else
+                                                      "a JSON object"))
+    return found
 
 
 def write_span_trace(row_dir: Path, traces: list[dict]) -> None:

@@ -8,13 +8,19 @@ stopped, with the numbers of a run that was never interrupted).
 Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
 returns the messages themselves (JSON behind a marker, with each member's SHA-256 of its rendering:
 members/rendered.py) and each member renders them with its own template, or as plain text when it has none.
+
+A generation request that samples (its gen_kwargs, or the row's ``sampling:``: decoding/request_sampling.py)
+draws from a generator of its own, seeded by the recipe's seed, the request and its repeat index, so that a
+sample does not depend on the chunk, the sitting or the replica that draws it. lm-eval keeps no cached
+answer for such requests (every repeat is the same request), so ensbench keys each sample by request and
+repeat in the same database (``SAMPLE_KIND``): a resumed run answers the samples it has and draws the rest,
+the same samples an uninterrupted run draws.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import logging
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -22,31 +28,41 @@ from types import SimpleNamespace
 from lm_eval.api.model import LM, hash_args
 
 from ensemble_bench.decoding.method import NonFiniteScore
+from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
+from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.rendered import RenderedPrompts
 from ensemble_bench.methods import Method, when_registered
-from ensemble_bench.run.answers import ANSWERS, CHAT_MARK, ScoringClock, to_prompt
+from ensemble_bench.run.answers import ANSWERS, CHAT_MARK, GENERATE, ScoringClock, located, tally
 from ensemble_bench.run.build import MemberPool, build_from_model_args, build_method
 from ensemble_bench.run.replicas import Joined, Located, ReplicaClock, Replicas
 from ensemble_bench.run.sittings import resume_counts, save_counts, saved_counts, write_counts
 
-log = logging.getLogger(__name__)
+SAMPLE_KIND = "generate_until/sample"  # a sampled answer's key in the response cache, beside lm-eval's own
+SAMPLED_MARK = "ensbench-sampled:"  # + lm-eval's key of a sampled request lm-eval itself would cache (no do_sample)
 
 
-def cache_chunk(hook, kind: str, answered: list[tuple[tuple, object]]) -> None:
+def cache_chunk(hook, answered: list[tuple[str, tuple, object]]) -> None:
     """Put a chunk's answers into lm-eval's response cache in one SQL statement, so that a run
     interrupted or killed at any moment leaves all of the chunk cached or none of it. sqlite commits
     each statement of that cache on its own: written one by one (lm-eval's ``add_partial``), half a
     chunk could be kept, and the resumed run would batch the rest differently from the run that was
     never interrupted; a row's batch decides its padding, and the padding the last bit of its scores.
-    The commit waits, so that a failed write surfaces here (cache_thread). A hook without a database
+    The commit waits, so that a failed write surfaces here (cache_thread). Each answer is
+    ``(kind, args, answer)`` under ``hash_args(kind, args)``; kind ``SAMPLED_MARK`` marks lm-eval's own key
+    of a generation request's ``args`` (``EnsembleLM.set_cache_hook``). A hook without a database
     (caching off, a test's stand-in) gets the answers one by one."""
     dbdict = getattr(hook, "dbdict", None)
     if dbdict is None:
-        for args, answer in answered:
-            hook.add_partial(kind, args, answer)
+        for kind, args, answer in answered:
+            if kind != SAMPLED_MARK:
+                hook.add_partial(kind, args, answer)
         return
-    values = [v for args, answer in answered for v in (dbdict.encode_key(hash_args(kind, args)), dbdict.encode(answer))]
+
+    def key(kind: str, args: tuple) -> str:
+        return SAMPLED_MARK + hash_args(GENERATE, args) if kind == SAMPLED_MARK else hash_args(kind, args)
+
+    values = [v for kind, args, answer in answered for v in (dbdict.encode_key(key(kind, args)), dbdict.encode(answer))]
     rows = ", ".join(["(?, ?)"] * len(answered))
     dbdict.conn.execute(f'REPLACE INTO "{dbdict.tablename}" (key, value) VALUES {rows}', values)
     dbdict.commit()
@@ -62,10 +78,11 @@ class EnsembleLM(LM):
 
     def __init__(self, method: Method, label: str,
                  progress: Callable[[dict[str, int], dict[str, int]], None] | None = None,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, sampling: SamplingPolicy | None = None):
         super().__init__()
         self.method = method
         self.label = label
+        self.sampling = sampling or SamplingPolicy()  # the recipe's seed and the row's sampling: override
         if progress is None and self.default_progress is not None:
             progress = functools.partial(self.default_progress, label)
         self.progress = progress
@@ -77,7 +94,8 @@ class EnsembleLM(LM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
-        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n, "replicas": n}."""
+        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n, "seed": n,
+        "sampling": {...}, "replicas": n}."""
         try:
             data = json.loads(arg_string) if arg_string.strip() else {}
         except json.JSONDecodeError as err:
@@ -90,10 +108,11 @@ class EnsembleLM(LM):
         ``additional_config`` (build.recipe_from_model_args says how they apply)."""
         extra = additional_config or {}
         recipe, row = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        policy = row_policy(recipe, row)
         if recipe.placement.replicas > 1:  # "replicas": n (run/replicas.py)
-            lm = ReplicatedLM(Replicas(recipe), row.label)
+            lm = ReplicatedLM(Replicas(recipe), row.label, sampling=policy)
         else:
-            lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label)
+            lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label, sampling=policy)
         if str(extra.get("batch_size")).startswith("auto"):
             lm.batch_sizes = {"auto": recipe.batch_size}  # lm-eval records the size 'auto' chose
         return lm
@@ -113,52 +132,85 @@ class EnsembleLM(LM):
 
     def get_model_info(self) -> dict:
         return {"ensbench": {"label": self.label, **self.method.info(), **self.scoring.summary(),
-                             "members": [m.name for m in self.method.members], **self.rendered.info()}}
+                             "members": [m.name for m in self.method.members], **self.rendered.info(),
+                             **self._sampling_info()}}
+
+    def _sampling_info(self) -> dict:
+        override = self.sampling.override.model_dump(exclude_none=True) if self.sampling.override else None
+        return {"sampling_seed": self.sampling.seed, "sampling_override": override}
+
+    def set_cache_hook(self, cache_hook) -> None:
+        """lm-eval's response cache for the pass about to start. A sampled request without ``do_sample``
+        (sampling by its temperature, or by the row's ``sampling:``) is one lm-eval caches under its
+        arguments: its cached answer would stand for every repeat. Those entries go (``SAMPLED_MARK``);
+        the samples stay under their own keys (``SAMPLE_KIND``)."""
+        super().set_cache_hook(cache_hook)
+        dbdict = getattr(cache_hook, "dbdict", None)
+        if dbdict is None:
+            return
+        marked = [key for (key,) in dbdict.conn.select(
+            f'SELECT key FROM "{dbdict.tablename}" WHERE key LIKE ?', (SAMPLED_MARK + "%",))]
+        if marked:  # the marks stay: lm-eval writes those entries again at the end of every pass
+            gone = [(mark[len(SAMPLED_MARK):],) for mark in marked]
+            dbdict.conn.executemany(f'DELETE FROM "{dbdict.tablename}" WHERE key = ?', gone)
+            dbdict.commit()
 
     # --- requests -------------------------------------------------------------------------------
-    def _run_in_chunks(self, kind: str, requests) -> list:
-        """Answer requests in chunks (longest first), caching each answer as soon as it exists.
-        A NaN or infinite score stops here, naming the benchmark's request (``_located``)."""
+    def _run_in_chunks(self, kind: str, requests, convert=None, cached=None, apart=frozenset()) -> list:
+        """Answer requests in chunks (longest first), caching each answer as soon as it exists: under
+        lm-eval's key (``kind`` and the request's arguments), or ``cached(i, answer)``'s entries.
+        ``convert(i)``: request i as ``ANSWERS[kind]`` takes it (default: its arguments); ``apart``: requests
+        that share no chunk with the other requests of their context. A NaN or infinite score stops here,
+        naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
         examples = self._pass_started(requests)
-        for chunk in self._chunks(requests):
+        convert = convert or (lambda i: requests[i].args)
+        for chunk in self._chunks(requests, apart):
             try:
-                computed = self.answer(kind, [requests[i].args for i in chunk])
+                computed = self.answer(kind, [convert(i) for i in chunk])
             except NonFiniteScore as err:
-                raise _located(err, requests, chunk) from None
-            self._chunk_done(kind, requests, chunk, computed, answers, examples)
+                raise located(err, requests, chunk) from None
+            self._chunk_done(kind, requests, chunk, computed, answers, examples, cached)
         return answers
 
     def _pass_started(self, requests) -> dict[str, int]:
         """The pass's examples per task (the choices of a question are one), shown to progress at once:
         they are known before the first batch ends."""
-        examples = _tally(requests, range(len(requests)))
+        examples = tally(requests, range(len(requests)))
         if self.progress:
             self.progress({}, examples)
         return examples
 
-    def _chunk_done(self, kind: str, requests, chunk: list[int], computed: list, answers: list, examples) -> None:
+    def _chunk_done(self, kind: str, requests, chunk: list[int], computed: list, answers: list, examples,
+                    cached=None) -> None:
         """A chunk's answers: kept, cached whole (``cache_chunk``), counted, shown to progress."""
         for i, answer in zip(chunk, computed):
             answers[i] = answer
-        cache_chunk(self.cache_hook, kind, [(requests[i].args, answers[i]) for i in chunk])
+        cache_chunk(self.cache_hook, [entry for i in chunk for entry in (
+            cached(i, answers[i]) if cached else [(kind, requests[i].args, answers[i])])])
         self.requests_computed += len(chunk)
         if self.after_chunk:
             self.after_chunk()
         if self.progress:
-            self.progress(_tally(requests, chunk), examples)
+            self.progress(tally(requests, chunk), examples)
 
     def answer(self, kind: str, batch: list[tuple]) -> list:
-        """The method's answers to one chunk of lm-eval request arguments of ``kind``."""
-        return ANSWERS[kind](self, batch)
+        """The method's answers to one chunk of requests of ``kind`` (run/answers.py says their form); a
+        NaN or infinite score names this row (``of_row``)."""
+        try:
+            return ANSWERS[kind](self, batch)
+        except NonFiniteScore as err:
+            raise err.of_row(self.method, self.label) from None
 
-    def _chunks(self, requests) -> list[list[int]]:
+    def _chunks(self, requests, apart=frozenset()) -> list[list[int]]:
         """Request indices in chunks, longest context first; requests sharing a context (the
-        choices of one question) stay in one chunk."""
+        choices of one question) stay in one chunk, unless they are ``apart`` (the repeats of a sampled
+        request: a chunk of the usual size is cached at a time)."""
         order = sorted(range(len(requests)), key=lambda i: (-len(requests[i].args[0]), requests[i].args[0]))
         chunks: list[list[int]] = []
         for i in order:
-            same_context = chunks and requests[chunks[-1][-1]].args[0] == requests[i].args[0]
+            same_context = (chunks and i not in apart
+                            and requests[chunks[-1][-1]].args[0] == requests[i].args[0])
             if chunks and (same_context or len(chunks[-1]) < self.chunk_size):
                 chunks[-1].append(i)
             else:
@@ -166,7 +218,26 @@ class EnsembleLM(LM):
         return chunks
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        return self._run_in_chunks("generate_until", requests)
+        """Each request's text: greedy, or drawn as its settings and the row's ``sampling:`` say (a sample
+        already in the response cache under its request and repeat is not drawn again)."""
+        draws = self.sampling.assign([(r.args[0], dict(r.args[1] or {})) for r in requests])
+        answers = _sampled_answers(self.cache_hook, requests, draws)
+        todo = [i for i in range(len(requests)) if i not in answers]
+
+        def cached(k: int, answer: str) -> list[tuple[str, tuple, object]]:
+            request, drawn = requests[todo[k]], draws[todo[k]]
+            if drawn is None:
+                return [(GENERATE, request.args, answer)]
+            entries = [(SAMPLE_KIND, _sample_args(request.args, drawn), answer)]
+            if not (request.args[1] or {}).get("do_sample"):  # lm-eval caches it under its arguments
+                entries.append((SAMPLED_MARK, request.args, True))
+            return entries
+
+        sampled = frozenset(k for k, i in enumerate(todo) if draws[i] is not None)
+        computed = self._run_in_chunks(GENERATE, [requests[i] for i in todo],
+                                       lambda k: (requests[todo[k]].args, draws[todo[k]]), cached, sampled)
+        answers.update(zip(todo, computed))
+        return [answers[i] for i in range(len(requests))]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         return self._run_in_chunks("loglikelihood", requests)
@@ -195,44 +266,33 @@ class EnsembleLM(LM):
 
 
 
-def _tally(requests, indices) -> dict[str, int]:
-    """The benchmark examples among ``requests[indices]`` per task (``""`` for requests without one),
-    in the order the tasks come: what a progress report counts."""
-    seen: dict[str, set] = {}
-    for i in indices:
-        task = getattr(requests[i], "task_name", None) or ""
-        seen.setdefault(task, set()).add(getattr(requests[i], "doc_id", i))
-    return {task: len(docs) for task, docs in seen.items()}
+def _sample_args(args: tuple, drawn: RequestSampling) -> tuple:
+    """What a sample is cached under: the request, the settings it drew with, the seed and its repeat."""
+    return (*args, drawn.params.record(), drawn.seed, drawn.repeat)
 
 
-def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
-    """The fault naming lm-eval's request (its position, task and document) when its prompt and
-    continuation single one out of the chunk, else as raised."""
-    def matches(i: int) -> bool:
-        args = requests[i].args
-        same_continuation = err.continuation is None or (len(args) > 1 and args[1] == err.continuation)
-        return err.prompt is not None and to_prompt(args[0]) == err.prompt and same_continuation
-
-    found = [i for i in chunk if matches(i)] or (chunk if len(chunk) == 1 else [])
-    if not found:
-        return err
-    request = requests[found[0]]
-    task = getattr(request, "task_name", None)
-    document = f" ({task}, document {request.doc_id})" if task is not None else ""
-    return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
-
+def _sampled_answers(hook, requests, draws: list[RequestSampling | None]) -> dict[int, str]:
+    """The samples an earlier sitting cached (by request and repeat), by request index."""
+    dbdict = getattr(hook, "dbdict", None)
+    if dbdict is None:
+        return {}
+    found = {}
+    for i, drawn in enumerate(draws):
+        if drawn is not None and (key := hash_args(SAMPLE_KIND, _sample_args(requests[i].args, drawn))) in dbdict:
+            found[i] = dbdict[key]
+    return found
 
 
 class ReplicatedLM(EnsembleLM):
     """The lm-eval model of a row whose ensemble runs in replicas: chunks go out, answers come back and
     are cached as one process caches them."""
 
-    def __init__(self, replicas: Replicas, label: str, progress=None):
+    def __init__(self, replicas: Replicas, label: str, progress=None, sampling: SamplingPolicy | None = None):
         row = next(row for row in replicas.recipe.plan if row.label == label)
         described = replicas.begin(label, LM_CLASSES[row.method])
         members = [SimpleNamespace(name=name, uses_chat_template=chat) for name, chat in described["members"]]
         method = SimpleNamespace(members=members, batch_size=replicas.recipe.batch_size)
-        super().__init__(method, label, progress=progress)
+        super().__init__(method, label, progress=progress, sampling=sampling or row_policy(replicas.recipe, row))
         self.replicas = replicas
         self.joined = Joined(described["joins"])
         count = len(replicas.actors)
@@ -242,21 +302,22 @@ class ReplicatedLM(EnsembleLM):
     def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
         return self.replicas.call("render", chat_history)
 
-    def _run_in_chunks(self, kind: str, requests) -> list:
+    def _run_in_chunks(self, kind: str, requests, convert=None, cached=None, apart=frozenset()) -> list:
         answers: list = [None] * len(requests)
         examples = self._pass_started(requests)
-        chunks = self._chunks(requests)
+        convert = convert or (lambda i: requests[i].args)
+        chunks = self._chunks(requests, apart)
         started, self.passes = time.perf_counter(), self.passes + 1
         try:
-            for replica, number, reply in self.replicas.answer(kind, [[requests[i].args for i in c] for c in chunks]):
+            for replica, number, reply in self.replicas.answer(kind, [[convert(i) for i in c] for c in chunks]):
                 self.clock.busy_seconds[replica] += reply["busy"]
                 self.clock.batches[replica] += 1
                 self.joined.counts[replica] = reply["counts"]
                 self.joined.records[(self.passes, number)] = reply["records"]
                 self.joined.traces[(self.passes, number)] = reply["traces"]
-                self._chunk_done(kind, requests, chunks[number], reply["answers"], answers, examples)
+                self._chunk_done(kind, requests, chunks[number], reply["answers"], answers, examples, cached)
         except Located as err:
-            raise _located(err.err, requests, chunks[err.number]) from None
+            raise located(err.err, requests, chunks[err.number]) from None
         finally:
             self.clock.wall_seconds += time.perf_counter() - started
         return answers
@@ -277,7 +338,7 @@ class ReplicatedLM(EnsembleLM):
         found = self._report()
         return {"ensbench": {"label": self.label, **found["info"], **found["scoring"],
                              "members": [m.name for m in self.method.members], **found["rendered"],
-                             "replicas": self.clock.summary()}}
+                             **self._sampling_info(), "replicas": self.clock.summary()}}
 
     def span_traces(self) -> list[dict]:
         return [t for k in sorted(self.joined.traces) for t in self.joined.traces[k]]

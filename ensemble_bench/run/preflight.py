@@ -1,12 +1,14 @@
 """What would stop a run on this machine, found before any model loads (``run`` and ``run --dry-run``):
 members' models (missing files, hub models not cached while offline), optional packages, benchmark
-data, the output and cache folders, the members' devices, and the network for ``data: hub``."""
+data, a task that samples under a method that cannot, the output and cache folders, the members'
+devices, and the network for ``data: hub``."""
 
 from __future__ import annotations
 
 import importlib.util
 import socket
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -15,8 +17,7 @@ from ensemble_bench.errors import UserError, several
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import Recipe
-from ensemble_bench.run.folder import output_root
-from ensemble_bench.tasks import get_benchmark, is_builtin, recipe_tasks
+from ensemble_bench.tasks import get_benchmark, is_builtin
 
 HUB = ("huggingface.co", 443)
 
@@ -51,8 +52,8 @@ def _device_problems(recipe: Recipe) -> list[str]:
     return problems
 
 
-def _output_problem(recipe: Recipe) -> str | None:
-    target = output_root(recipe) / recipe.name
+def _output_problem(recipe: Recipe, root: Path) -> str | None:
+    target = root / recipe.name
     existing = None
     try:
         existing = next(p for p in (target, *target.parents) if p.exists())
@@ -140,20 +141,19 @@ def _data_problems(recipe: Recipe) -> list[str]:
     return lines
 
 
-def preflight(recipe: Recipe, source: str = "recipe") -> list[str]:
+def preflight(recipe: Recipe, source: str, root: Path, task_lines: list[str]) -> list[str]:
     """What would stop the run on this machine, found before any model is loaded, every problem at
     once: members' models (missing files, hub models not cached while offline), optional packages,
-    benchmark data, the output folder, the cache folder, the members' devices, the network for
-    ``data: hub``. A mistake in the recipe for this machine (a missing model file or package) raises
-    one UserError of one line each (with the environment's lines); the environment's problems alone
-    are returned, one line each (empty when all is well). A bad environment variable is a UserError
-    first (``settings.check_environment``)."""
-    settings.check_environment()
+    benchmark data, the recipe's tasks (``task_lines``: ``recipe_tasks.task_preflight``'s, or
+    ``include_folders``'s), the output folder ``root`` (``folder.output_root``), the cache folder, the
+    members' devices, the network for ``data: hub``. A mistake in the recipe for this machine (a missing
+    model file or package) raises one UserError of one line each (with the environment's lines); the
+    environment's problems alone are returned, one line each (empty when all is well). ``run/setup.py``
+    calls it with the facts it resolved (a bad environment variable was refused before)."""
     models = _model_problems(recipe)
     mistakes = [f"{source}: {line}" for line in (*[line for kind, line in models if kind is UserError],
-                                                 *_package_problems(recipe), *_data_problems(recipe),
-                                                 *recipe_tasks.task_preflight(recipe))]
-    problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe),
+                                                 *_package_problems(recipe), *_data_problems(recipe), *task_lines)]
+    problems = [*[line for kind, line in models if kind is not UserError], _output_problem(recipe, root),
                 _cache_problem(), *_device_problems(recipe), _network_problem(recipe)]
     problems = [p for p in problems if p]
     if mistakes:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.recipe import Recipe
 from ensemble_bench.recipe.schema import PlacementSpec
 from ensemble_bench.run.build import MemberPool, build_method
@@ -74,14 +75,14 @@ class ReplicaServer:
             self._failure = err
 
     def begin(self, label: str, lm_class: type) -> dict[str, Any]:
-        """Build the method of row ``label`` in ``lm_class`` (the row's lm-eval model, run/lm.py); what the
-        driver needs of it: the members' names and chat templates, and how each carried counter joins
-        another replica's."""
+        """Build the method of row ``label`` in ``lm_class`` (the row's lm-eval model, run/lm.py, with the
+        row's sampling policy: a request draws here as in one process); what the driver needs of it: the
+        members' names and chat templates, and how each carried counter joins another replica's."""
         self.start()
         if self._failure is not None:
             raise self._failure
         row = next(row for row in self.recipe.plan if row.label == label)
-        self.lm = lm_class(build_method(self.recipe, row, self.pool), row.label)
+        self.lm = lm_class(build_method(self.recipe, row, self.pool), row.label, sampling=row_policy(self.recipe, row))
         members = [(m.name, m.uses_chat_template) for m in self.lm.method.members]
         return {"members": members, "joins": joins(self.lm.carried())}
 

@@ -1,7 +1,7 @@
 """Finished rows reused by later runs, in any recipe under the same output folder.
 
 A row's key is a hash of everything that decides its outputs (``row_keys``): its label, its members
-as they load (model, its files' sizes and times or its hub revision, dtype, device, chat template,
+as they load (model, the SHA-256 of its files or its hub revision, dtype, device, chat template,
 kind, ...), the method, its version and its parameters with defaults filled in, the run's task
 configs (every file of its ``tasks/`` folder and of the recipe's include_path folders), the bytes of
 every data file and local dataset folder the tasks read and the revision of every hub dataset
@@ -15,7 +15,8 @@ answers the other's requests (a raised limit computes only the new examples).
 Layout, under the output folder::
 
     .rows/<key>.json      {"key", "lineage", "apart_from_data", "data": {file: sha256},
-                           "run": "<recipe>/<run id>", "row": <label>, "cache": <db>}
+                           "links": {data file as named: its real path}, "run": "<recipe>/<run id>",
+                           "row": <label>, "cache": <db>}
     <recipe>/<run id>/reused.json   the rows this run copied, and from where
 
 Before reuse a stored row must prove itself (``row_check.damage``: every file there, its scores
@@ -40,10 +41,11 @@ from typing import Any
 
 from ensemble_bench import __version__
 from ensemble_bench.cache import atomic_write_text
+from ensemble_bench.decoding.request_sampling import row_policy
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import get_method
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
-from ensemble_bench.run.folder import REUSED, TIMING, parse_json, recorded_key, write_timing
+from ensemble_bench.run.folder import REUSED, TIMING, parse_json, read_json, recorded_key, results_files, write_timing
 from ensemble_bench.tasks.task_sources import content_digest
 
 INDEX = ".rows"
@@ -61,6 +63,8 @@ class RowKey:
     lineage: str  # the same without tasks, shots and limits
     apart_from_data: str = ""  # the key without the bytes of the tasks' data (to say that only the data changed)
     data: dict[str, str] = field(default_factory=dict)  # data file -> SHA-256 of its bytes
+    links: dict[str, str] = field(default_factory=dict)  # data file as named -> its real path (not in the key)
+    tasks: dict[str, int] = field(default_factory=dict)  # lm-eval task or group -> shots, as the row evaluates them
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,15 @@ def _hub_revision(model: str) -> str | None:
 
 
 def _model_files(model: str) -> Any:
-    """What identifies the model's weights: a packaged model's checksum, a local file's or folder's
-    files with their sizes and modification times, or a hub model's cached revision."""
+    """What identifies the model's weights: a packaged model's checksum (checked when it loads), the
+    SHA-256 of every file of a local file or folder (``content_digest``: streaming, kept while the
+    file's size, mtime, ctime and inode stay), or a hub model's cached revision."""
     if model in PACKAGED:
         return PACKAGED[model].sha256
     path = Path(model).expanduser()
     if path.is_file() or path.is_dir():
         files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
-        return [str(path.resolve()), *[(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]]
+        return [str(path.resolve()), *[(p.name, content_digest(p)) for p in files]]
     return _hub_revision(model)
 
 
@@ -140,24 +145,29 @@ def _folders_digest(folders: list[Path], data_files: Collection[str] = ()) -> st
     return digest.hexdigest()
 
 
-def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path],
-             groups: list[tuple[int | None, str]], data: dict[str, Any] | None = None) -> dict[str, RowKey]:
+def row_keys(recipe: Recipe, rows: list[Row], task_folders: list[Path], groups: list[tuple[int | None, str]],
+             benchmarks, data: dict[str, Any] | None = None) -> dict[str, RowKey]:
     """The key and lineage of every row of a run, by label. ``task_folders``: the run's task configs
-    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits; ``data``:
-    what the tasks read (``task_sources.data_fingerprint``: data files' bytes, hub revisions)."""
+    and the recipe's include_path folders; ``groups``: the lm-eval groups with their limits;
+    ``benchmarks``: the selected (benchmark, shots, limit) of each task (``recipe.selected_benchmarks``);
+    ``data``: what the tasks read (``task_sources.data_fingerprint``: data files' bytes, hub revisions)."""
     data = data or {"files": {}, "hub": []}
     shared = {"versions": _versions(), "seed": recipe.seed, "fewshot_as_multiturn": recipe.fewshot_as_multiturn,
               "allow_code_execution": recipe.allow_code_execution}
     tasks = {"files": _folders_digest(task_folders, data["files"]), "groups": groups, "data": recipe.data,
              "tasks": [task.model_dump(mode="json") for task in recipe.tasks]}
+    evaluated = {bench.task: bench.default_shots if shots is None else shots
+                 for bench, shots, _ in benchmarks}
     keys = {}
     for row in rows:
         lineage = {**shared, "method": row.method, "version": get_method(row.method).version,
                    "params": row.params.model_dump(mode="json"),
                    "members": [_member(recipe.members[i]) for i in row.members]}
+        if (override := row_policy(recipe, row).override) is not None:  # absent: the keys rows had before it
+            lineage["sampling"] = override.model_dump(mode="json")
         apart = {**lineage, "label": row.label, "tasks": tasks, "hub_data": data["hub"]}
         keys[row.label] = RowKey(_digest({**apart, "read": data["files"]}), _digest(lineage), _digest(apart),
-                                 data["files"])
+                                 data["files"], data.get("links", {}), evaluated)
     return keys
 
 
@@ -204,28 +214,41 @@ class RowStore:
         for entry in self._entries():
             if entry.get("apart_from_data") != key.apart_from_data or entry.get("key") == key.key:
                 continue
+            when = f"{entry['run']}/{entry.get('row')} was computed"
+            if moved := _moved_link(entry.get("links"), key.links):
+                return f"the link {moved[0]} points to {moved[2]}, not to {moved[1]} as when {when}"
             before = entry.get("data") if isinstance(entry.get("data"), dict) else {}
             changed = sorted(set(before) ^ set(key.data) | {f for f in before if key.data.get(f) != before[f]})
             what = f"{changed[0]} has other bytes" if changed else "the data it read changed"
-            return f"{what} than when {entry['run']}/{entry.get('row')} was computed"
+            return f"{what} than when {when}"
         return None
 
-    def lineage_cache(self, key: RowKey) -> Path | None:
-        """The largest response cache of a finished row of the same lineage, if any."""
+    def lineage_cache(self, key: RowKey) -> tuple[Path, list[str]] | None:
+        """The response cache of a finished row of the same lineage that ran the most of this key's tasks
+        (with the same shots), the largest of those; and those tasks (none: its answers are to other
+        requests). None when no row of the lineage is stored."""
         found = []
         for entry in self._entries():
             if entry.get("lineage") == key.lineage and isinstance(entry.get("cache"), str):
-                db = self._inside(entry["cache"])
-                if db is not None and db.is_file():
-                    found.append(db)
-        return max(found, key=lambda db: db.stat().st_size, default=None)
+                db, run = self._inside(entry["cache"]), self._inside(entry["run"])
+                if db is not None and db.is_file() and run is not None and is_safe_label(str(entry.get("row"))):
+                    found.append((db, shared_tasks(run / entry["row"], key.tasks)))
+        return max(found, key=lambda pair: (len(pair[1]), pair[0].stat().st_size), default=None)
 
     def remember(self, key: RowKey, row_dir: Path, db: Path) -> None:
         """Point the key at a row just finished in this output folder."""
         relative = row_dir.relative_to(self.root)
         entry = {"key": key.key, "lineage": key.lineage, "apart_from_data": key.apart_from_data, "data": key.data,
-                 "run": relative.parent.as_posix(), "row": row_dir.name, "cache": db.relative_to(self.root).as_posix()}
+                 "links": key.links, "run": relative.parent.as_posix(), "row": row_dir.name,
+                 "cache": db.relative_to(self.root).as_posix()}
         atomic_write_text(self.folder / f"{key.key}.json", json.dumps(entry, indent=1))
+
+
+def _moved_link(before, now: dict[str, str]) -> tuple[str, str, str] | None:
+    """(link, its target then, its target now) of the first data link that points elsewhere than it did."""
+    before = before if isinstance(before, dict) else {}
+    return next(((link, before[link], target) for link, target in sorted(now.items())
+                 if link in before and before[link] != target), None)
 
 
 def copy_row(source: Path, target: Path, reused_from: str) -> None:
@@ -252,6 +275,24 @@ def seed_cache(source: Path, target: Path) -> bool:
         return False
     os.replace(partial, target)
     return True
+
+
+def shared_tasks(row_dir: Path, tasks: dict[str, int]) -> list[str]:
+    """Those of ``tasks`` (lm-eval task or group -> shots) that the finished row in ``row_dir`` evaluated
+    with the same shots, as its results files record them: the tasks whose requests its cache can hold."""
+    ran: dict[str, object] = {}
+    for path in results_files(row_dir):
+        results = read_json(path)
+        shots = results.get("n-shot") if isinstance(results.get("n-shot"), dict) else {}
+        subtasks = results.get("group_subtasks") if isinstance(results.get("group_subtasks"), dict) else {}
+        for name in results.get("results") or {}:
+            leaf = name
+            for _ in range(16):  # a group's shots are its first task's (lm-eval records them per task)
+                if leaf in shots or not subtasks.get(leaf):
+                    break
+                leaf = subtasks[leaf][0]
+            ran[name] = shots.get(leaf)
+    return [task for task, wanted in tasks.items() if task in ran and ran[task] == wanted]
 
 
 def record_reuse(run_dir: Path, label: str, record: dict[str, str]) -> None:

@@ -5,7 +5,8 @@ The run folder's files are named and written by ``run.folder`` (its docstring dr
 
 A row is one evaluated model: a member alone (method ``single``) or the ensemble. Re-running a
 recipe whose last run did not finish resumes it: finished rows are kept and the response cache
-answers every request already computed. ``output:`` is read through ``output_root`` only.
+answers every request already computed. The runner acts on a ``RunSetup`` (run/setup.py): what each
+row's state is, the task configs, the keys, were decided there, once.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault, UserError, several
-from ensemble_bench.recipe import Recipe, Row, selected_benchmarks
+from ensemble_bench.decoding.request_sampling import applied_sampling, row_policy
+from ensemble_bench.errors import DAMAGED_SQLITE, EnvironmentFault
+from ensemble_bench.recipe import Recipe, Row
 from ensemble_bench.run.build import MemberPool, build_method
 from ensemble_bench.run.folder import (
     CACHE,
@@ -29,9 +29,7 @@ from ensemble_bench.run.folder import (
     TASKS,
     cache_db,
     inside,
-    output_root,
     partial_row,
-    recorded_key,
     set_aside,
     write_params,
     write_recipe,
@@ -40,24 +38,12 @@ from ensemble_bench.run.folder import (
 )
 from ensemble_bench.run.lock import hold_run_lock, lock_path
 from ensemble_bench.run.row_check import damage
-from ensemble_bench.run.row_store import (
-    LENT_NOTE,
-    REUSED_NOTE,
-    RowKey,
-    RowStore,
-    copy_row,
-    record_reuse,
-    row_keys,
-    seed_cache,
-)
-from ensemble_bench.run.runs import params_damage, planned_run_dir, resolved_params, run_dir_of
-from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
-from ensemble_bench.tasks.code_exec import Consent, check_isolation, isolation_level
-from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
-from ensemble_bench.tasks.task_sources import data_fingerprint
-
-if TYPE_CHECKING:
-    from lm_eval.tasks import TaskManager
+from ensemble_bench.run.row_store import LENT_NOTE, REUSED_NOTE, RowKey, RowStore, copy_row, record_reuse, seed_cache
+from ensemble_bench.run.runs import params_damage, resolved_params, run_dir_of
+from ensemble_bench.run.setup import KEPT, LENT, REUSED, RowState, RunSetup, TaskFolder
+from ensemble_bench.tasks import lm_eval_tasks
+from ensemble_bench.tasks.code_exec import check_isolation, isolation_level
+from ensemble_bench.tasks.ties import position_ties
 
 log = logging.getLogger(__name__)
 # --- evaluation -----------------------------------------------------------------------------------
@@ -72,6 +58,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     cache.mkdir(parents=True, exist_ok=True)
     lm.carry_counts(cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
+    ties: dict[str, dict[str, int]] = {}
     for limit, group in groups:
         tracker = EvaluationTracker(output_path=str(partial))
         results = simple_evaluate(
@@ -86,15 +73,17 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         if results is None:
             raise RuntimeError("lm-eval returned no results")
         samples = results.pop("samples", {})
+        ties.update(position_ties(samples))
         if recipe.allow_code_execution:
             results["config"]["code_execution_isolation"] = isolation_level()
+        results["config"]["sampling"] = applied_sampling(results["configs"], lm.sampling)  # what was decoded
         tracker.general_config_tracker.model_name = row.label
         tracker.general_config_tracker.model_name_sanitized = ""  # files go straight into the row dir
         tracker.save_results_aggregated(results=results, samples=samples)
         for task_name in results["configs"]:
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
-    write_row_timing(partial, recipe, row, {**lm.reported(), "row_key": row_key})
+    write_row_timing(partial, recipe, row, {**lm.reported(), "position_ties": ties, "row_key": row_key})
     traces = lm.span_traces()  # span-level methods: candidates and scores per round
     if traces:
         write_span_trace(partial, traces)
@@ -138,73 +127,35 @@ def check_cache(db: Path) -> None:
                                "are recomputed) and run the same command again")
 
 
-def _reused(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> bool:
-    """Copy in the row finished under the same key in another run of the output folder, if any and if it
-    proves itself (row_check.damage); otherwise say why the row is computed (a stored row that fails its
-    check, data that changed since a row was computed)."""
-    found = store.finished(key)
-    if found is not None and found.problem is not None:
-        on_row and on_row(row, f"not reused: {found.name} fails its check ({found.problem}); computed again")
+def _take(run_dir: Path, row: Row, state: RowState, store: RowStore, key: RowKey, on_row) -> bool:
+    """Do what the setup decided for one row (``setup.row_state``), before anything is computed; whether the
+    row is still to compute. A damaged or stale row folder is moved aside (to .<row>.damaged) first; a
+    reused row is copied in; a lent response cache is copied in (only new requests then run); every cache
+    to be read must open."""
+    if state.kind == KEPT:
+        on_row and on_row(row, "kept from the interrupted run")
         return False
-    if found is None:
-        if why := store.data_changed(key):
-            on_row and on_row(row, f"computed again: {why}")
+    if state.aside:
+        aside = set_aside(run_dir, row.label)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(inside(run_dir, row.label), aside)
+        on_row and on_row(row, f"{state.aside}: recomputed from the response cache")
+    if state.note:
+        on_row and on_row(row, state.note)
+    if state.kind == REUSED:
+        partial = partial_row(run_dir, row.label)
+        copy_row(state.source, partial, state.source_name)
+        record_reuse(run_dir, row.label, {"from": state.source_name, "key": key.key, "note": REUSED_NOTE})
+        os.replace(partial, inside(run_dir, row.label))
+        on_row and on_row(row, f"reused from {state.source_name}")
         return False
-    partial = partial_row(run_dir, row.label)
-    copy_row(found.folder, partial, found.name)
-    record_reuse(run_dir, row.label, {"from": found.name, "key": key.key, "note": REUSED_NOTE})
-    os.replace(partial, inside(run_dir, row.label))
-    on_row and on_row(row, f"reused from {found.name}")
-    return True
-
-
-def _lend_cache(run_dir: Path, row: Row, store: RowStore, key: RowKey, on_row) -> None:
-    """A row about to be computed for the first time starts from the response cache of a finished row
-    of its lineage (same members, method and parameters; other tasks or limits): only new requests run."""
     db = cache_db(run_dir, row.label)
-    source = None if db.exists() else store.lineage_cache(key)
-    if source is not None and seed_cache(source, db):
-        name = source.relative_to(store.root).as_posix()
-        record_reuse(run_dir, row.label, {"cache_from": name, "note": LENT_NOTE})
-        on_row and on_row(row, f"answers cached in {name} are reused")
-
-
-def _stale(row_dir: Path, key: RowKey | None) -> str | None:
-    """Why a row finished by the interrupted run no longer answers its inputs: its recorded key is not the
-    one its task configs and data give now (a row written before keys were recorded is kept)."""
-    recorded = recorded_key(row_dir)
-    if key is None or recorded is None or recorded == key.key:
-        return None
-    return "its task configs or the data its tasks read changed since it was computed"
-
-
-def _rows_to_compute(run_dir: Path, rows: list[Row], groups: list[str], on_row, store: RowStore | None = None,
-                     keys: dict[str, RowKey] | None = None) -> list[Row]:
-    """Validate the finished rows of a resumed run before computing anything: a damaged one is moved
-    aside (to .<row>.damaged) and recomputed from its response cache; every cache to be read must open.
-    With a store of finished rows, a row finished under the same key is copied instead of computed,
-    and one computed anew starts from the response cache of its lineage (``row_store``)."""
-    todo = []
-    for row in rows:
-        row_dir = inside(run_dir, row.label)
-        if row_dir.exists():
-            why = damage(row_dir, groups)
-            stale = None if why else _stale(row_dir, keys and keys[row.label])
-            if why is None and stale is None:
-                on_row and on_row(row, "kept from the interrupted run")
-                continue
-            aside = set_aside(run_dir, row.label)
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(row_dir, aside)
-            said = f"damaged ({why})" if why else f"set aside ({stale})"
-            on_row and on_row(row, f"{said}: recomputed from the response cache")
-        if store and keys and _reused(run_dir, row, store, keys[row.label], on_row):
-            continue
-        if store and keys:
-            _lend_cache(run_dir, row, store, keys[row.label], on_row)
-        check_cache(cache_db(run_dir, row.label))
-        todo.append(row)
-    return todo
+    if state.kind == LENT and seed_cache(state.source, db):
+        record_reuse(run_dir, row.label, {"cache_from": state.source_name, "note": LENT_NOTE})
+        on_row and on_row(row, f"answers cached in {state.source_name} are reused where the requests match "
+                               f"({', '.join(state.lent_tasks)})")
+    check_cache(db)
+    return True
 
 
 def _check_complete(run_dir: Path, rows: list[Row], groups: list[str]) -> None:
@@ -232,97 +183,40 @@ def quiet_git_hash() -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def _task_groups(recipe: Recipe, run_dir: Path) -> tuple[TaskManager, list[tuple[int | None, str]]]:
-    """Task configs for the run: one lm-eval group per distinct limit, all in one folder; and the TaskManager
-    reading them (lm-eval's tasks, the recipe's include_path folders, then that folder). A task's gen_kwargs
-    update its own generation_kwargs on its member of the group, as lm-eval's --gen_kwargs does."""
-    if problems := recipe_tasks.task_preflight(recipe):
-        raise several(UserError, problems)
-    chosen = selected_benchmarks(recipe)
-    builtin = [bench for bench, _, _ in chosen if bench.builtin]
-    if recipe.data == "offline" and builtin:
-        ensure_offline_data(builtin)
-    by_limit: dict[int | None, list] = {}
-    for bench, shots, limit in chosen:
-        by_limit.setdefault(limit, []).append((bench, shots))
-    dest, own_folders = run_dir / TASKS, recipe_tasks.include_folders(recipe)
-    consent = Consent(recipe.allow_code_execution, recipe.allow_unisolated_execution)
-
-    def write(extra: dict | None = None) -> list[tuple[int | None, str]]:
-        return [(limit, write_task_configs(selection, dest, recipe.data, f"_{k}", extra, own_folders, consent))
-                for k, (limit, selection) in enumerate(sorted(by_limit.items(), key=lambda kv: kv[0] or 0))]
-
-    groups, folders = write(), [*recipe_tasks.include_folders(recipe), dest]
-    extra = recipe_tasks.generation_overrides(recipe, [bench for bench, _, _ in chosen],
-                                               lm_eval_tasks.task_index(folders))
-    groups = write(extra) if extra else groups
-    return lm_eval_tasks.task_manager(folders), groups
-
-
-def tasks_read(folders: list[Path], groups: list[str]) -> dict:
-    """What the run's task groups read (``task_sources.data_fingerprint``): the bytes of their data files
-    and local dataset folders, the revisions of their hub datasets."""
-    index = lm_eval_tasks.task_index(folders)
-    configs = [cfg for group in groups for cfg in lm_eval_tasks.leaf_configs(index[group], index)]
-    return data_fingerprint(configs)
-
-
-def _offline_data_built(recipe: Recipe) -> bool:
-    """Whether every packaged dataset the recipe's built-in benchmarks read is already built here."""
-    from ensemble_bench.tasks.data_store import data_root, is_complete, local_dataset
-
-    builtin = [bench for bench, _, _ in selected_benchmarks(recipe) if bench.builtin]
-    return recipe.data != "offline" or all(is_complete(local_dataset(bench), data_root()) for bench in builtin)
-
-
-def planned_reuse(recipe: Recipe, fresh: bool = False) -> dict[str, str]:
-    """For the plan, by row label: what a run would take instead of computing the row, in words (kept from
-    the unfinished run it resumes, or copied from a finished row of another run). The keys are computed as
-    the run computes them, over task configs written to a temporary folder. Empty when nothing can be
-    taken (``fresh``; no finished row in the output folder and no run to resume) or when the offline data
-    is not built yet (the run builds it, and decides then)."""
-    run_dir, resumed = planned_run_dir(recipe, fresh)
-    store = RowStore(output_root(recipe), lambda row_dir: None)
-    if fresh or not (resumed or store.folder.is_dir()) or not _offline_data_built(recipe):
-        return {}
-    with tempfile.TemporaryDirectory() as scratch:
-        _, groups = _task_groups(recipe, Path(scratch))
-        folders = [*recipe_tasks.include_folders(recipe), Path(scratch) / TASKS]
-        group_names = [group for _, group in groups]
-        keys = row_keys(recipe, recipe.plan, [folders[-1], *folders[:-1]], groups,
-                        tasks_read(folders, group_names))
-    states = {}
-    for label, key in keys.items():
-        kept = run_dir / label if resumed else None
-        if kept and kept.is_dir() and damage(kept, group_names) is None and _stale(kept, key) is None:
-            states[label] = "kept from the unfinished run"
-        elif (found := store.finished(key)) is not None and damage(found.folder, group_names) is None:
-            states[label] = f"reused from {found.name}"
-    return states
-
-
-def run_recipe(recipe: Recipe, finish: Callable[[Path, Recipe], object], fresh: bool = False,
+def run_recipe(setup: RunSetup, finish: Callable[[Path, Recipe], object],
                progress: Callable[[str, int, int | None], None] | None = None,
                on_row: Callable[[Row, str], None] | None = None) -> Path:
-    """Run every row of the recipe; return the run directory. When every row is complete, ``finish``
-    writes what marks the run finished (the CLI passes ``report.summary.write_summary``: the runner
-    writes runs and never imports the reports that read them). The recipe's run lock is held
-    throughout, from choosing the run folder to ``finish``: a second run of the same recipe meanwhile is
-    refused in one line and changes nothing."""
-    if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in selected_benchmarks(recipe)):
+    """Run every row of the recipe as ``setup`` (``setup.run_setup``, not a dry run's) resolved it; return
+    the run directory. When every row is complete, ``finish`` writes what marks the run finished (the CLI
+    passes ``report.summary.write_summary``: the runner writes runs and never imports the reports that read
+    them). The recipe's run lock is held throughout, from choosing the run folder to ``finish``: a second
+    run of the same recipe meanwhile is refused in one line and changes nothing."""
+    if setup.tasks is None:
+        raise ValueError("run_recipe needs the setup of a run: built without dry_run, with no problems")
+    recipe = setup.recipe
+    if recipe.allow_code_execution and any(bench.runs_code for bench, _, _ in setup.benchmarks):
         check_isolation(recipe.allow_unisolated_execution)  # one line; refuses when none and not allowed
-    with hold_run_lock(lock_path(output_root(recipe), recipe.name)):
-        run_dir = _run_locked(recipe, fresh, progress, on_row)
+    with hold_run_lock(lock_path(setup.output_root, recipe.name)):
+        run_dir = _run_locked(setup, progress, on_row)
         finish(run_dir, recipe)
         return run_dir
 
 
-def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
+def _run_locked(setup: RunSetup, progress, on_row) -> Path:
     from ensemble_bench.run.lm import LM_CLASSES, ReplicatedLM  # lm-eval's model API
     from ensemble_bench.run.replicas import Replicas
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
-    run_dir, _ = run_dir_of(recipe, fresh)
+    recipe = setup.recipe
+    # The run folder is the one fact chosen again, now that the lock is held: the setup chose it before, and
+    # in between another `ensbench run` of this recipe may have taken the lock, finished the run this one
+    # was to resume or left a new unfinished one. A new run's name is taken here too (the second it
+    # starts, numbered against the folders there now). Everything else of the setup stands: the row keys
+    # do not depend on the run folder, and the finished rows of the output folder are not this lock's.
+    run_dir, resumed = run_dir_of(recipe, setup.output_root, setup.fresh)
+    if resumed != setup.resumed or resumed and run_dir != setup.run_dir:
+        raise EnvironmentFault(f"{run_dir.parent}: another run of recipe '{recipe.name}' changed its run folders "
+                               "while this one was planned: run the same command again")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not os.access(run_dir, os.W_OK):
         raise _not_writable(run_dir)
@@ -332,29 +226,43 @@ def _run_locked(recipe: Recipe, fresh: bool, progress, on_row) -> Path:
                     run_dir / PARAMS, damaged_params)
     if damaged_params or not (run_dir / PARAMS).exists():
         write_params(run_dir, resolved_params(recipe))
-    task_manager, groups = _task_groups(recipe, run_dir)
-    group_names = [group for _, group in groups]
+    task_manager = lm_eval_tasks.task_manager([*setup.include_folders, _place_tasks(run_dir, setup.tasks)])
+    groups, group_names = list(setup.tasks.groups), setup.tasks.group_names
     inside(run_dir, CACHE).mkdir(exist_ok=True)
 
     pool = MemberPool(recipe)
-    rows = recipe.plan
-    store = RowStore(output_root(recipe), lambda row_dir: damage(row_dir, group_names))
-    folders = [*recipe_tasks.include_folders(recipe), run_dir / TASKS]
-    keys = row_keys(recipe, rows, [folders[-1], *folders[:-1]], groups, tasks_read(folders, group_names))
+    store = RowStore(setup.output_root, lambda row_dir: damage(row_dir, group_names))
+    keys = setup.keys
+    todo = [row for row in recipe.plan if _take(run_dir, row, setup.states[row.label], store, keys[row.label], on_row)]
     replicas = Replicas(recipe) if recipe.placement.replicas > 1 else None  # run/replicas.py
     try:
-        for row in _rows_to_compute(run_dir, rows, group_names, on_row, None if fresh else store, keys):
+        for row in todo:
             on_row and on_row(row, "loading")
             row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
+            policy = row_policy(recipe, row)
             if replicas is not None:
-                lm = ReplicatedLM(replicas, row.label, progress=row_progress)
+                lm = ReplicatedLM(replicas, row.label, progress=row_progress, sampling=policy)
             else:
-                lm = LM_CLASSES[row.method](build_method(recipe, row, pool), row.label, progress=row_progress)
+                lm = LM_CLASSES[row.method](build_method(recipe, row, pool), row.label, progress=row_progress,
+                                            sampling=policy)
             on_row and on_row(row, "evaluating")
             _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
             store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
     finally:
         if replicas is not None:
             replicas.close()
-    _check_complete(run_dir, rows, group_names)
+    _check_complete(run_dir, recipe.plan, group_names)
     return run_dir
+
+
+def _place_tasks(run_dir: Path, tasks: TaskFolder) -> Path:
+    """The run folder's ``tasks/``: the setup's task configs, their bytes as written (a folder left by an
+    earlier sitting is replaced whole, so that it holds these files and no other)."""
+    dest, partial = run_dir / TASKS, run_dir / f".{TASKS}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    for name, data in tasks.files.items():
+        (partial / name).parent.mkdir(parents=True, exist_ok=True)
+        (partial / name).write_bytes(data)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(partial, dest)
+    return dest

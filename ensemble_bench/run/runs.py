@@ -13,18 +13,19 @@ import yaml
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods import current_params
 from ensemble_bench.recipe import Recipe, parse_recipe
-from ensemble_bench.run.folder import PARAMS, RECIPE, is_finished, output_root, parse_json
+from ensemble_bench.run.folder import PARAMS, RECIPE, is_finished, parse_json
 
 log = logging.getLogger(__name__)
 
 
-def _runs_of(recipe: Recipe, passed: list[tuple[Path, str]] | None = None) -> list[Path]:
-    """Run folders of this exact recipe, oldest first; judged by the recipe each folder holds, so
+def _runs_of(recipe: Recipe, root: Path, passed: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """Run folders of this exact recipe under the output folder ``root``, oldest first; judged by the recipe
+    each folder holds, so
     runs stay findable when the fingerprint's own definition changes. A run whose rows were
     computed with other method parameters than this code gives the recipe (a default changed
     since) is not this recipe's run: it is neither resumed nor reused. Each folder passed over is
     added to ``passed`` with the reason, in a few words."""
-    base = output_root(recipe) / recipe.name
+    base = root / recipe.name
     fingerprint = recipe.fingerprint()
     found: list[Path] = []
     passed = [] if passed is None else passed
@@ -78,40 +79,33 @@ def same_params(folder: Path, recipe: Recipe) -> bool:
     return held == resolved_params(recipe)
 
 
-def run_dir_of(recipe: Recipe, fresh: bool) -> tuple[Path, bool]:
-    """The unfinished run of this exact recipe to resume, or a new run directory's name; whether resumed."""
+def run_dir_of(recipe: Recipe, root: Path, fresh: bool) -> tuple[Path, bool]:
+    """The unfinished run of this exact recipe to resume, or a new run directory's name; whether resumed.
+    Every unfinished folder of the recipe's name passed over is logged with the reason."""
     passed: list[tuple[Path, str]] = []
-    unfinished = _unfinished_runs(recipe, passed)
-    if unfinished and not fresh:
-        return unfinished[-1], True
-    for folder, why in passed if not fresh else []:  # never passed over silently
+    resumed = None if fresh else resumed_run(recipe, root, passed)
+    if resumed is not None:
+        return resumed, True
+    for folder, why in passed:  # never passed over silently
         log.warning("%s: unfinished run not resumed: %s; a new run starts", folder, why)
-    return _new_run_dir(recipe), False
+    return _new_run_dir(recipe, root), False
 
 
-def _unfinished_runs(recipe: Recipe, passed: list[tuple[Path, str]]) -> list[Path]:
-    """The unfinished runs of this exact recipe, oldest first; the unfinished folders of the recipe's
-    name that are not its runs are added to ``passed`` with the reason."""
+def resumed_run(recipe: Recipe, root: Path, passed: list[tuple[Path, str]] | None = None) -> Path | None:
+    """The newest unfinished run of this exact recipe (the one a run resumes), or None; the unfinished
+    folders of the recipe's name that are not its runs are added to ``passed`` with the reason."""
     found: list[tuple[Path, str]] = []
-    runs = [p for p in _runs_of(recipe, found) if not is_finished(p)]
-    passed += [(folder, why) for folder, why in found if not is_finished(folder)]
-    return runs
+    runs = [p for p in _runs_of(recipe, root, found) if not is_finished(p)]
+    if passed is not None:
+        passed += [(folder, why) for folder, why in found if not is_finished(folder)]
+    return runs[-1] if runs else None
 
 
-def planned_run_dir(recipe: Recipe, fresh: bool = False) -> tuple[Path, bool]:
-    """Where a run of the recipe will write, for its plan: the unfinished run it resumes (True), or
-    its new folder (False; named by the second the run starts, shown as <date>-<time>)."""
-    unfinished = _unfinished_runs(recipe, [])
-    if unfinished and not fresh:
-        return unfinished[-1], True
-    return output_root(recipe).resolve() / recipe.name / f"<date>-<time>-{recipe.fingerprint()}", False
-
-
-def _new_run_dir(recipe: Recipe) -> Path:
+def _new_run_dir(recipe: Recipe, root: Path) -> Path:
     """A name for a new run folder: the time (to the second) and the fingerprint, with -02, -03, ...
     when a run of the same second has it. Chosen under the recipe's run lock, so no other run of
     this name and fingerprint can take it before it is created; the names still sort oldest first."""
-    base = output_root(recipe) / recipe.name
+    base = root / recipe.name
     stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{recipe.fingerprint()}"
     number = 1
     while (base / (name := stem if number == 1 else f"{stem}-{number:02d}")).exists():
@@ -119,7 +113,7 @@ def _new_run_dir(recipe: Recipe) -> Path:
     return base / name
 
 
-def finished_run(recipe: Recipe) -> Path | None:
-    """The newest finished run of this exact recipe, if any."""
-    done = [p for p in _runs_of(recipe) if is_finished(p)]
+def finished_run(recipe: Recipe, root: Path) -> Path | None:
+    """The newest finished run of this exact recipe under the output folder ``root``, if any."""
+    done = [p for p in _runs_of(recipe, root) if is_finished(p)]
     return done[-1] if done else None

@@ -58,6 +58,7 @@ class Benchmark:
     offline_shots: int | None = None
     hub_shots: int | None = None
     builtin: bool = True  # False: any other lm-eval task, run on its own data as lm-eval defines it
+    pass_k: int | None = None  # reports pass@k from its samples: needs that many repeats at least
 
     def max_shots(self, data: str) -> int | None:
         """The most shots its few-shot pool allows under ``data`` ("offline" / "hub"; None: not known)."""
@@ -87,6 +88,9 @@ _BENCHMARKS: tuple[Benchmark, ...] = (
     # offline: test, first_n without the scored one; hub: the 10-question prompt split
     Benchmark("mbpp", DEFAULT_VARIANT, "mbpp", 3, "pass_at_1,none", offline=True, runs_code=True,
               offline_shots=500 - 1, hub_shots=10),
+    # pass@2 from 5 programs per problem sampled at temperature 0.8 (a task's repeats: at least pass_k)
+    Benchmark("mbpp", "pass_at_k", "mbpp_pass_at_k", 3, "pass_at_k,all", offline=True, runs_code=True,
+              offline_shots=500 - 1, hub_shots=10, pass_k=2),
     # no few-shot split: lm-eval falls back to the 164 test problems (the scored one not excluded)
     Benchmark("humaneval", DEFAULT_VARIANT, "humaneval", 0, "pass_at_k,create_test", offline=True,
               runs_code=True, offline_shots=164, hub_shots=164),

@@ -136,8 +136,12 @@ def scoring_hooks(consent: Consent) -> tuple[Callable[..., float], Callable[...,
         return score_candidates(references[0], [predictions[0]], k=1, consent=consent)
 
     def pass_at_k(references: list[str], predictions: list[list[str]], k: list[int] | int = 1) -> float:
-        """HumanEval: each program (prompt + completion) followed by the test and check(entry_point)."""
+        """HumanEval: each program (prompt + completion) followed by the test and check(entry_point); MBPP's
+        pass_at_k variant: each sampled program followed by the problem's assert statements."""
         k = k[0] if isinstance(k, list) else k
+        if len(predictions[0]) < k:
+            raise ValueError(f"pass@{k} needs at least {k} programs per problem (the task's repeats), got "
+                             f"{len(predictions[0])}")
         return score_candidates(references[0], predictions[0], k=k, consent=consent)
 
     return pass_at_1, pass_at_k
@@ -145,9 +149,15 @@ def scoring_hooks(consent: Consent) -> tuple[Callable[..., float], Callable[...,
 
 def hooks_source(consent: Consent) -> str:
     """The module written beside a run's code tasks that their ``!function`` metrics and filter name."""
-    return ("from ensemble_bench.tasks.code_exec import Consent, build_programs, scoring_hooks  # noqa: F401\n"
+    return ("from ensemble_bench.tasks.code_exec import (Consent, build_programs, keep_all,  # noqa: F401\n"
+            "                                           scoring_hooks)\n"
             f"pass_at_1, pass_at_k = scoring_hooks(Consent(run_code={consent.run_code}, "
             f"unisolated={consent.unisolated}))\n")
+
+
+def keep_all(resps, docs: list[dict]) -> list[list[str]]:
+    """MBPP pass@k filter: every program sampled for a problem (lm-eval's default keeps the first only)."""
+    return [list(resp) for resp in resps]
 
 
 def build_programs(resps: list[list[str]], docs: list[dict]) -> list[list[str]]:

@@ -37,7 +37,8 @@ MAX_GROUP_DEPTH = 16  # nesting of groups inside groups (lm-eval's deepest is ab
 GROUP_KEYS = frozenset({"group", "group_alias", "task", "aggregate_metric_list", "metadata"})
 # the config keys this module reads (an index keeps only these: the saved copy is a tenth of the size)
 KEPT_KEYS = GROUP_KEYS | {"metric_list", "filter_list", "output_type", "generation_kwargs", "fewshot_delimiter",
-                          "num_fewshot", "dataset_path", "dataset_name", "dataset_kwargs"}
+                          "num_fewshot", "dataset_path", "dataset_name", "dataset_kwargs", "repeats"}
+INDEX_FORMAT = 5  # 5: ``repeats`` kept; each format its own file, so that checkouts of other formats share the cache
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def stock_index() -> dict[str, Found]:
     (about a second to read), else indexed (12 s or more on 2 cores) and that copy written. Once per process."""
     import lm_eval
 
-    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": 4}
+    stamp = {"lm_eval": lm_eval.__version__, "root": str(_stock_root()), "format": INDEX_FORMAT}
     saved = _saved_index(stamp)
     if saved is not None:
         return saved
@@ -86,7 +87,7 @@ def _built_index(folders: Sequence[Path]) -> dict[str, Found]:
 
 
 def _index_file() -> Path:
-    return settings.cache_root() / "lm-eval-task-index.json"
+    return settings.cache_root() / f"lm-eval-task-index-{INDEX_FORMAT}.json"
 
 
 def _saved_index(stamp: dict) -> dict[str, Found] | None:

@@ -20,10 +20,10 @@ from ensemble_bench.tasks.lm_eval_tasks import (
     generation_kwargs,
     leaf_configs,
     lm_eval_benchmark,
-    stock_index,
     task_index,
 )
-from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, TaskCode, task_code, task_file_problems
+from ensemble_bench.tasks.task_code import TaskCode, task_code
+from ensemble_bench.tasks.task_sources import LOCAL_BUILDERS, data_problems, task_file_problems
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:
@@ -59,16 +59,17 @@ def include_folders(recipe) -> list[Path]:
     return folders
 
 
-def task_benchmarks(recipe, index: dict[str, Found] | None = None) -> list[Benchmark]:
+def task_index_of(recipe, folders: Sequence[Path]) -> dict[str, Found] | None:
+    """lm-eval's task index with the recipe's include_path ``folders`` over it (seconds, once a process for
+    the stock tasks), or None when every recipe task is built in (nothing to look up)."""
+    return None if all(is_builtin(task.name) for task in recipe.tasks) else task_index(folders)
+
+
+def task_benchmarks(recipe, index: dict[str, Found] | None) -> list[Benchmark]:
     """The Benchmark of every recipe task; a task that is not built in is looked up in lm-eval's task
-    index (``index``, else the stock one with the recipe's include_path folders: seconds, once a process).
-    One that cannot be found is given as named, with no metric: :func:`task_preflight` says why."""
-    if index is None and not all(is_builtin(task.name) for task in recipe.tasks):
-        try:
-            index = task_index(include_folders(recipe))
-        except UserError:  # a folder that is not there: task_preflight names it
-            index = stock_index()
-    return [get_benchmark(task.name, task.variant) if is_builtin(task.name) else _as_found(task.name, index)
+    index (``index``: :func:`task_index_of`). One that cannot be found is given as named, with no metric:
+    :func:`task_preflight` says why."""
+    return [get_benchmark(task.name, task.variant) if is_builtin(task.name) else _as_found(task.name, index or {})
             for task in recipe.tasks]
 
 
@@ -81,7 +82,7 @@ def _as_found(name: str, index: dict[str, Found]) -> Benchmark:
 
 def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
     """A line per task that is not built in and that lm-eval's index cannot run as written: an unknown
-    name, gen_kwargs that do not apply."""
+    name, gen_kwargs that do not apply, task code without consent, data that cannot be read."""
     lines = []
     for i, task in enumerate(recipe.tasks):
         if is_builtin(task.name):
@@ -96,38 +97,38 @@ def _task_lines(recipe, index: dict[str, Found]) -> list[str]:
                 generation_kwargs(entry, index, task.gen_kwargs.given())
             except UserError as err:
                 lines.append(f"tasks[{i}].gen_kwargs: {err}")
-        lines += _task_code_lines(recipe, i, entry, index)
+        lines += _task_code_lines(recipe, i, task_code(entry_yamls(entry, index)))
+        lines += [f"tasks[{i}].name: '{task.name}' reads {line}" for line in task_data_problems(entry, index)]
         if missing := _uncached_hub_data(entry, index, packaged_ok=getattr(recipe, "data", None) == "offline"):
             lines.append(f"tasks[{i}].name: '{task.name}' reads {missing} from the hub, but {settings.hub_offline()} "
                          "is set and no copy is cached here: unset it to download, or run where it is cached")
     return lines
 
 
-def _code_below(recipe, entry: Found, index: dict[str, Found]) -> tuple[list[TaskCode], list[str]]:
-    return task_code(entry_yamls(entry, index), include_folders(recipe))
-
-
-def _task_code_lines(recipe, i: int, entry: Found, index: dict[str, Found]) -> list[str]:
-    """A line per ``!function`` of task ``i`` naming a module found nowhere, and, unless the recipe allows
-    task code, a line per module of an include_path folder that the task would import and run."""
-    code, missing = _code_below(recipe, entry, index)
-    lines = [f"tasks[{i}].name: {line}" for line in missing]
+def _task_code_lines(recipe, i: int, found_code: tuple[list[TaskCode], list[str]]) -> list[str]:
+    """A line per ``!function`` of task ``i`` naming a module found nowhere (or an include chain that cannot
+    be followed), and, unless the recipe allows task code, a line per module the task would import and run
+    (``found_code``: ``task_code.task_code`` of its YAML files)."""
+    code, problems = found_code
+    lines = [f"tasks[{i}].name: {line}" for line in problems]
     if not getattr(recipe, "allow_task_code", False):
-        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.module} (!function "
-                  f"{found.reference} in {found.task_yaml.name}), unsandboxed: set allow_task_code: true (or "
-                  "--set allow_task_code=true) to run it" for found in code]
+        lines += [f"tasks[{i}].name: '{recipe.tasks[i].name}' imports and runs {found.shown()} ({found.origin()}), "
+                  "unsandboxed: set allow_task_code: true (or --set allow_task_code=true) to run it" for found in code]
     return lines
 
 
-def recipe_task_code(recipe) -> list[TaskCode]:
-    """The modules of include_path folders that the recipe's tasks import through ``!function``."""
-    if all(is_builtin(task.name) for task in recipe.tasks):
-        return []
-    index = task_index(include_folders(recipe))
+def task_data_problems(entry: Found, index: dict[str, Found]) -> list[str]:
+    """What would stop the data of every task below ``entry`` loading (``task_sources.data_problems``), once each."""
+    return list(dict.fromkeys(line for cfg in leaf_configs(entry, index) for line in data_problems(cfg)))
+
+
+def recipe_task_code(recipe, index: dict[str, Found] | None) -> list[TaskCode]:
+    """The modules the recipe's tasks import through ``!function`` (and so run), installed code aside
+    (``index``: :func:`task_index_of`)."""
     found: dict[Path, TaskCode] = {}
     for task in recipe.tasks:
-        if not is_builtin(task.name) and task.name in index:
-            found.update((code.module, code) for code in _code_below(recipe, index[task.name], index)[0])
+        if index is not None and not is_builtin(task.name) and task.name in index:
+            found.update((code.module, code) for code in task_code(entry_yamls(index[task.name], index))[0])
     return list(found.values())
 
 
@@ -154,34 +155,30 @@ def _uncached_hub_data(entry: Found, index: dict[str, Found], packaged_ok: bool 
     return None
 
 
-def task_preflight(recipe) -> list[str]:
-    """What stops the recipe's tasks on this machine, one line each: an include_path that is not a folder,
-    a name that is neither built in nor an lm-eval task or group here (close matches named), gen_kwargs
-    that do not apply, a hub dataset not cached while the hub is off. Reads lm-eval's task index only
-    when a task is not built in."""
-    from ensemble_bench.errors import lines_of
-
-    try:
-        folders = include_folders(recipe)
-    except UserError as err:
-        return list(lines_of(err))
-    if all(is_builtin(task.name) for task in recipe.tasks):
-        return []
-    return _task_lines(recipe, task_index(folders))
+def task_preflight(recipe, index: dict[str, Found] | None) -> list[str]:
+    """What stops the recipe's tasks on this machine, one line each: a name that is neither built in nor an
+    lm-eval task or group here (close matches named), gen_kwargs that do not apply, task code without
+    consent, a local data file that is missing or no regular file, a dataset script, a hub dataset not
+    cached while the hub is off (an include_path that is not a folder: :func:`include_folders`).
+    ``index``: :func:`task_index_of`."""
+    return [] if index is None else _task_lines(recipe, index)
 
 
 def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, Found]) -> dict[str, dict[str, Any]]:
-    """lm-eval task name -> ``{"generation_kwargs": ...}`` for every recipe task with gen_kwargs (``benches``:
-    the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder included)."""
+    """lm-eval task name -> ``{"generation_kwargs": ..., "repeats": n}`` for every recipe task with gen_kwargs or
+    repeats (``benches``: the recipe's tasks as Benchmarks; ``index``: the run's, its generated task folder
+    included)."""
     from ensemble_bench.errors import several
 
     found, lines = {}, []
     for i, (task, bench) in enumerate(zip(recipe.tasks, benches)):
+        if task.repeats is not None:
+            found[bench.task] = {"repeats": task.repeats}
         if task.gen_kwargs is None:
             continue
         try:
-            found[bench.task] = {"generation_kwargs": generation_kwargs(find_entry(bench.task, index), index,
-                                                                        task.gen_kwargs.given())}
+            found.setdefault(bench.task, {})["generation_kwargs"] = generation_kwargs(
+                find_entry(bench.task, index), index, task.gen_kwargs.given())
         except UserError as err:
             lines.append(f"tasks[{i}].gen_kwargs: {err}")
     if lines:
@@ -189,4 +186,5 @@ def generation_overrides(recipe, benches: Sequence[Benchmark], index: dict[str, 
     return found
 
 
-__all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_preflight"]
+__all__ = ["generation_overrides", "include_folders", "recipe_task_code", "task_benchmarks", "task_data_problems",
+           "task_index_of", "task_preflight"]

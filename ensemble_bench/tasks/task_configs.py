@@ -54,6 +54,7 @@ CODE_HOOKS = "ensbench_code"
 # MBPP's offline copy has no 'prompt' split: shots come from test, the scored one excluded.
 TEMPLATE_VALUES: dict[str, dict[str, dict[str, str]]] = {
     "mbpp": {"offline": {"fewshot_split": "test"}, "hub": {"fewshot_split": "prompt"}},
+    "mbpp_pass_at_k": {"offline": {"fewshot_split": "test"}, "hub": {"fewshot_split": "prompt"}},
 }
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 DEFAULT_DELIMITER = " "  # lm-eval's target_delimiter when a task sets none
 FEW = 3  # answers that differ only by whitespace: warn at this many (or when every answer does)
 MAX_DEPTH = 8  # groups of groups walked when looking for the task YAMLs of a recipe task
+SPACE_FIX = ("add a remove_whitespace filter to the task's filter_list (as lm-eval's nq_open does), or end "
+             "doc_to_text with the space and set target_delimiter: '' (docs/own_experiment.md)")
 
 
 def _adds_whitespace(delimiter: object) -> bool:
@@ -74,21 +76,14 @@ def plan_warnings(task_names: Iterable[str], index: dict) -> list[str]:
     return lines
 
 
-def recipe_warnings(recipe) -> list[str]:
+def recipe_warnings(recipe, index: dict | None) -> list[str]:
     """:func:`plan_warnings` of a recipe's tasks that are not built in (none when all are: their
-    templates are ensbench's own); a task the index cannot find is the preflight's to name."""
-    from ensemble_bench.errors import UserError
+    templates are ensbench's own), looked up in ``index`` (``recipe_tasks.task_index_of``: lm-eval's
+    tasks with the include_path folders); a task the index cannot find is the preflight's to name."""
     from ensemble_bench.tasks import is_builtin
-    from ensemble_bench.tasks.lm_eval_tasks import task_index
-    from ensemble_bench.tasks.recipe_tasks import include_folders
 
     names = [task.name for task in recipe.tasks if not is_builtin(task.name)]
-    if not names:
-        return []
-    try:
-        return plan_warnings(names, task_index(include_folders(recipe)))
-    except UserError:
-        return []
+    return plan_warnings(names, index) if names and index is not None else []
 
 
 def _generated(sample: dict) -> str | None:
@@ -121,7 +116,7 @@ def answer_warning(row: str, task: str, samples: list[dict]) -> str | None:
         return None
     answer, target = first
     return (f"{row}: {task}: {count} of {total} answers differ from the target only by surrounding whitespace "
-            f"(e.g. {answer!r} for {target!r}): check the prompt's spacing (doc_to_target, target_delimiter)")
+            f"(e.g. {answer!r} for {target!r}), so they score 0: {SPACE_FIX}")
 
 
 def sample_target_warning(task: str, samples: list[dict], delimiter: object) -> str | None:

@@ -15,9 +15,9 @@ two vocabularies and their output embeddings, no models.
    ``variance`` (standard deviation: a token near everything means nothing).
 
 The result is a sparse map M (aux id -> lead ids, weights = the scores kept); a projected
-distribution is p_aux M (Sec. 3.2). Scores are computed in chunks of auxiliary rows and reduced to
-their top-t at once: never a dense |V_aux| x |V_lead| matrix. Stop ids map to the lead's stop id
-with the same text (else its lowest) with weight 1; other special tokens map nowhere.
+distribution is p_aux M (Sec. 3.2). Steps 3-4 are vocab/csls.py: one pass over the products, in chunks
+of auxiliary rows reduced at once, never a dense |V_aux| x |V_lead| matrix. Stop ids map to the lead's
+stop id with the same text (else its lowest) with weight 1; other special tokens map nowhere.
 """
 
 from __future__ import annotations
@@ -29,19 +29,16 @@ import numpy as np
 import torch
 
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.csls import CslsParams, Report, similarity_map
 
-CHUNK_ROWS = 256  # auxiliary rows scored at once: 256 x 152k lead tokens x 4 bytes = 156 MB
-CROWDED = 5  # the variance cut applies to rows keeping more than this many tokens (the authors' rule)
+BLOCK_ROWS = 16384  # rows squared at once when normalising (16k x 896 x 4 bytes = 59 MB)
+
 
 
 @dataclass(frozen=True)
-class AlignParams:
-    """The alignment's parameters (EVA Sec. 3.1 and the authors' defaults)."""
+class AlignParams(CslsParams):
+    """The alignment's parameters (EVA Sec. 3.1 and the authors' defaults): the similarity's, and the overlap."""
 
-    top_t: int = 10
-    threshold: float = 0.1
-    variance: float = 0.01
-    neighborhood: int = 1
     overlap: str = "learned"  # "learned": every token through the similarity; "direct": shared tokens map to themselves
 
 
@@ -90,15 +87,20 @@ def seed_pairs(aux: VocabView, lead: VocabView) -> tuple[np.ndarray, np.ndarray]
 
 
 def _unit(matrix: np.ndarray) -> np.ndarray:
-    norms = np.sqrt((matrix ** 2).sum(axis=1))
+    """``matrix``'s rows scaled to unit length, in place (a row of zeros stays so)."""
+    norms = np.empty(len(matrix), dtype=matrix.dtype)
+    for start in range(0, len(matrix), BLOCK_ROWS):  # the squares of a block at a time, not of the whole matrix
+        norms[start:start + BLOCK_ROWS] = np.sqrt((matrix[start:start + BLOCK_ROWS] ** 2).sum(axis=1))
     norms[norms == 0] = 1
-    return matrix / norms[:, None]
+    matrix /= norms[:, None]
+    return matrix
 
 
 def _normalised(matrix: np.ndarray) -> np.ndarray:
-    """Unit length, centring, unit length (VecMap's ``--supervised`` normalisation)."""
-    matrix = _unit(matrix)
-    return _unit(matrix - matrix.mean(axis=0))
+    """A copy at unit length, centred, at unit length (VecMap's ``--supervised`` normalisation)."""
+    matrix = _unit(np.array(matrix, dtype=np.float32))
+    matrix -= matrix.mean(axis=0)
+    return _unit(matrix)
 
 
 def _whitening(matrix: np.ndarray) -> np.ndarray:
@@ -106,61 +108,31 @@ def _whitening(matrix: np.ndarray) -> np.ndarray:
     return vt.T.dot(np.diag(1 / s)).dot(vt)
 
 
-def supervised_mapping(x: np.ndarray, z: np.ndarray, src: np.ndarray, trg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def supervised_mapping(x: np.ndarray, z: np.ndarray, src: np.ndarray, trg: np.ndarray,
+                       report: Report | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Both embedding matrices mapped into one space from the seed pairs ``x[src[k]] ~ z[trg[k]]``
     (Artetxe et al. 2018: whiten, orthogonal map, re-weight, de-whiten). Members of different
-    widths meet in min(d_x, d_z) dimensions (a thin SVD; the authors' full one needs equal widths)."""
-    x, z = _normalised(np.asarray(x, dtype=np.float32)), _normalised(np.asarray(z, dtype=np.float32))
+    widths meet in min(d_x, d_z) dimensions (a thin SVD; the authors' full one needs equal widths).
+    Each step replaces the one before it (at most two |V_lead| x d matrices at once)."""
+    step = (lambda done: report("mapping", done / 4)) if report else (lambda done: None)
+    step(0)
+    x, z = _normalised(x), _normalised(z)
     wx1, wz1 = _whitening(x[src]), _whitening(z[trg])
-    xw, zw = x.dot(wx1), z.dot(wz1)
-    wx2, s, wz2_t = np.linalg.svd(xw[src].T.dot(zw[trg]), full_matrices=False)
-    wz2 = wz2_t.T
-    xw, zw = xw.dot(wx2) * s ** 0.5, zw.dot(wz2) * s ** 0.5
-    xw = xw.dot(wx2.T.dot(np.linalg.inv(wx1)).dot(wx2))
-    zw = zw.dot(wz2.T.dot(np.linalg.inv(wz1)).dot(wz2))
-    return xw.astype(np.float32), zw.astype(np.float32)
-
-
-def lead_hubness(x: torch.Tensor, z: torch.Tensor, neighborhood: int) -> torch.Tensor:
-    """r_T: each lead token's mean cosine to its ``neighborhood`` nearest auxiliary tokens (chunked)."""
-    out = torch.empty(z.shape[0], dtype=torch.float32)
-    for start in range(0, z.shape[0], CHUNK_ROWS):
-        block = z[start:start + CHUNK_ROWS] @ x.T
-        out[start:start + CHUNK_ROWS] = block.topk(min(neighborhood, x.shape[0]), dim=1).values.mean(dim=1)
-    return out
-
-
-def kept_scores(values: torch.Tensor, threshold: float, variance: float) -> torch.Tensor:
-    """[rows, t] mask of the scores a row keeps: those >= threshold, none when more than ``CROWDED``
-    remain with a standard deviation <= ``variance``."""
-    keep = values >= threshold
-    count = keep.sum(dim=1)
-    kept = torch.where(keep, values, 0.0)
-    mean = kept.sum(dim=1) / count.clamp(min=1)
-    spread = (torch.where(keep, (values - mean[:, None]) ** 2, 0.0).sum(dim=1) / count.clamp(min=1)).sqrt()
-    crowded = (spread <= variance) & (count > CROWDED)
-    return keep & ~crowded[:, None]
-
-
-def similarity_map(x: np.ndarray, z: np.ndarray, rows: np.ndarray, params: AlignParams,
-                   excluded: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Steps 3 and 4 for auxiliary ``rows``: (aux ids, lead ids, scores) of every pair kept.
-    ``excluded`` lead ids are never a target (special tokens)."""
-    xs, zs = torch.from_numpy(_unit(x)), torch.from_numpy(_unit(z))
-    hub = lead_hubness(xs, zs, params.neighborhood)
-    hub[list(excluded)] = float("inf")
-    src, dst, score = [], [], []
-    for start in range(0, len(rows), CHUNK_ROWS):
-        chunk = torch.from_numpy(rows[start:start + CHUNK_ROWS])
-        csls = 2 * (xs[chunk] @ zs.T) - hub
-        values, ids = csls.topk(min(params.top_t, zs.shape[0]), dim=1)
-        keep = kept_scores(values, params.threshold, params.variance)
-        src.append(chunk[:, None].expand_as(ids)[keep])
-        dst.append(ids[keep])
-        score.append(values[keep])
-    if not src:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    return torch.cat(src).numpy(), torch.cat(dst).numpy(), torch.cat(score).numpy()
+    step(1)
+    x = x.dot(wx1)
+    z = z.dot(wz1)
+    wx2, s, wz2_t = np.linalg.svd(x[src].T.dot(z[trg]), full_matrices=False)
+    wz2, root = wz2_t.T, s ** 0.5
+    step(2)
+    x = x.dot(wx2)
+    x *= root
+    z = z.dot(wz2)
+    z *= root
+    step(3)
+    x = x.dot(wx2.T.dot(np.linalg.inv(wx1)).dot(wx2))
+    z = z.dot(wz2.T.dot(np.linalg.inv(wz1)).dot(wz2))
+    step(4)
+    return x, z
 
 
 def stop_targets(aux: VocabView, lead: VocabView, aux_stops: Sequence[int],
@@ -173,14 +145,15 @@ def stop_targets(aux: VocabView, lead: VocabView, aux_stops: Sequence[int],
 
 
 def build_projection(aux: VocabView, lead: VocabView, aux_embeddings, lead_embeddings, aux_stops: Sequence[int],
-                     lead_stops: Sequence[int], params: AlignParams) -> VocabProjection:
-    """M for one auxiliary member (steps 1-4, see the module docstring)."""
+                     lead_stops: Sequence[int], params: AlignParams, report: Report | None = None) -> VocabProjection:
+    """M for one auxiliary member (steps 1-4, see the module docstring); ``report(stage, fraction)``
+    hears the progress of the two long steps (mapping, similarity)."""
     src, trg = seed_pairs(aux, lead)
     if len(src) < 2:
         raise ValueError(f"the vocabularies share {len(src)} tokens: EVA learns its mapping from shared tokens")
     x = np.asarray(aux_embeddings, dtype=np.float32)[:aux.size]
     z = np.asarray(lead_embeddings, dtype=np.float32)[:lead.size]
-    xw, zw = supervised_mapping(x, z, src, trg)
+    xw, zw = supervised_mapping(x, z, src, trg, report)
     stops = stop_targets(aux, lead, aux_stops, lead_stops)
     text = np.array([i for i in aux.text_ids() if i not in stops], dtype=np.int64)
     direct: dict[int, int] = {}
@@ -189,7 +162,7 @@ def build_projection(aux: VocabView, lead: VocabView, aux_embeddings, lead_embed
         direct = {a: b for a, b in zip(src.tolist(), trg.tolist()) if a in texts}
         text = np.array([i for i in text.tolist() if i not in direct], dtype=np.int64)
     excluded = sorted(i for i in lead.special_ids | {i for i, p in enumerate(lead.pieces) if p is None})
-    a, b, w = similarity_map(xw, zw, text, params, excluded)
+    a, b, w = similarity_map(_unit(xw), _unit(zw), text, params, excluded, report)
     fixed = {**direct, **stops}
     a = np.concatenate([a, np.array(list(fixed), dtype=np.int64)])
     b = np.concatenate([b, np.array(list(fixed.values()), dtype=np.int64)])

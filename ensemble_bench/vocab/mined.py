@@ -12,14 +12,14 @@ Tokens are matched within their role, so that "stop" stays "stop": stop ids with
 stop ids, other special tokens with its other special tokens (by their literal text), text tokens
 with its text tokens. A reference id without text, or whose role the member lacks, maps to -1.
 
-Maps are cached on disk (``cached_mined_map``), keyed by both vocabularies' fingerprints.
+Maps are cached on disk (``cached_mined_map``, the convention of vocab/cache.py), keyed by both
+vocabularies' fingerprints.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +27,12 @@ import torch
 from rapidfuzz import process
 from rapidfuzz.distance import Levenshtein
 
-from ensemble_bench.cache import atomic_file
-from ensemble_bench.union_cache import UNREADABLE
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.cache import MapFormat, load_or_build, map_path
 from ensemble_bench.vocab.union import vocab_fingerprint
 
-FORMAT = "mined-1"  # part of the file's key: a new rule or layout never reads an old file
+VERSION = "mined-1"  # part of the file's key: a new rule or layout never reads an old file
 CHUNK = 128          # reference tokens per block of edit distances (CHUNK x member tokens int32)
-log = logging.getLogger(__name__)
 
 
 def nearest(queries: Sequence[bytes], choices: Sequence[bytes]) -> list[int]:
@@ -92,29 +90,23 @@ def mined_map(reference: VocabView, reference_stops: Sequence[int],
 
 def mined_path(reference: VocabView, reference_stops: Sequence[int], member: VocabView,
                member_stops: Sequence[int], folder: Path) -> Path:
-    key = "-".join([FORMAT, vocab_fingerprint(reference, reference_stops), vocab_fingerprint(member, member_stops)])
-    return folder / f"mined-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+    return map_path(folder, "mined", VERSION, [vocab_fingerprint(reference, reference_stops),
+                                               vocab_fingerprint(member, member_stops)])
 
 
-def fits(saved: object, reference_size: int, member_size: int) -> bool:
-    """Whether a loaded cache file is a map from ``reference_size`` ids to member ids (or -1)."""
-    return (isinstance(saved, torch.Tensor) and saved.dtype == torch.long and saved.shape == (reference_size,)
+def mined_from_tensor(saved: object, reference_size: int, member_size: int) -> torch.Tensor:
+    """A loaded cache file as a map from ``reference_size`` ids to member ids (or -1); ValueError when it is not one."""
+    fits = (isinstance(saved, torch.Tensor) and saved.dtype == torch.long and saved.shape == (reference_size,)
             and (reference_size == 0 or int(saved.min()) >= -1 and int(saved.max()) < member_size))
+    if not fits:
+        raise ValueError("the cached map does not fit the vocabularies")
+    return saved
 
 
 def cached_mined_map(reference: VocabView, reference_stops: Sequence[int], member: VocabView,
                      member_stops: Sequence[int], folder: Path) -> torch.Tensor:
-    """``mined_map``, read from ``folder`` when built before; a file that does not fit is rebuilt."""
-    path = mined_path(reference, reference_stops, member, member_stops, folder)
-    if path.exists():
-        try:
-            saved = torch.load(path, weights_only=True)
-            if fits(saved, reference.size, member.size):
-                return saved
-            raise ValueError("the cached map does not fit the vocabularies")
-        except UNREADABLE as err:
-            log.warning("%s: damaged MinED cache (%s); rebuilding it", path, type(err).__name__)
-    built = mined_map(reference, reference_stops, member, member_stops)
-    with atomic_file(path) as partial:
-        torch.save(built, partial)
-    return built
+    """``mined_map``, read from ``folder`` when built before (vocab/cache.py); a file that does not fit is rebuilt."""
+    kind = MapFormat("MinED", lambda built: built,
+                     partial(mined_from_tensor, reference_size=reference.size, member_size=member.size))
+    return load_or_build(mined_path(reference, reference_stops, member, member_stops, folder), kind,
+                         lambda: mined_map(reference, reference_stops, member, member_stops))

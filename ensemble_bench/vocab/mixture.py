@@ -15,18 +15,19 @@ of member i that share one entry. A row whose best candidate exceeds B is decide
 rows fall back to ``full``. The candidates' q is computed with the same float operations in the
 same order as ``full``, so both paths choose the same entry (ties: the lowest union index).
 
-``full`` and the paths built on it (the greedy fallback, ``sample``) are one exponential and one
+``full`` and the paths built on it (the greedy fallback, ``log_blocks``) are one exponential and one
 gather per member straight into the union's layout: each entry takes its lowest id's probability
 (a zero column stands in for the entries the member lacks), and the few entries holding several
 ids of a member (duplicate byte strings) add the others slot by slot in ascending id order. On a
-CPU the rows go in blocks whose working set stays in cache; on a GPU in one block. ``sample``
-draws each row from q^(1/T) on q's device by inverse transform sampling, with one uniform number
-from the row's own generator.
+CPU the rows go in blocks whose working set stays in cache; on a GPU in one block. ``log_blocks``
+gives log q block by block on q's device, for a draw (decoding/sampling.py ``draw_blocks``: each row
+shaped by its own settings, then drawn by inverse transform sampling with one uniform number from
+its own generator).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -101,27 +102,6 @@ def project(logprobs: torch.Tensor, tables: MemberTables, out: torch.Tensor | No
     return projected
 
 
-def tempered(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """exp((log p - max log p) / T) per row, floored at LOG_FLOOR: p^(1/T) up to its row's scale,
-    the weights ``draw`` takes (a softmax without the division, and without exp's slow underflow)."""
-    scaled = logprobs.float() / temperature
-    scaled -= scaled.max(dim=-1, keepdim=True).values
-    return scaled.clamp_(min=LOG_FLOOR).exp_()
-
-
-def draw(weights: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One index per row of ``weights`` [rows, n] (>= 0, any scale) with probability proportional
-    to its weight: the first index whose cumulative weight exceeds u x the row's total, u ~ U[0, 1)
-    from the row's own generator (one number per row, drawn on the host). Entries of weight 0
-    are never drawn."""
-    uniform = torch.stack([torch.rand((), dtype=torch.float64, generator=g) for g in generators])
-    cumulative = weights.cumsum(dim=-1, dtype=torch.float64)
-    total = cumulative[:, -1:].contiguous()
-    drawn = torch.searchsorted(cumulative, uniform.to(weights.device)[:, None] * total, right=True)
-    last = torch.searchsorted(cumulative, total)  # the last entry of positive weight (u x total rounded up)
-    return torch.minimum(drawn, last).flatten()
-
-
 @dataclass
 class BoundCounts:
     """Rows ``greedy`` chose, and those the bound decided (no full projection)."""
@@ -165,17 +145,11 @@ class UnionMixture:
         return torch.stack([project(lp, self._tables(index, lp.device), floor=LOG_FLOOR).to(device)
                             for index, lp in enumerate(logprobs)])
 
-    def sample(self, logprobs: Sequence[torch.Tensor], temperature: float,
-               generators: Sequence[torch.Generator]) -> list[int]:
-        """One union entry per row drawn from q^(1/T) (GaC Eq. 3 with a temperature), each row with
-        its own generator: a row's draw does not depend on the other rows of the batch."""
-        drawn = []
+    def log_blocks(self, logprobs: Sequence[torch.Tensor]) -> Iterator[tuple[slice, torch.Tensor]]:
+        """log q (Eq. 3) of every row, a block of rows at a time (``_blocks``; log-probabilities floored as
+        the argmax path floors them): (the block's rows, their [rows, U] log q), what a draw reads."""
         for rows in self._blocks(logprobs):
-            mixed = self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR)
-            if temperature != 1.0:
-                mixed = tempered(mixed.log_(), temperature)
-            drawn.append(draw(mixed, generators[rows]))
-        return torch.cat(drawn).tolist()
+            yield rows, self._mix([lp[rows] for lp in logprobs], floor=LOG_FLOOR).log_()
 
     def _argmax_full(self, logprobs: Sequence[torch.Tensor]) -> torch.Tensor:
         """argmax_u q(u) per row through the full projection (ties: the lowest union index)."""

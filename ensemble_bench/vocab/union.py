@@ -7,7 +7,7 @@ a stop entry keyed by its literal text in a namespace of its own, so members sha
 member ensembled with itself then picks exactly what it picks alone); choosing any stop entry
 ends the row. Other special tokens and padded head rows map nowhere. The maps are sparse index
 arrays (``src_ids[k] -> union_ids[k]``) applied with a scatter-add, never dense |V| x |U| matrices.
-(Cached on disk by ``ensemble_bench.union_cache``; this module only computes.)
+(Cached on disk by ``vocab/union_cache.py``; this module only computes.)
 """
 
 from __future__ import annotations

@@ -192,6 +192,10 @@ DAMAGE = {
     "results is unreadable": ("a/results_1.json", "unreadable"),
     "recipe is unreadable": ("recipe.yaml", "unreadable"),
     "samples are unreadable": ("a/samples_arc_challenge_2026-01-01T00-00-00.0.jsonl", "unreadable"),
+    # valid JSON of another shape (issue 47: a list as timing.json was a traceback in table and plot)
+    "timing is a list": ("a/timing.json", lambda path: path.write_text("[]")),
+    "results is a number": ("a/results_1.json", lambda path: path.write_text("7")),
+    "a sample is a list": ("a/samples_arc_challenge_2026-01-01T00-00-00.0.jsonl", lambda path: path.write_text("[]\n")),
 }
 REPORTS = {
     "table": ["table", "{run}", "--layout", "gac_table3"],
@@ -219,6 +223,16 @@ def test_a_damaged_run_folder_is_one_line_in_every_report_command(command, damag
         return
     line = one_line(out)
     assert code in (1, 2), line
+
+
+@pytest.mark.parametrize("command", ["table", "plot"])
+def test_a_timing_json_that_is_no_object_is_named_as_damaged(command, finished, tmp_path, monkeypatch, capsys):
+    """Valid JSON but a list: a traceback (exit 70) in table and plot on bb736f1."""
+    (finished / "a" / "timing.json").write_text("[1, 2]")
+    code, out = run_cli(monkeypatch, capsys, *[a.format(run=finished, tmp=tmp_path) for a in REPORTS[command]])
+    assert code == 1 and one_line(out) == (f"error: {finished / 'a' / 'timing.json'}: damaged or unreadable (valid "
+                                           "JSON, but not a JSON object): run its recipe again with --fresh, or "
+                                           "leave this run out")
 
 
 @pytest.mark.parametrize("command", sorted(REPORTS))

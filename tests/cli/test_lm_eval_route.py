@@ -146,5 +146,19 @@ def test_the_documented_route_runs_offline_and_ensbench_reads_its_run(tiny_dirs,
     assert code == 2 and "compare needs two rows or more" in one_line(out)
     timing = json.loads((run / "gac" / "timing.json").read_text())
     assert timing["requests_scored"] == 4 and timing["loglikelihood_ms_per_request"] > 0  # 2 questions x 2 choices
+    assert timing["position_ties"] == {"piqa": {"questions": 2, "tied": 0}}  # from the samples (--log_samples)
     code, out = run_cli(monkeypatch, capsys, "plot", str(run), "--out", str(tmp_path / "plot"))
     assert code == 0 and "warning" not in out.err and (tmp_path / "plot.png").exists(), out
+
+
+def test_model_args_carry_the_seed_and_the_sampling_override(tiny_dirs):
+    """--model_args is a recipe fragment: its seed and sampling: reach the model, as a recipe's do."""
+    from ensemble_bench.decoding.request_sampling import SamplingPolicy
+    from ensemble_bench.decoding.sampling import SamplingOverride
+    from ensemble_bench.run.lm import LM_CLASSES
+
+    lm = LM_CLASSES["gac"].create_from_arg_obj({"members": members(tiny_dirs), "seed": 7,
+                                                "sampling": {"temperature": 0.5}}, {})
+    assert lm.sampling == SamplingPolicy(7, SamplingOverride(temperature=0.5))
+    info = lm.get_model_info()["ensbench"]
+    assert (info["sampling_seed"], info["sampling_override"]) == (7, {"temperature": 0.5})

@@ -79,16 +79,18 @@ def test_compared_counts_byte_identical_outputs_and_keeps_each_difference(bench)
 
 
 def test_the_table_shows_ratio_acceptance_identical_and_bounds(bench):
-    fast = run(60.0, ["a", "b"], speculative_acceptance_rate=0.75, speculative_tokens_per_round=3.0)
+    fast = run(60.0, ["a", "b"], speculative_acceptance_rate=0.75, speculative_tokens_per_round=3.0,
+               speculative_forwards_per_token={"smollm2": 1.25, "qwen2.5": 0.33})
     row = {"pair": "smollm2+qwen2.5", "task": "gsm8k", "batch": 1, "draft": 8,
            "members": {"smollm2": run(40.0, []), "qwen2.5": run(90.0, [])},
            "methods": {"gac": bench.compared(run(100.0, ["a", "b"]), fast, ["p0", "p1"]),
                        "safe": {"run": run(44.0, []), "drafter": "smollm2", "ratio": 1.1}},
            "bounds": {"qwen2.5": {"step_ms": 80.0, "block_ms": 120.0, "block_over_step": 1.5}}}
     lines = bench.table([row]).splitlines()
-    assert "| smollm2+qwen2.5 | gsm8k | 1 | gac | 100.0 | 60.0 | 0.60x | 0.75 | 3.00 | 2/2 |" in lines
-    assert "| smollm2+qwen2.5 | gsm8k | 1 | safe (vs smollm2 alone) | 40.0 | 44.0 | 1.10x |  |  |  |" in lines
-    assert "| smollm2+qwen2.5 | gsm8k | 1 | qwen2.5 alone | 90.0 |  |  |  |  |  |" in lines
+    assert ("| smollm2+qwen2.5 | gsm8k | 1 | gac | 100.0 | 60.0 | 0.60x | 0.75 | 3.00 | smollm2 1.25, qwen2.5 0.33 "
+            "| 2/2 |") in lines
+    assert "| smollm2+qwen2.5 | gsm8k | 1 | safe (vs smollm2 alone) | 40.0 | 44.0 | 1.10x |  |  |  |  |" in lines
+    assert "| smollm2+qwen2.5 | gsm8k | 1 | qwen2.5 alone | 90.0 |  |  |  |  |  |  |" in lines
     assert "| smollm2+qwen2.5 | gsm8k | 1 | qwen2.5 | 90.0 | 80.0 | 120.0 | 1.50x | gac 0.75 |" in lines
     assert any("block of 8 ms" in line for line in lines)
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.decoding.speculative import Costs, Speculation
+from ensemble_bench.decoding.speculation_stats import Rate
+from ensemble_bench.decoding.speculative import PROBE_AFTER, Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.eva import Eva, EvaParams
@@ -15,7 +16,7 @@ from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.unite import Unite, UniteParams
-from tests.tiny import REQUESTS, outputs
+from tests.tiny import REQUESTS, outputs, sampled
 
 LONG = [r.__class__(r.prompt, r.until, 24) for r in REQUESTS]
 
@@ -100,9 +101,10 @@ def test_draft_length_adapts_down_when_drafts_fail(pair):
     assert all(r["tokens"] >= r["rounds"] for r in rows)
 
 
-def test_sampling_is_every_token_only():
-    with pytest.raises(ValueError, match="greedy only"):
-        GacParams(speculative=2, temperature=0.7)
+def test_sampling_is_every_token_only(pair):
+    method = Gac(pair("bpe", "sp"), GacParams(speculative=2))
+    with pytest.raises(UserError, match="with speculative decodes greedily only, but a request samples"):
+        method.generate(sampled(REQUESTS[:1]))
 
 
 def test_unknown_proposer_is_one_line():
@@ -127,11 +129,28 @@ def test_block_cost_grows_with_width_from_what_was_measured():
 
 def test_draft_length_follows_acceptance_and_costs():
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.lengths = [3, 3]
+    assert speculation._draft_lengths([0, 1]) == [3, 3]  # no cost measured yet: each row's own
     speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
-    assert speculation._next_length(4, 0, False, rate=0.1) == 0  # drafts fail: plain every-token rounds
-    assert speculation._next_length(4, 4, True, rate=0.95) >= 4
+    speculation.rates = [Rate(0, 8), Rate(18, 18)]  # acceptance 0.1 and 0.95
+    assert speculation._draft_lengths([0]) == [0]  # drafts fail: plain every-token rounds
+    assert speculation._draft_lengths([1])[0] >= 4
+    speculation.rates = [Rate(18, 18)] + [Rate(0, 8)] * 7
+    assert speculation._draft_lengths(list(range(8))) == [0] * 8  # the batch's steps and block do not pay
     speculation.costs.step = 1.0  # a proposer as costly as the verifier's block: drafting barely pays
-    assert speculation._next_length(4, 4, True, rate=0.5) == 0
+    speculation.rates = [Rate()]
+    assert speculation._draft_lengths([0]) == [0]
+
+
+def test_plain_rounds_chosen_by_the_costs_draft_again_after_a_while():
+    """One dear block measured (plain rounds measure none) must not keep rows that agree from drafting
+    for good: after PROBE_AFTER plain rounds one round takes each row's own length, at least 1, then
+    the costs rule again."""
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.costs.step, speculation.costs.blocks = 0.11, {1: 0.24, 3: 0.76}  # measured at batch 1, GSM8K
+    speculation.rates, speculation.lengths = [Rate(17, 20)] * 2, [2, 0]  # agreement 0.82; own lengths 2 and 0
+    chosen = [speculation._draft_lengths([0, 1]) for _ in range(2 * PROBE_AFTER + 2)]
+    assert chosen == ([[0, 0]] * PROBE_AFTER + [[2, 1]]) * 2
 
 
 def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):

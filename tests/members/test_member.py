@@ -5,6 +5,7 @@ import torch
 
 from ensemble_bench.members import LocalMember, Prompt
 from tests.tiny import tiny_llama
+from tests.tolerances import TINY_MODEL, assert_close
 
 PROMPTS = ["The quick brown", "Question: What is 12 plus 30?", "Caf", "def add(a, b):\n    return a + b\nJames and"]
 
@@ -61,12 +62,12 @@ def test_variable_extend_crop_and_keep_match_recomputation(member_and_model):
     assert rows[0] == ids[0] + [5, 11] and rows[1] == ids[1] + [12, 13]
     assert rows[2] == ids[2] + [14] and rows[3] == ids[3] + [8, 9, 15]
     for r, row in enumerate(rows):
-        torch.testing.assert_close(logprobs[r], full_logprobs(model, row)[-1], atol=1e-4, rtol=0)
+        assert_close(logprobs[r], full_logprobs(model, row)[-1], TINY_MODEL)
     member.keep([3, 1])
     logprobs = member.extend([[1], []])
     assert member.row_ids()[0] == rows[3] + [1] and member.row_ids()[1] == rows[1]
-    torch.testing.assert_close(logprobs[0], full_logprobs(model, rows[3] + [1])[-1], atol=1e-4, rtol=0)
-    torch.testing.assert_close(logprobs[1], full_logprobs(model, rows[1])[-1], atol=1e-4, rtol=0)
+    assert_close(logprobs[0], full_logprobs(model, rows[3] + [1])[-1], TINY_MODEL)
+    assert_close(logprobs[1], full_logprobs(model, rows[1])[-1], TINY_MODEL)
 
 
 def test_extend_after_crop_without_tokens_is_an_error_state(member_and_model):
@@ -81,7 +82,7 @@ def test_extend_after_crop_without_tokens_is_an_error_state(member_and_model):
     member.crop([0, len(ids[1])])  # a row may be emptied and refilled
     logprobs = member.extend([ids[0][:2], []])
     assert member.row_ids()[0] == ids[0][:2]
-    torch.testing.assert_close(logprobs[0], full_logprobs(model, ids[0][:2])[-1], atol=1e-4, rtol=0)
+    assert_close(logprobs[0], full_logprobs(model, ids[0][:2])[-1], TINY_MODEL)
 
 
 def test_score_matches_direct_computation(member_and_model):
@@ -91,7 +92,7 @@ def test_score_matches_direct_computation(member_and_model):
     expected = sum(float(direct[len(context) - 1 + k, t]) for k, t in enumerate(continuation))
     greedy = slow_greedy(model, context, 3)
     scores = member.score([(context, continuation), (member.encode(PROMPTS[0]), [4])], batch_size=2)
-    assert scores[0].logprob == pytest.approx(expected, abs=1e-4)
+    assert_close(scores[0].logprob, expected, TINY_MODEL)
     assert scores[0].is_greedy == (greedy == continuation)
     assert member.score([(context, greedy)])[0].is_greedy
 
@@ -133,5 +134,5 @@ def test_extending_few_rows_of_many_runs_only_those_rows(member_and_model):
     logprobs = member.extend([[9], [], [], [8]])  # half the rows: still the sub-batch path
     logprobs = member.extend([[4], [3], [2], [1]])
     for r, row in enumerate(member.row_ids()):
-        torch.testing.assert_close(logprobs[r], full_logprobs(model, row)[-1], atol=1e-4, rtol=0)
+        assert_close(logprobs[r], full_logprobs(model, row)[-1], TINY_MODEL)
     assert fast_greedy(member, ids, 3) == [slow_greedy(model, i, 3) for i in ids]

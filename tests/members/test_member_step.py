@@ -16,6 +16,7 @@ from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.local import log_probs_of
 from ensemble_bench.members.seq2seq import Seq2SeqMember
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100, tiny_t5
+from tests.tolerances import TINY_MODEL, assert_close
 
 PROMPTS = ["The quick brown", "Question: What is 12 plus 30?", "Caf", "def add(a, b):\n    return a + b\nJames and"]
 
@@ -113,8 +114,8 @@ def drive(member, rows: list[list[int]]) -> list:
 
 
 def assert_same_run(fast: list, plain: list, exact: bool = True) -> None:
-    """Bit-identical distributions (``exact``), else within 1e-6 with the same argmax; the same
-    scored lists (within 1e-6) and row ids."""
+    """Bit-identical distributions (``exact``: the same matmul shapes), else within TINY_MODEL with the
+    same argmax; the same scored lists (exact, else within TINY_MODEL) and row ids."""
     assert len(fast) == len(plain)
     for got, want in zip(fast, plain):
         if isinstance(want, torch.Tensor):
@@ -122,10 +123,12 @@ def assert_same_run(fast: list, plain: list, exact: bool = True) -> None:
             if exact:
                 assert torch.equal(got.nan_to_num(), want.nan_to_num())
             else:
-                torch.testing.assert_close(got, want, atol=1e-6, rtol=0, equal_nan=True)
-                assert torch.equal(got.nan_to_num().argmax(-1), want.nan_to_num().argmax(-1))
+                assert_close(got, want, TINY_MODEL, same_argmax=True)
         else:  # scored lists or row ids: lists of lists
-            assert got == (want if exact else [pytest.approx(row, abs=1e-6) for row in want])
+            if exact or not want or isinstance(want[0][0], int):  # row ids are exact on every path
+                assert got == want
+            else:
+                assert_close(got, want, TINY_MODEL)
 
 
 def causal_rows(member, shape: str) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""`single` reproduces stock lm-eval HFLM: same greedy generations, log-likelihoods within 1e-4."""
+"""`single` reproduces stock lm-eval HFLM: same greedy generations, log-likelihoods within TINY_MODEL."""
 
 import pytest
 from lm_eval.api.instance import Instance
@@ -8,6 +8,7 @@ from ensemble_bench.members import LocalMember
 from ensemble_bench.methods.single import Single
 from ensemble_bench.run.lm import LM_CLASSES
 from tests.tiny import CORPUS
+from tests.tolerances import TINY_MODEL, assert_close
 
 
 def instances(kind, arguments):
@@ -60,7 +61,7 @@ def test_loglikelihood_matches_hflm(models):
     expected = hflm.loglikelihood(instances("loglikelihood", requests))
     got = ours.loglikelihood(instances("loglikelihood", requests))
     for (lp_hf, greedy_hf), (lp, greedy) in zip(expected, got):
-        assert lp == pytest.approx(lp_hf, abs=1e-4)
+        assert_close(lp, lp_hf, TINY_MODEL)
         assert greedy == greedy_hf
 
 
@@ -70,7 +71,7 @@ def test_rolling_loglikelihood_matches_hflm(models):
     texts = [" ".join(CORPUS[:6]), CORPUS[3]]
     expected = hflm.loglikelihood_rolling(instances("loglikelihood_rolling", [(t,) for t in texts]))
     got = ours.loglikelihood_rolling(instances("loglikelihood_rolling", [(t,) for t in texts]))
-    assert got == pytest.approx(expected, abs=1e-3)
+    assert_close(got, expected, TINY_MODEL)
 
 
 def test_chat_rendering_matches_hflm(bpe_tokenizer, bpe_model):

@@ -13,6 +13,7 @@ from ensemble_bench.members import LocalMember
 from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from tests.tiny import CORPUS
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100, tiny_t5
+from tests.tolerances import TINY_MODEL, assert_close
 
 # (blocks, positions asked): ragged blocks with an empty and a one-token one; one row moving alone
 # (LocalMember's few-rows path: its cache rows are copied out, extended and written back)
@@ -21,9 +22,8 @@ CASES = {"ragged": ([[5, 6, 7, 8], [], [9]], [[0, 2, 3], [], [0]]),
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == torch.float32 and got.shape == want.shape
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0, equal_nan=True)
-    assert torch.equal(got.nan_to_num().argmax(-1), want.nan_to_num().argmax(-1))
+    assert got.dtype == torch.float32
+    assert_close(got, want, TINY_MODEL, same_argmax=True)
 
 
 def one_by_one(member, blocks, at) -> list[torch.Tensor]:

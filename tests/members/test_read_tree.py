@@ -6,6 +6,7 @@ import torch
 
 from ensemble_bench.members import LocalMember
 from ensemble_bench.members.local import tree_visibility
+from tests.tolerances import TINY_MODEL, assert_close
 
 
 def test_tree_visibility_marks_ancestors_and_depths():
@@ -35,14 +36,14 @@ def test_tree_equals_extending_each_path(bpe_tokenizer, bpe_model):
     read = member.read_tree(tokens, parents)
     assert [r.shape[0] for r in read] == [5, 0, 2]
     assert member.row_ids() == prompts
-    assert torch.allclose(member.extend([[], [], []]), first, atol=1e-5)
+    assert_close(member.extend([[], [], []]), first, TINY_MODEL)
     again = member.extend([[3], [4], [6]])
     member.prefill(prompts)
-    assert torch.allclose(member.extend([[3], [4], [6]]), again, atol=1e-5)  # the cache was left as it was
+    assert_close(member.extend([[3], [4], [6]]), again, TINY_MODEL)  # the cache was left as it was
     for r, prompt in enumerate(prompts):
         for n in range(len(tokens[r])):
             member.prefill([prompt + path_of(parents[r], tokens[r], n)])
-            assert torch.allclose(read[r][n], member.extend([[]])[0], atol=1e-4)
+            assert_close(read[r][n], member.extend([[]])[0], TINY_MODEL)
 
 
 def test_rows_of_different_lengths_after_crops(bpe_tokenizer, bpe_model):
@@ -56,7 +57,7 @@ def test_rows_of_different_lengths_after_crops(bpe_tokenizer, bpe_model):
     read = member.read_tree([[20, 21], [22]], [[-1, 0], [-1]])
     for r, (row, expect) in enumerate(zip(held, [[20, 21], [22]])):
         member.prefill([row + expect])
-        assert torch.allclose(read[r][-1], member.extend([[]])[0], atol=1e-4)
+        assert_close(read[r][-1], member.extend([[]])[0], TINY_MODEL)
 
 
 def test_a_remote_member_reads_the_same_tree(ray_members):

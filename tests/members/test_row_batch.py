@@ -11,6 +11,7 @@ from ensemble_bench.members.batching import in_batches, left_padded, positions_o
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.seq2seq import SOURCE_END, Seq2SeqMember
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100
+from tests.tolerances import TINY_MODEL, assert_close
 
 VOCAB = 6
 
@@ -112,4 +113,4 @@ def test_a_repeated_row_forks_into_two_rows_that_decode_apart(request, kind):
     assert member.row_ids() == [prompt_ids + [5], prompt_ids + [6, 7]]
     source = rows[0][:rows[0].index(SOURCE_END) + 1] if kind == "seq2seq" else []
     fresh = member.prefill([source + ids for ids in ([*prompt_ids, 5], [*prompt_ids, 6, 7])])
-    torch.testing.assert_close(forked, fresh, atol=1e-4, rtol=0)
+    assert_close(forked, fresh, TINY_MODEL)

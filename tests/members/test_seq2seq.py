@@ -13,6 +13,7 @@ from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.unite import Unite, UniteParams
 from tests.tiny import CORPUS, outputs
 from tests.tiny_seq2seq import nllb_style_tokenizer, tiny_m2m100, tiny_t5
+from tests.tolerances import TINY_MODEL, assert_close
 
 TRANSLATE = "Translate German to English.\nGerman: Der Fuchs springt.\nEnglish: The fox jumps.\n\nGerman: {}\nEnglish:"
 PROMPTS = [TRANSLATE.format("Das Café ist offen."), "The quick brown", TRANSLATE.format("Hallo"),
@@ -79,12 +80,12 @@ def test_variable_extend_crop_and_keep_match_recomputation(member, model):
     assert held[2][starts[2]:] == [14] and held[3][starts[3]:] == [8, 9, 15]
     sources = [row[:row.index(SOURCE_END) + 1] for row in rows]
     for r in range(4):
-        torch.testing.assert_close(logprobs[r], full_logprobs(model, sources[r] + held[r])[-1], atol=2e-4, rtol=0)
+        assert_close(logprobs[r], full_logprobs(model, sources[r] + held[r])[-1], TINY_MODEL)
     member.keep([3, 1])
     logprobs = member.extend([[1], []])
     assert member.row_ids() == [held[3] + [1], held[1]]
-    torch.testing.assert_close(logprobs[0], full_logprobs(model, sources[3] + held[3] + [1])[-1], atol=2e-4, rtol=0)
-    torch.testing.assert_close(logprobs[1], full_logprobs(model, sources[1] + held[1])[-1], atol=2e-4, rtol=0)
+    assert_close(logprobs[0], full_logprobs(model, sources[3] + held[3] + [1])[-1], TINY_MODEL)
+    assert_close(logprobs[1], full_logprobs(model, sources[1] + held[1])[-1], TINY_MODEL)
 
 
 def test_extend_scored_and_crop_errors(member, model):
@@ -93,7 +94,7 @@ def test_extend_scored_and_crop_errors(member, model):
     _, scored = member.extend_scored([[4, 5, 6], [7]])
     reference = full_logprobs(model, rows[0] + [4, 5, 6])
     start = len(reference) - 3
-    assert scored[0] == pytest.approx([float(reference[start, 5]), float(reference[start + 1, 6])], abs=2e-4)
+    assert_close(scored[0], [float(reference[start, 5]), float(reference[start + 1, 6])], TINY_MODEL)
     assert scored[1] == []
     with pytest.raises(ValueError):
         member.crop([100, 1])
@@ -109,7 +110,7 @@ def test_score_matches_direct_computation(member, model):
     expected = sum(float(direct[first - 1 + k, t]) for k, t in enumerate(continuation))
     greedy = slow_greedy(model, context, 3)
     scores = member.score([(context, continuation), member.encode_pair(PROMPTS[1], " fox")], batch_size=2)
-    assert scores[0].logprob == pytest.approx(expected, abs=2e-4)
+    assert_close(scores[0].logprob, expected, TINY_MODEL)
     assert scores[0].is_greedy == (greedy[:len(continuation)] == continuation)
     assert member.score([(context, greedy)])[0].is_greedy
 
@@ -166,7 +167,7 @@ def test_seq2seq_scoring_with_itself_keeps_greedy_flags(model, tokenizer):
     alone = Single([Seq2SeqMember(model, tokenizer, "solo")], Single.Params(), batch_size=3).loglikelihood(requests)
     pair = Gac([Seq2SeqMember(model, tokenizer, "a"), Seq2SeqMember(model, tokenizer, "b")], GacParams(),
                batch_size=3).loglikelihood(requests)
-    assert [s.logprob for s in pair] == pytest.approx([s.logprob for s in alone], abs=2e-4)
+    assert_close([s.logprob for s in pair], [s.logprob for s in alone], TINY_MODEL)
     assert [s.is_greedy for s in pair] == [s.is_greedy for s in alone]
 
 

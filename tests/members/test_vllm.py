@@ -11,19 +11,32 @@ try:
 except Exception as err:  # noqa: BLE001 - a broken install (CUDA torchvision) raises RuntimeError, not ImportError
     pytest.skip(f"vllm does not import here ({type(err).__name__}); make test-vllm runs these", allow_module_level=True)
 
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
 import torch  # noqa: E402
 
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
 from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
+from ensemble_bench.members.vllm_engine import STEPPING  # noqa: E402
 from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
 from ensemble_bench.methods.single import Single  # noqa: E402
 from ensemble_bench.methods.unite import Unite, UniteParams  # noqa: E402
+from tests.tolerances import OTHER_ENGINE, assert_close
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
 ENGINE = {"max_model_len": 512, "max_num_seqs": 8, "kv_cache_gib": 0.25}
+# A block read in one engine step runs vLLM's prefill path (a multi-token query over the cached prefix)
+# where forced one-token steps run its decode path. Measured on this CPU build, float32, at this test's
+# rows and two others: bit-identical (gap 0) for SmolLM2 and Qwen2.5. Another build or device may sum
+# in another order or blocking; float32 rounding through ~30 layers of 576-896-wide sums stays orders
+# below 1e-3, the bound the backend comparisons use too.
+TOLERANCE = 1e-3
 QUESTIONS = ["What is 15 + 27?", "Name the capital of France.", "Write one sentence about café culture in 東京.",
              "def fibonacci(n):"]
 TEXTS = ["The capital of France is", "Question: What is 7 times 8?\nAnswer:", "Multi-tasking means"]
@@ -94,12 +107,12 @@ def test_vllm_members_equal_transformers_members(method, smollm_vllm, qwen_vllm,
 
 
 def test_distributions_match_transformers(smollm_vllm, transformers_pair):
-    """Prefill and a few steps: vLLM's float32 log-probs equal transformers' within 1e-3, same argmax."""
+    """Prefill and a few steps: vLLM's float32 log-probs equal transformers' within OTHER_ENGINE, same argmax."""
     rows = [smollm_vllm.encode(t) for t in TEXTS]
     ours, theirs = smollm_vllm.prefill(rows), transformers_pair[0].prefill(rows)
     for _ in range(4):
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
-        assert float((ours - theirs).abs().max()) < 1e-3
+        assert_close(ours, theirs, OTHER_ENGINE)
         chosen = [[t] for t in ours.argmax(-1).tolist()]
         ours, theirs = smollm_vllm.extend(chosen), transformers_pair[0].extend(chosen)
 
@@ -121,7 +134,7 @@ def test_crops_several_tokens_and_empty_rows(smollm_vllm, transformers_pair):
             local.crop(lengths)
             continue
         ours, theirs = smollm_vllm.extend(arg), local.extend(arg)
-        assert float((ours - theirs).abs().max()) < 1e-3
+        assert_close(ours, theirs, OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
@@ -133,17 +146,19 @@ def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pa
     feed = [[11, 12, 13], [14], [15, 16]]
     (_, ours), (_, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
     assert [len(s) for s in ours] == [2, 0, 1]
-    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    assert_close(ours, theirs, OTHER_ENGINE)
     lengths = [len(r) for r in local.row_ids()]
     smollm_vllm.crop([n - 1 for n in lengths])  # every row re-submitted: the longest forces two tokens
     local.crop([n - 1 for n in lengths])
     feed = [[17, 18], [19], [20, 21, 22]]
     (ours_dist, ours), (theirs_dist, theirs) = smollm_vllm.extend_scored(feed), local.extend_scored(feed)
-    assert [len(s) for s in ours] == [1, 0, 2] and float((ours_dist - theirs_dist).abs().max()) < 1e-3
-    assert all(abs(a - b) < 1e-3 for x, y in zip(ours, theirs) for a, b in zip(x, y))
+    assert [len(s) for s in ours] == [1, 0, 2]
+    assert_close(ours_dist, theirs_dist, OTHER_ENGINE)
+    assert_close(ours, theirs, OTHER_ENGINE)
     pairs = [(rows[0], smollm_vllm.encode(" Paris", add_special_tokens=False)), (rows[1], [220, 20])]
     for mine, other in zip(smollm_vllm.score(pairs), local.score(pairs)):
-        assert abs(mine.logprob - other.logprob) < 1e-3 and mine.is_greedy == other.is_greedy
+        assert_close(mine.logprob, other.logprob, OTHER_ENGINE)
+        assert mine.is_greedy == other.is_greedy
 
 
 @pytest.mark.parametrize("params", [GacParams(speculative=4), GacParams(speculative=4, threshold=0.5)],
@@ -160,9 +175,20 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
     assert smollm_vllm.resubmitted + qwen_vllm.resubmitted > before  # crops after rejected drafts
 
 
-def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
+@pytest.fixture(params=["one pass", "one step per token"])
+def read_mode(request, smollm_vllm):
+    """Block reads in one engine step, and as an engine without a ``PromptReader`` gives them (one
+    forced step per token)."""
+    reader = smollm_vllm.steering.reader
+    if request.param == "one step per token":
+        smollm_vllm.steering.reader = None
+    yield request.param
+    smollm_vllm.steering.reader = reader
+
+
+def test_read_block_matches_transformers(read_mode, smollm_vllm, transformers_pair):
     """Blocks of different lengths (one row given none), after a crop: the asked positions' log-probs
-    equal a transformers member's block read within 1e-3, and the next extend continues after them."""
+    equal a transformers member's block read within OTHER_ENGINE, and the next extend continues after them."""
     local = transformers_pair[0]
     rows = [smollm_vllm.encode(t) for t in TEXTS]
     smollm_vllm.prefill(rows)
@@ -171,12 +197,13 @@ def test_read_block_matches_transformers(smollm_vllm, transformers_pair):
                        ([[15, 16], [17, 18, 19, 20], [21, 22, 23]], [[0, 1], [1, 3], [2]])]:
         ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
         assert [tuple(t.shape) for t in ours] == [tuple(t.shape) for t in theirs]
-        assert all(a.numel() == 0 or float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+        for a, b in zip(ours, theirs):
+            assert_close(a, b, OTHER_ENGINE)
         lengths = [len(r) - 1 for r in local.row_ids()]
         smollm_vllm.crop(lengths)
         local.crop(lengths)
         step = [[30], [31], [32]]
-        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+        assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
@@ -188,12 +215,13 @@ def test_an_extend_that_gives_no_row_a_token_leaves_every_row_as_it_was(smollm_v
     smollm_vllm.prefill(rows)
     local.prefill(rows)
     for step in ([[]] * len(rows), [[40], [41], [42]], [[]] * len(rows), [[43], [44], [45]]):
-        assert float((smollm_vllm.extend(step) - local.extend(step)).abs().max()) < 1e-3
+        assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
     blocks, at = [[46, 47], [48, 49], [50, 51]], [[0, 1]] * len(rows)
     smollm_vllm.read_block([[]] * len(rows), [[]] * len(rows))
     local.read_block([[]] * len(rows), [[]] * len(rows))
     ours, theirs = smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)
-    assert all(float((a - b).abs().max()) < 1e-3 for a, b in zip(ours, theirs))
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
 
 
@@ -203,3 +231,87 @@ def test_a_kv_cache_too_small_for_the_window_is_one_line(smollm_vllm):
     with pytest.raises(UserError, match="cannot hold one request of its max_model_len"):
         load_member("smollm2-135m", name="tiny-cache", backend="vllm", vllm={**ENGINE, "kv_cache_gib": 0.001})
     assert ENGINE["max_model_len"] <= smollm_vllm.kv_blocks * smollm_vllm.block_size < 0.25 * 2**30 / 46080
+
+
+def rows_of(member, lengths: list[int]) -> list[list[int]]:
+    """Rows of exactly these lengths, cut from one long text (real tokens, so real distributions)."""
+    ids = member.encode(" ".join(TEXTS) * 8)
+    return [ids[:n] for n in lengths]
+
+
+def forced_steps(member, rows, first, blocks) -> list[torch.Tensor]:
+    """Each row's log-probs after every token of its block, the block forced one token per call."""
+    member.prefill(rows)
+    member.extend(first)
+    dists = [member.extend([[block[j]] for block in blocks]) for j in range(len(blocks[0]))]
+    return [torch.stack([d[r] for d in dists]) for r in range(len(rows))]
+
+
+def assert_block_reading(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    gap = float((ours - theirs).abs().max())
+    top = theirs.topk(2, dim=-1).values
+    assert gap < TOLERANCE, f"{gap:.3g} apart"
+    same = torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert same, f"argmax differs; smallest top-1/top-2 gap {float((top[:, 0] - top[:, 1]).min()):.3g}"
+
+
+@pytest.mark.parametrize("model", ["smollm", "qwen"])
+def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm):
+    """A block of 4 after rows of 29, 27 and 45 held tokens (KV blocks of 32: the first row's block
+    crosses a block boundary, the second's ends on one, the third's lies inside the second block):
+    one engine step for the whole batch, and at every position the log-probs of 4 forced one-token
+    steps (TOLERANCE), the same argmax; the rows go on from there as the forced rows do."""
+    member = {"smollm": smollm_vllm, "qwen": qwen_vllm}[model]
+    assert member.steering.reader is not None
+    rows = rows_of(member, [29, 27, 45])
+    first, blocks = [[11], [12], [13]], [[21, 22, 23, 24], [25, 26, 27, 28], [29, 30, 31, 32]]
+    expected = forced_steps(member, rows, first, blocks)
+    after = member.extend([[40], [41], [42]])
+    member.prefill(rows)
+    member.extend(first)
+    steps = member.steering.steps
+    read = member.read_block(blocks, [[0, 1, 2, 3]] * 3)
+    assert member.steering.steps - steps == 1
+    for ours, theirs in zip(read, expected):
+        assert_block_reading(ours, theirs)
+    assert_block_reading(member.extend([[40], [41], [42]]), after)
+
+
+def test_a_block_read_after_the_prefix_cache_is_emptied_computes_the_whole_row(smollm_vllm):
+    """Rows parked (a plain request ran) and the prefix cache reset: the block read computes each
+    row's whole prompt again, with the same distributions; rows given one token or none, and a
+    subset of positions, as speculative rounds ask."""
+    member = smollm_vllm
+    rows = rows_of(member, [40, 33, 70])
+    first, blocks = [[11], [12], [13]], [[21, 22, 23], [25], []]
+    member.prefill(rows)
+    member.extend(first)
+    member.generate_plain([rows[0]], 1)
+    with STEPPING:  # no step runs while the cache is reset
+        assert member.engine.reset_prefix_cache()
+    read = member.read_block(blocks, [[0, 2], [0], []])
+    expected = forced_steps(member, rows[:2], first[:2], [[21, 22, 23], [25, 0, 0]])
+    assert_block_reading(read[0], expected[0][[0, 2]])
+    assert_block_reading(read[1], expected[1][[0]])
+    assert read[2].shape == (0, member.vocab.size)
+
+
+def test_threads_given_to_torch_run_a_vllm_member():
+    """``--threads N`` (torch.set_num_threads before the engine starts) with OMP_NUM_THREADS unset: the
+    engine thread used to start at OpenMP's default count while torch's first parallel call set N, and
+    vLLM's CPU attention failed its check (``thread_num == thread_num (2 vs. 1)``). A fresh process,
+    with a count other than OpenMP's default here."""
+    threads = 1 if len(os.sched_getaffinity(0)) > 1 else 2
+    script = textwrap.dedent(f"""
+        import torch
+        torch.set_num_threads({threads})
+        from ensemble_bench.members import Prompt, load_member
+        from ensemble_bench.methods import GenerationRequest
+        from ensemble_bench.methods.single import Single
+        member = load_member("smollm2-135m", name="m", backend="vllm", vllm={ENGINE!r})
+        [out] = Single([member], Single.Params()).generate([GenerationRequest(Prompt(text="Paris is"), (), 4)])
+        print("generated", out.new_tokens)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "generated 4" in done.stdout, done.stderr[-2000:]

@@ -9,6 +9,7 @@ from ensemble_bench.members.vllm import VllmMember
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.run import preflight
 from ensemble_bench.run.row_store import _member
+from ensemble_bench.run.setup import run_setup
 
 
 def recipe(tmp_path, members, method="gac", **extra):
@@ -44,7 +45,7 @@ def test_the_dry_run_passes_block_reads_on_vllm_members(tmp_path, monkeypatch):
     """Speculative GaC and SAFE read blocks, which vLLM members give (one forced step per token)."""
     monkeypatch.setattr(preflight, "_installed", lambda package: True)
     for method in ("gac", {"name": "gac", "speculative": 4}, {"name": "safe"}):
-        assert preflight.preflight(recipe(tmp_path, PAIR, method=method), "r.yaml") == []
+        assert run_setup(recipe(tmp_path, PAIR, method=method), "r.yaml", dry_run=True).problems == ()
 
 
 @pytest.mark.parametrize("held, tokens, fits", [
@@ -70,7 +71,7 @@ def test_a_step_outgrowing_the_kv_cache_is_refused_in_one_line(held, tokens, fit
 def test_the_dry_run_names_a_missing_vllm_package(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "_installed", lambda package: package != "vllm")
     with pytest.raises(UserError, match="backend: vllm needs the vllm package"):
-        preflight.preflight(recipe(tmp_path, PAIR), "r.yaml")
+        run_setup(recipe(tmp_path, PAIR), "r.yaml", dry_run=True)
 
 
 def test_row_keys_of_transformers_members_are_unchanged_and_vllm_members_differ(tmp_path):
@@ -85,7 +86,7 @@ def test_engine_start_drops_only_the_tokenizer_warmup_record():
     import logging
     import sys
 
-    from ensemble_bench.members.vllm import without_tokenizer_warmup_warning
+    from ensemble_bench.members.vllm_loading import without_tokenizer_warmup_warning
 
     def record(message, error):
         try:

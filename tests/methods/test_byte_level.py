@@ -18,6 +18,7 @@ from ensemble_bench.vocab.covering import END, SortedVocab, branch_at, next_byte
 from ensemble_bench.vocab.retokenize import CanonicalTail, continuation_encoder
 from tests.naive import naive_byte_level, naive_byte_score, naive_next_byte
 from tests.tiny import CORPUS, REQUESTS
+from tests.tolerances import FLOAT32_SUMS, TINY_MODEL, assert_close
 
 # ------------------------------------------------------------------ hand-checked covering tree
 PIECES = (b"a", b"b", b"ab", b"abc", b"bc", None, b"<s>", b"c")  # id 6 special, id 5 padded head row
@@ -50,8 +51,8 @@ def test_next_byte_distribution_hand_checked():
     dist = next_byte_distribution(vocab, [grown, after])
     # M(b | a) = 1.0 * (p0[ab] + p0[abc]) + 0.1 * (p1[b] + p1[bc]) = 0.35 + 0.09; M(end | a) = 0.1 * 0.1
     total = 0.35 + 0.09 + 0.01
-    assert float(dist[ord("b")]) == pytest.approx(0.44 / total, rel=1e-5)
-    assert float(dist[END]) == pytest.approx(0.01 / total, rel=1e-5)
+    assert_close(float(dist[ord("b")]), 0.44 / total, FLOAT32_SUMS)
+    assert_close(float(dist[END]), 0.01 / total, FLOAT32_SUMS)
     assert float(dist.sum()) == pytest.approx(1.0)
     # x = "ab": the root keeps {ab, abc} at depth 2 (only "abc" goes on); branch [a] keeps {b, bc}
     assert grown.grow(vocab, b"ab").width == 2 and after.grow(vocab, b"b").width == 2
@@ -107,7 +108,7 @@ def test_loglikelihood_byte_by_byte_equals_naive_reference(bpe_tokenizer, bpe_mo
     for request, score in zip(SCORED, fast):
         logprob, greedy = naive_byte_score(members, [model for _, model in chosen], request.prompt.text,
                                            request.continuation, weights)
-        assert score.logprob == pytest.approx(logprob, abs=2e-4)
+        assert_close(score.logprob, logprob, TINY_MODEL)
         assert score.is_greedy == greedy
     assert fast[3].logprob == 0.0 and fast[3].is_greedy
     assert fast[2].logprob < -600  # these tiny vocabularies split e-grave into byte tokens: q = 0 there
@@ -121,7 +122,7 @@ def test_scoring_edge_cases_are_batch_invariant(pair):
         return ByteLevel(members, ByteLevelParams(weights=[2.0, 1.0]), batch_size=batch_size).loglikelihood(SCORED)
     one, two, five = run(1), run(2), run(5)
     for a, b, c in zip(one, two, five):
-        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) == pytest.approx(c.logprob, abs=1e-5)
+        assert_close([a.logprob, c.logprob], [b.logprob, b.logprob], TINY_MODEL)
         assert a.is_greedy == b.is_greedy == c.is_greedy
 
 
@@ -151,9 +152,9 @@ def test_single_member_score_is_its_exact_byte_level_probability(bpe_tokenizer, 
     whole = ByteLevel([member], ByteLevelParams(), batch_size=batch_size).loglikelihood([request])[0].logprob
     halves = ByteLevel([member], ByteLevelParams(), batch_size=batch_size).loglikelihood(
         [request, LoglikelihoodRequest(request.prompt, request.continuation[:7])])
-    assert whole == pytest.approx(sum(math.log(p) for p in probs), abs=2e-4)
+    assert_close(whole, sum(math.log(p) for p in probs), TINY_MODEL)
     # log P(cont[:7] | ctx) is the first part of the sum: the chain rule holds byte by byte
-    assert halves[1].logprob == pytest.approx(sum(math.log(p) for p in probs[:7]), abs=2e-4)
+    assert_close(halves[1].logprob, sum(math.log(p) for p in probs[:7]), TINY_MODEL)
 
 
 @pytest.mark.parametrize("fields", [{"weights": []}, {"main": 1.5}, {"extra": 1}, {"weights": "equal"}])

@@ -12,6 +12,7 @@ from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.covering import END, SortedVocab, exact_exp, next_byte_distribution, open_branches
 from tests.methods.test_byte_level import PIECES, SCORED, SHORT
 from tests.tiny import outputs
+from tests.tolerances import FLOAT32_SUMS, assert_close
 
 
 def row_by_row_mass(vocab: SortedVocab, branch) -> torch.Tensor:
@@ -54,12 +55,12 @@ def test_opened_branches_sum_as_one_row_at_a_time():
     opened = open_branches(vocab, [0.0, -1.0, -2.5, -0.5], logprobs, [6])
     for k, branch in enumerate(opened):
         assert branch.logp == [0.0, -1.0, -2.5, -0.5][k]
-        assert torch.allclose(branch.mass, row_by_row_mass(vocab, branch), rtol=1e-6, atol=0)
+        assert_close(branch.mass, row_by_row_mass(vocab, branch), FLOAT32_SUMS)
         assert float(branch.mass[END]) == pytest.approx(float(logprobs[k, 6].exp()))
     grown = [b.grow(vocab, b"a") for b in opened]
     mixed = next_byte_distribution(vocab, grown[:2] + opened[2:])
     reference = row_by_row_distribution(vocab, grown[:2] + opened[2:])
-    assert torch.allclose(mixed, reference, rtol=1e-6, atol=1e-9)
+    assert_close(mixed, reference, FLOAT32_SUMS)
 
 
 def members_of(order, bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
@@ -86,7 +87,7 @@ def test_scores_equal_the_row_by_row_path(bpe_tokenizer, bpe_model, sp_tokenizer
     slow = RowByRow(members, ByteLevelParams(weights=weights), batch_size=batch_size).loglikelihood(SCORED)
     for a, b in zip(fast, slow):
         assert a.is_greedy == b.is_greedy
-        assert a.logprob == pytest.approx(b.logprob, rel=1e-6, abs=1e-6) or (a.logprob < -600 and b.logprob < -600)
+        assert FLOAT32_SUMS.holds(a.logprob, b.logprob) or (a.logprob < -600 and b.logprob < -600)
 
 
 def test_peaked_members_equal_the_row_by_row_path(bpe_tokenizer, sp_tokenizer):
@@ -107,5 +108,5 @@ def test_peaked_members_equal_the_row_by_row_path(bpe_tokenizer, sp_tokenizer):
     for a, b in zip(fast.loglikelihood(SCORED[:3]), slow.loglikelihood(SCORED[:3])):
         assert a.is_greedy == b.is_greedy
         same_nan = math.isnan(a.logprob) and math.isnan(b.logprob)  # every branch's mass underflowed: 0 / 0 in both
-        assert same_nan or math.isclose(a.logprob, b.logprob, rel_tol=1e-6, abs_tol=1e-6) \
+        assert same_nan or FLOAT32_SUMS.holds(a.logprob, b.logprob) \
             or min(a.logprob, b.logprob) < -600

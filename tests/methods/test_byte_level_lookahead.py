@@ -14,6 +14,7 @@ from ensemble_bench.methods import LoglikelihoodRequest
 from ensemble_bench.methods.byte_level import ByteLevel, ByteLevelParams
 from ensemble_bench.vocab.lookahead import LETTERS, WHITESPACE, lookahead
 from tests.methods.test_byte_level_tree import LoopMember
+from tests.tolerances import TINY_MODEL, assert_close
 
 PARAGRAPHS = "Title: Hi\n\nThe dog ran.\n\nThe cat sat.\n\n"
 
@@ -65,5 +66,5 @@ def test_score_after_a_newline_run_is_the_exact_byte_distribution(paragraph_memb
     exact, _ = naive.naive_byte_score([member], [model], "Title: Hi", "\n\nThe dog", [1.0])
     monkeypatch.setattr(naive, "WHITE", b"")
     old, _ = naive.naive_byte_score([member], [model], "Title: Hi", "\n\nThe dog", [1.0])
-    assert got == pytest.approx(exact, abs=1e-4)
+    assert_close(got, exact, TINY_MODEL)
     assert math.isfinite(old) and abs(old - exact) > 1e-2

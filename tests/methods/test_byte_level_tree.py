@@ -17,6 +17,7 @@ from ensemble_bench.vocab.byte_tree import ContinuationTree
 from tests.methods.test_byte_level import SCORED, nihon_member  # noqa: F401 (a fixture)
 from tests.naive import naive_live_score
 from tests.tiny import CORPUS
+from tests.tolerances import TINY_MODEL, assert_close
 
 LONGER = SCORED + [
     LoglikelihoodRequest(Prompt(text="Question: How do I keep bread fresh?\nAnswer:"),
@@ -47,7 +48,7 @@ def assert_same(read, looped):
     for a, b in zip(read, looped, strict=True):
         assert a.is_greedy == b.is_greedy
         same_nan = math.isnan(a.logprob) and math.isnan(b.logprob)  # every branch's mass underflowed in both
-        assert same_nan or a.logprob == pytest.approx(b.logprob, abs=1e-4) or max(a.logprob, b.logprob) < -600
+        assert same_nan or TINY_MODEL.holds(a.logprob, b.logprob) or max(a.logprob, b.logprob) < -600
 
 
 @pytest.mark.parametrize("weights,batch_size", [([1.0, 1.0], 1), ([2.0, 1.0], 3), ([1.0, 3.0], 8)])
@@ -165,4 +166,5 @@ def test_a_member_without_a_live_branch_is_left_out_of_the_average(nihon_member,
     both = [LocalMember(model, tokenizer, "nihon"), LocalMember(sp_model, sp_tokenizer, "sp")]
     expected, dead = naive_live_score(both, [model, sp_model], NIHON, weights)
     assert dead >= 2  # the member was left out at some bytes
-    assert read[0].logprob == pytest.approx(expected, abs=2e-4) and math.isfinite(read[0].logprob)
+    assert_close(read[0].logprob, expected, TINY_MODEL)
+    assert math.isfinite(read[0].logprob)

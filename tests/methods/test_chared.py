@@ -15,6 +15,7 @@ from ensemble_bench.methods.chared import CharED, CharEDParams, grow_piece, memb
 from ensemble_bench.vocab.covering import SortedVocab
 from tests.naive import naive_chared
 from tests.tiny import REQUESTS
+from tests.tolerances import TINY_MODEL, assert_close
 
 
 # ------------------------------------------------------------------ hand-checked marginals
@@ -82,4 +83,4 @@ def test_loglikelihood_is_weighted_average_of_sequence_probabilities(pair):
     [score] = CharED([a, b], CharEDParams(weights=[1.0, 3.0])).loglikelihood([request])
     la = a.score([a.encode_pair(request.prompt.text, request.continuation)])[0].logprob
     lb = b.score([b.encode_pair(request.prompt.text, request.continuation)])[0].logprob
-    assert score.logprob == pytest.approx(math.log((math.exp(la) + 3 * math.exp(lb)) / 4), abs=1e-5)
+    assert_close(score.logprob, math.log((math.exp(la) + 3 * math.exp(lb)) / 4), TINY_MODEL)

@@ -11,12 +11,21 @@ import torch
 from pydantic import ValidationError
 
 from ensemble_bench.members import LocalMember
-from ensemble_bench.methods.core import CoreFusion, CoreParams
+from ensemble_bench.methods.core import (
+    RBF_BETA_FLOOR,
+    CoreFusion,
+    CoreParams,
+    rbf_beta_problem,
+    rbf_divisor,
+    token_filter,
+)
 from ensemble_bench.methods.eva import Eva, EvaParams
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.methods.packllm import PackLLM, PackLLMParams
 from ensemble_bench.methods.unite import Unite, UniteParams
+from tests.cli_helpers import dry_run, one_line
 from tests.tiny import REQUESTS, outputs
+from tests.tolerances import FLOAT64_SUMS, assert_close
 
 LONG = [r.__class__(r.prompt, r.until, 20) for r in REQUESTS]
 
@@ -54,8 +63,8 @@ def test_fuse_follows_the_equations(token, model, lead):
     base = [1.0, 2.0, 1.0]
     got = core.fuse(torch.tensor([[row] for row in PROBS], dtype=torch.float64), torch.tensor(base), lead)
     expected, weights = by_hand(PROBS, base, lead, token=token, model=model)
-    assert got[0].tolist() == pytest.approx(expected, abs=1e-12)
-    assert core.counters()["core_weights_mean"] == pytest.approx(weights, abs=1e-12)
+    assert_close(got[0].tolist(), expected, FLOAT64_SUMS)
+    assert_close(core.counters()["core_weights_mean"], weights, FLOAT64_SUMS)
 
 
 def test_model_level_favours_the_confident_consistent_member():
@@ -82,14 +91,15 @@ def test_filters_fall_with_the_disparity(kind):
     values = core.filter(torch.linspace(0, 1, 11, dtype=torch.float64))
     assert all(a > b for a, b in zip(values, values[1:]))
     if kind in ("rbf", "linear", "power"):
-        assert values[0] == 1.0 and values[-1] == pytest.approx(0.0, abs=1e-12)
+        assert values[0] == 1.0
+        assert_close(float(values[-1]), 0.0, FLOAT64_SUMS)
 
 
 def test_identical_members_give_the_member():
     p = torch.softmax(torch.randn(4, 50, dtype=torch.float64), dim=-1)
     for rules in ("paper", "official"):
         fused = fusion(core_rules=rules).fuse(torch.stack([p, p, p]), torch.ones(3), 1)
-        assert torch.equal(fused, p) or torch.allclose(fused, p, atol=1e-15)
+        assert_close(fused, p, FLOAT64_SUMS)  # the weights sum to 1 up to rounding
 
 
 def test_official_rules_floor_the_lead_and_rescale():
@@ -120,11 +130,40 @@ def test_rows_are_independent():
     ({"core": True, "core_alpha": 2.0}, "does not apply to core_filter 'rbf'"),
     ({"core": True, "core_beta": 0.0}, "greater than 0"),
     ({"core": True, "core_rules": "code"}, "paper"),
+    ({"core": True, "core_beta": 1e-17}, r"core_beta 1e-17 makes the rbf filter 0/0 \(NaN\) at every token"),
 ])
 def test_bad_core_parameters_are_refused(fields, message):
     for params in (GacParams, UniteParams, PackLLMParams, EvaParams):
         with pytest.raises(ValidationError, match=message):
             params(**fields)
+
+
+def test_the_rbf_bound_is_where_its_divisor_rounds_to_zero():
+    """Issue 47: core_beta 1e-17 made every fused distribution NaN. The bound is the computation's own:
+    exp(-beta) rounds to 1.0 in float64 at 2**-54 (the divisor 1 - exp(-beta) is then 0), and not
+    above it, where the filter and the whole fusion are finite."""
+    probs = torch.softmax(torch.randn(3, 4, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(0)), -1)
+    d = torch.linspace(0, 1, 101, dtype=torch.float64)
+    at_bound = CoreParams(core=True).model_copy(update={"core_beta": RBF_BETA_FLOOR})
+    assert rbf_divisor(RBF_BETA_FLOOR) == 0.0 and torch.isnan(token_filter(at_bound)(d)).all()
+    assert torch.isnan(CoreFusion(at_bound, 3).fuse(probs, torch.ones(3), 0)).all()
+    above = math.nextafter(RBF_BETA_FLOOR, 1.0)
+    assert rbf_divisor(above) > 0 and rbf_beta_problem(above) is None
+    assert torch.isfinite(token_filter(CoreParams(core=True, core_beta=above))(d)).all()
+    assert torch.isfinite(fusion(core_beta=above).fuse(probs, torch.ones(3), 0)).all()
+    for tiny in (1e-17, RBF_BETA_FLOOR):
+        with pytest.raises(ValidationError, match=r"core_beta must be above 5\.55e-17 \(2\*\*-54\)"):
+            CoreParams(core=True, core_beta=tiny)
+    CoreParams(core=True, core_filter="linear")  # the bound is the rbf filter's only
+
+
+def test_the_dry_run_refuses_such_a_core_beta_in_one_line(tiny_dirs, tmp_path, monkeypatch, capsys):
+    members = "".join(f"  - {{model: {folder}, name: {name}}}\n" for folder, name in zip(tiny_dirs, "ab"))
+    text = (f"name: nan-core\nmembers:\n{members}method: {{name: gac, core: true, core_beta: 1.0e-17}}\n"
+            f"tasks: [{{name: gsm8k, limit: 2}}]\ndata: offline\noutput: {tmp_path / 'results'}\n")
+    code, out = dry_run(monkeypatch, capsys, tmp_path, text)
+    line = one_line(out)
+    assert code == 2 and "core_beta 1e-17 makes the rbf filter 0/0 (NaN) at every token" in line, line
 
 
 # ------------------------------------------------------------------ the plug-in on the methods

@@ -28,6 +28,7 @@ from tests.methods.test_deepen_fast import (
 )
 from tests.naive import dense_argmax, dense_relative
 from tests.tiny import REQUESTS
+from tests.tolerances import FLOAT32_SUMS, assert_close
 
 
 def decide(spaces, probs, supports, head, main, eta, steps):
@@ -138,7 +139,7 @@ def test_rows_in_reused_blocks_equal_fresh_rows(dtype):
         in_place = space.compute_rows(ids, out=torch.empty(len(ids), space.size))
         assert torch.equal(in_place, space.compute_rows(ids))  # the same rounding as a fresh block
         # the right rows, through the cache (a matmul's rounding may vary with how many rows it takes)
-        assert torch.allclose(space.held_rows(ids, "block"), fresh[ids], rtol=1e-5, atol=0)
+        assert_close(space.held_rows(ids, "block"), fresh[ids], FLOAT32_SUMS)
 
 
 @pytest.mark.parametrize("block", [2, 3, 5])

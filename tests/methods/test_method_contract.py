@@ -30,6 +30,7 @@ from ensemble_bench.members import LocalMember, Prompt
 from ensemble_bench.methods import ALONE, METHODS, LoglikelihoodRequest, Method, MethodParams, get_method
 from ensemble_bench.recipe import parse_recipe
 from tests.tiny import CORPUS, REQUESTS, outputs
+from tests.tolerances import TINY_MODEL, assert_close
 
 # Per method, the smallest parameter sets that exercise each of its modes ("lead": the lead member).
 # UniTE and DeePEn identity is exact under local feeding only (canonical feeding gives the other copy
@@ -203,9 +204,34 @@ def test_scoring_with_itself_keeps_the_members_scores(twins, by_itself, name, in
         assert [s.is_greedy for s in got] == [i in best for i in range(len(SCORED))]
         return
     assert [s.is_greedy for s in got] == [s.is_greedy for s in expected]
-    assert all(s.logprob <= 1e-6 for s in got)
+    assert all(s.logprob <= TINY_MODEL.abs for s in got)  # log P <= 0
     if kind == "values":
-        assert [s.logprob for s in got] == pytest.approx([s.logprob for s in expected], abs=1e-5)
+        assert_close([s.logprob for s in got], [s.logprob for s in expected], TINY_MODEL)
+
+
+# ------------------------------------------------------------------ parameters inert on choices
+def without_inert(name: str, entry: dict) -> dict:
+    return {key: value for key, value in entry.items() if key not in METHODS[name].inert_on_choices}
+
+
+INERT_CASES = [pytest.param(name, i, id=f"{name}-{i}") for name, sets in CONTRACT_PARAMS.items()
+               for i, entry in enumerate(sets) if without_inert(name, entry) != entry]
+
+
+def test_what_each_method_declares_inert_on_choices_is_its_own_parameters():
+    for cls in METHODS.values():
+        assert cls.inert_on_choices <= set(cls.Params.model_fields), cls.name
+        assert not cls.inert_on_choices or cls.choice_scoring, cls.name  # the plan's note says how it scores instead
+    assert {"gac", "packllm", "sweetspan", "safe"} <= {name for name, _ in (p.values for p in INERT_CASES)}
+
+
+@pytest.mark.parametrize("name,index", INERT_CASES)
+def test_parameters_declared_inert_on_choices_leave_the_choice_scores_as_they_are(mixed, name, index):
+    """What the plan's note says (issue 47: core: true on multiple choice for GaC): setting them changes
+    no option's score."""
+    cls, entry = METHODS[name], CONTRACT_PARAMS[name][index]
+    plain = cls(mixed, params_of(cls, without_inert(name, entry)), batch_size=3).loglikelihood(SCORED)
+    assert cls(mixed, params_of(cls, entry), batch_size=3).loglikelihood(SCORED) == plain
 
 
 # ------------------------------------------------------------------ batch invariance
@@ -215,7 +241,7 @@ def test_batch_size_does_not_change_outputs(mixed, name, index):
     assert outputs(one) == outputs(three)
     scored_one, scored_three = one.loglikelihood(SCORED), three.loglikelihood(SCORED)
     assert [s.is_greedy for s in scored_one] == [s.is_greedy for s in scored_three]
-    assert [s.logprob for s in scored_one] == pytest.approx([s.logprob for s in scored_three], abs=1e-5)
+    assert_close([s.logprob for s in scored_one], [s.logprob for s in scored_three], TINY_MODEL)
 
 
 # ------------------------------------------------------------------ run statistics

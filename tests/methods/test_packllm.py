@@ -26,6 +26,7 @@ from ensemble_bench.vocab.bytes_view import VocabView
 from ensemble_bench.vocab.mined import cached_mined_map, mined_map, nearest
 from tests.naive import naive_gac, naive_mined, naive_weights
 from tests.tiny import REQUESTS
+from tests.tolerances import PROMPT_WEIGHTS, TINY_MODEL, assert_close, assert_rounded
 
 
 # ------------------------------------------------------------------ hand-checked weights
@@ -130,11 +131,11 @@ def test_mined_map_is_cached_and_a_damaged_file_rebuilt(tmp_path, monkeypatch, c
 def test_cached_batched_union_path_equals_naive_reference(pair, bpe_model, sp_model, params):
     fast = PackLLM(pair(), params, batch_size=3)
     generations = fast.generate(REQUESTS)
-    recorded = {tuple(round(x, 5) for x in w) for w in fast.info()[fast.name]["packllm_prompt_weights"]}
+    recorded = fast.info()[fast.name]["packllm_prompt_weights"]  # one per request, rounded to 6 decimals
     members, models = pair(), [bpe_model, sp_model]
-    for request, generation in zip(REQUESTS, generations):
+    for request, generation, reported in zip(REQUESTS, generations, recorded, strict=True):
         weights, _ = naive_weights(members, models, request, params)
-        assert tuple(round(x, 5) for x in weights) in recorded
+        assert_rounded(reported, weights, 6, PROMPT_WEIGHTS)
         assert generation.text == cut_at_until(naive_gac(members, models, request, weights), request.until)
 
 
@@ -175,7 +176,7 @@ def test_prompt_weights_are_batch_invariant_and_reported(pair, alignment):
 
     def flat(info):
         return [x for w in sorted(info["packllm_prompt_weights"]) for x in w]
-    assert flat(info_one) == pytest.approx(flat(info_three), abs=1e-5)
+    assert_close(flat(info_one), flat(info_three), PROMPT_WEIGHTS.widened(1e-6, "rounding to 6 decimals"))
     assert len(info_one["packllm_prompt_weights"]) == len(REQUESTS)
     assert sum(info_one["packllm_top_member_counts"]) == len(REQUESTS)
     assert sum(info_one["packllm_weights_mean"]) == pytest.approx(1.0)
@@ -190,7 +191,7 @@ def test_prompts_scored_in_token_budgeted_chunks_give_the_same_weights(pair, mon
     whole = [x for w in method.weights_for(prompts) for x in w.weights]
     monkeypatch.setattr(packllm_weights, "PROMPT_TOKENS", 8)  # every prompt alone
     monkeypatch.setattr(packllm_weights, "FUSED_BLOCK", 3)  # the fused objective read in blocks of 3 positions
-    assert [x for w in method.weights_for(prompts) for x in w.weights] == pytest.approx(whole, abs=1e-6)
+    assert_close([x for w in method.weights_for(prompts) for x in w.weights], whole, PROMPT_WEIGHTS)
 
 
 def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pair):
@@ -202,11 +203,11 @@ def test_loglikelihood_mixes_sequence_probabilities_with_the_contexts_weights(pa
     assert weights[0] != pytest.approx(0.5, abs=1e-3)
     scores = method.loglikelihood(requests)
     own = method.info()[method.name]
-    assert own["packllm_prompt_weights"] == [[round(x, 6) for x in weights]]  # one distinct context
+    assert_rounded(own["packllm_prompt_weights"], [weights], 6, PROMPT_WEIGHTS)  # one distinct context
     for request, score in zip(requests, scores):
         la = a.score([a.encode_pair(prompt.text, request.continuation)])[0].logprob
         lb = b.score([b.encode_pair(prompt.text, request.continuation)])[0].logprob
-        assert score.logprob == pytest.approx(math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), abs=1e-5)
+        assert_close(score.logprob, math.log(weights[0] * math.exp(la) + weights[1] * math.exp(lb)), TINY_MODEL)
 
 
 def test_prompt_weights_are_reported_in_the_requests_order(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
@@ -216,4 +217,4 @@ def test_prompt_weights_are_reported_in_the_requests_order(bpe_tokenizer, bpe_mo
     alone = [method.weights_for([[m.render(r.prompt)] for m in members])[0].weights for r in REQUESTS]
     reported = method.info()[method.name]["packllm_prompt_weights"]
     assert len({tuple(w) for w in reported}) > 1
-    assert reported == [[round(x, 6) for x in w] for w in alone]
+    assert_rounded(reported, alone, 6, PROMPT_WEIGHTS)

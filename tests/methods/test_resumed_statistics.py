@@ -9,8 +9,6 @@ sitting's records come first.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ensemble_bench.members import Prompt
@@ -18,6 +16,7 @@ from ensemble_bench.methods import METHODS, LoglikelihoodRequest, get_method
 from ensemble_bench.run.sittings import resume_counts, save_counts, snapshot
 from tests.decoding.test_speculative import IdleMachineCosts
 from tests.tiny import CORPUS, REQUESTS, outputs
+from tests.tolerances import FLOAT64_SUMS
 
 # Per method, parameters under which it keeps the counters it can keep (the gate, CoRE, speculation).
 PARAMS: dict[str, dict] = {
@@ -104,7 +103,7 @@ def same(got, expected) -> bool:
     """Equal; floats to rounding: each sitting computes its requests longest first, so a sum of floats over
     the requests adds them in another order than one sitting does."""
     if isinstance(got, float) and isinstance(expected, float):
-        return math.isclose(got, expected, rel_tol=1e-12)
+        return FLOAT64_SUMS.holds(got, expected)
     return got == expected and type(got) is type(expected)
 
 

@@ -17,6 +17,7 @@ from ensemble_bench.methods.single import Single
 from ensemble_bench.methods.voting import Voting, VotingParams, answer_key
 from ensemble_bench.run.lm import EnsembleLM
 from tests.tiny import CORPUS
+from tests.tolerances import PROBABILITY_OF_LOGPROB, assert_close
 
 
 @pytest.mark.parametrize("keys,main,winner", [
@@ -129,7 +130,7 @@ def test_rerank_picks_the_lowest_average_perplexity(bpe_tokenizer, bpe_model, sp
             assert averages[k] == math.inf
             continue
         expected = sum(direct_perplexity(m, model, request.prompt, text) for m, model in zip(members, models)) / 3
-        assert averages[k] == pytest.approx(expected, rel=1e-4)
+        assert_close(averages[k], expected, PROBABILITY_OF_LOGPROB)
     finite = [a for a in averages if a != math.inf]
     assert rerank._choose(texts, request) == averages.index(min(finite))
     generated = rerank.generate(REQUESTS)

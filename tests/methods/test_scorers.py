@@ -20,6 +20,7 @@ from ensemble_bench.methods.scorers import (
 )
 from ensemble_bench.methods.single import Single
 from tests.tiny import REQUESTS
+from tests.tolerances import TINY_MODEL, assert_close
 
 
 @pytest.mark.parametrize("scores,main,chosen", [
@@ -76,7 +77,7 @@ def test_reward_scorer_picks_the_highest_reward_and_is_deterministic(reward_dir)
     formatted = [reward.format(prompt, t) for t in texts]
     assert formatted[0].startswith("<|im_start|>user\nQuestion")  # the scorer's own chat template
     scores = [direct_score(reward_dir, f) for f in formatted]
-    assert reward.scores(prompt, texts) == pytest.approx(scores, abs=1e-5)
+    assert_close(reward.scores(prompt, texts), scores, TINY_MODEL)
     expected = max(range(3), key=lambda k: (scores[k], -k))  # the empty answer is never chosen
     assert scorer.choose(prompt, texts, 0) == expected
     twins = [" Answer: 42.", " Answer: 42."]

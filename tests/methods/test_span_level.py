@@ -17,6 +17,7 @@ from ensemble_bench.methods.sweetspan import SweetSpan, SweetSpanParams, choose_
 from ensemble_bench.vocab.words import common_ends, whitespace_word_starts, word_starts
 from tests.naive import naive_span
 from tests.tiny import CORPUS, outputs
+from tests.tolerances import PROBABILITY_OF_LOGPROB, TINY_MODEL, assert_close
 
 
 # ------------------------------------------------------------------ word boundaries
@@ -90,7 +91,7 @@ def test_segment_perplexity_equals_a_direct_computation(pair, bpe_model, sp_mode
                     with torch.no_grad():
                         last = model(torch.tensor([contexts[v][k]])).logits[0, -1].float().log_softmax(-1)
                     expected = math.exp(-max(float(last[s]) for s in member.stop_ids))
-                assert scores[k][j] == pytest.approx(expected, rel=1e-4)
+                assert_close(scores[k][j], expected, PROBABILITY_OF_LOGPROB)
         # each row's cache ends with the last candidate it scored, and says so
         assert [h.index for h in held] == [1, 1]
         assert member.row_ids() == [contexts[v][k] + list(rounds[k]["tokens"][v][1]) for k in range(2)]
@@ -112,11 +113,11 @@ def test_a_proposers_own_scores_equal_a_direct_computation(pair, bpe_model, sp_m
                 continue
             read += 1
             expected = direct_perplexity(model, context, list(proposal.tokens))
-            assert perplexity(proposal.logprobs) == pytest.approx(expected, rel=1e-4)
+            assert_close(perplexity(proposal.logprobs), expected, PROBABILITY_OF_LOGPROB)
             assert ids == context + list(proposal.tokens)  # the cache keeps the segment
             with torch.no_grad():
                 after = model(torch.tensor([ids])).logits[0, -1].float().log_softmax(-1)
-            assert torch.allclose(proposal.after, after, atol=1e-4)
+            assert_close(proposal.after, after, TINY_MODEL)
     assert read >= 2
 
 

@@ -10,6 +10,8 @@ import pytest
 from ensemble_bench.errors import EnvironmentFault, UserError, lines_of
 from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.run import preflight, runs
+from ensemble_bench.run.folder import output_root
+from ensemble_bench.run.setup import run_setup
 from tests.cli_helpers import run_cli
 from tests.fake_runs import fake_run
 from tests.report.test_compare import ARC, NQ, RECIPE, write_samples
@@ -67,7 +69,7 @@ def test_parsing_reads_nothing_of_the_machine(tmp_path, monkeypatch):
             "output": str(tmp_path / "out")}
     recipe = parse_recipe(data, "r.yaml")
     with pytest.raises(UserError) as info:
-        preflight.preflight(recipe, "r.yaml")
+        run_setup(recipe, "r.yaml", dry_run=True)
     lines = lines_of(info.value)
     assert all(line.startswith("r.yaml: ") for line in lines) and len(lines) == 5, lines
     assert "members[0].model: model file not found" in lines[0] and "holds no saved model" in lines[1]
@@ -81,12 +83,12 @@ def test_a_hub_model_not_cached_while_offline_is_found_by_the_dry_run(tmp_path, 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     data = {"name": "hub", "members": [{"model": "someone/not-cached"}], "method": "single", "tasks": ["piqa"],
             "data": "offline", "output": str(tmp_path / "out")}
-    problems = preflight.preflight(parse_recipe(data), "r.yaml")
-    assert problems == ["members[0].model: 'someone/not-cached' is not in the local hub cache and HF_HUB_OFFLINE "
+    problems = run_setup(parse_recipe(data), "r.yaml", dry_run=True).problems
+    assert problems == ("members[0].model: 'someone/not-cached' is not in the local hub cache and HF_HUB_OFFLINE "
                         "is set: download it first (huggingface-cli download someone/not-cached), or unset "
-                        "HF_HUB_OFFLINE"]
+                        "HF_HUB_OFFLINE",)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    assert preflight.preflight(parse_recipe(data), "r.yaml") == []
+    assert run_setup(parse_recipe(data), "r.yaml", dry_run=True).problems == ()
 
 
 def test_a_rerank_scorer_package_missing_is_found_by_the_dry_run(tmp_path, monkeypatch):
@@ -95,7 +97,7 @@ def test_a_rerank_scorer_package_missing_is_found_by_the_dry_run(tmp_path, monke
             "method": {"name": "rerank", "scorer": "reward", "scorer_backend": "llm-blender",
                        "scorer_model": "llm-blender/PairRM"}, "data": "offline", "output": str(tmp_path)}
     with pytest.raises(UserError, match=r"^r.yaml: row rerank: method 'rerank' needs the llm-blender package"):
-        preflight.preflight(parse_recipe(data), "r.yaml")
+        run_setup(parse_recipe(data), "r.yaml", dry_run=True)
 
 
 def test_bbh_without_its_folder_is_found_by_the_dry_run_and_not_listed_ready(tmp_path, monkeypatch, capsys):
@@ -104,7 +106,7 @@ def test_bbh_without_its_folder_is_found_by_the_dry_run_and_not_listed_ready(tmp
     data = {"name": "b", "members": [{"model": "smollm2-135m"}], "method": "single", "tasks": ["bbh"],
             "data": "offline", "output": str(tmp_path / "out")}
     with pytest.raises(UserError) as info:
-        preflight.preflight(parse_recipe(data), "r.yaml")
+        run_setup(parse_recipe(data), "r.yaml", dry_run=True)
     [line] = lines_of(info.value)
     assert line.startswith("r.yaml: tasks[0].name: benchmark 'bbh' has no offline data") and "ENSBENCH_BBH_DIR" in line
     assert str(tmp_path) not in line and "/" not in line.split("ENSBENCH_BBH_DIR")[1]
@@ -159,7 +161,7 @@ def test_resume_says_why_it_passes_over_an_unfinished_run(tmp_path, caplog):
     other.mkdir()
     (other / "recipe.yaml").write_text(f"{{name: r, members: [{{model: smollm2-135m}}], method: single, "
                                        f"tasks: [nq], data: offline, output: {tmp_path}}}\n")
-    folder, resumed = runs.run_dir_of(recipe, fresh=False)
+    folder, resumed = runs.run_dir_of(recipe, output_root(recipe), fresh=False)
     said = [r.getMessage() for r in caplog.records]
     assert not resumed and folder not in (damaged, other) and len(said) == 2
     assert said[0].startswith(f"{damaged}: unfinished run not resumed: its recipe.yaml cannot be read")

@@ -278,6 +278,36 @@ def test_a_schema_mistake_and_a_method_mistake_are_reported_together():
     assert any(line.startswith("r.yaml: method.threshold:") for line in lines), lines
 
 
+def test_a_member_a_method_and_a_task_mistake_are_three_lines(tmp_path, monkeypatch, capsys):
+    """A member's dtype, GaC's threshold and a task's limit: the three mistakes in one pass, one line each
+    (issue 48: the member's mistake hid the method's)."""
+    path = write(tmp_path, GOOD.replace("- model: smollm2-135m", "- {model: smollm2-135m, dtype: float99}\n"
+                                                                 "  - model: qwen2.5-0.5b")
+                 .replace("method: single", "method: {name: gac, threshold: 7}").replace("limit: 5", "limit: -3"))
+    code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 3 and "Traceback" not in out.err, out.err
+    assert [line.split(": ")[2] for line in lines] == ["members[0].dtype", "tasks[0].limit", "method.threshold"]
+
+
+@pytest.mark.parametrize("member, placement, expected", [
+    ({"name": "a/b"}, {}, ["members[0].name"]),  # the gate names it: the methods are not checked on a guess
+    ({"device": "cuda", "num_gpus": "two"}, {"placement": {"kind": "ray"}},  # no second line on num_gpus
+     ["members[0].num_gpus", "method.threshold"]),
+    ({"dtype": "x"}, {"placement": {"kind": "rayy"}}, ["members[0].dtype", "placement.kind", "method.threshold"]),
+])
+def test_the_rest_of_a_failing_recipe_is_checked_without_the_fields_that_failed(member, placement, expected):
+    from ensemble_bench.errors import UserError, lines_of
+    from ensemble_bench.recipe import parse_recipe
+
+    data = {"name": "rest", "members": [{"model": "smollm2-135m", **member}, {"model": "qwen2.5-0.5b"}],
+            "method": {"name": "gac", "threshold": 7, "gate": member.get("name", "smollm2-135m")}, "tasks": ["piqa"],
+            **placement}
+    with pytest.raises(UserError) as caught:
+        parse_recipe(data, "r.yaml")
+    assert [line.split(": ")[1] for line in lines_of(caught.value)] == expected
+
+
 def test_the_plan_is_built_once_per_command(tmp_path, monkeypatch, capsys):
     """The rows and their validated parameters are planned once, when the recipe is read, and every
     later step (preflight, the printed plan, keys, the run) reads ``recipe.plan`` (issue 38)."""

@@ -5,7 +5,6 @@ slicing, and YAML past its limits (size, nesting, alias expansion)."""
 
 import math
 import sys
-import time
 from types import UnionType
 from typing import Union, get_args, get_origin
 
@@ -68,7 +67,8 @@ NON_FINITE = {
     "unite weights list": ({"method": "unite, weights: [1.0, -.inf]"}, "method.weights[1]", "-inf"),
     "gac scores": ({"method": "gac, weights: score, scores: [0.5, .inf]"}, "method.scores[1]", "inf"),
     "gac threshold": ({"method": "gac, threshold: .inf"}, "method.threshold", "inf"),
-    "gac temperature": ({"method": "gac, temperature: .nan"}, "method.temperature", "nan"),
+    "sampling temperature": ({"extra": "sampling: {temperature: .nan}"}, "sampling.temperature", "nan"),
+    "entry top_p": ({"method": "gac, sampling: {top_p: .inf}"}, "method.sampling.top_p", "inf"),
     "deepen eta": ({"method": "deepen, eta: .inf"}, "method.eta", "inf"),
     "packllm tau": ({"method": "packllm, tau: .NaN"}, "method.tau", "nan"),
     "sweetspan lambda": ({"method": "sweetspan, lambda: .inf"}, "method.lambda", "inf"),
@@ -157,8 +157,8 @@ def test_a_seed_out_of_range_is_one_line(tmp_path, monkeypatch, capsys, seed, me
 def test_the_seed_range_is_what_lm_eval_takes(tmp_path):
     assert parsed(tmp_path, extra="seed: 0").seed == 0
     assert parsed(tmp_path, extra=f"seed: {2**32 - 1}").seed == 2**32 - 1
-    with pytest.raises(UserError, match=r"method.seed: Input should be less than or equal to 4294967295"):
-        parsed(tmp_path, method=f"gac, temperature: 0.5, seed: {2**32}")
+    with pytest.raises(UserError, match=r"'seed' is no longer a GaC parameter: .* the seed is the recipe's seed"):
+        parsed(tmp_path, method="gac, seed: 3")
 
 
 # ---------------------------------------------------------------- tasks
@@ -289,9 +289,7 @@ def billion_laughs(levels=10, width=10) -> str:
 
 
 def test_an_alias_bomb_is_refused_at_once(tmp_path, monkeypatch, capsys):
-    started = time.monotonic()
-    line = cli_line(monkeypatch, capsys, tmp_path, recipe_text(tmp_path) + billion_laughs())
-    assert time.monotonic() - started < 5
+    line = cli_line(monkeypatch, capsys, tmp_path, recipe_text(tmp_path) + billion_laughs())  # 10**10 values
     assert "recipe.yaml: line " in line and "more than 100000 values with every alias written out" in line
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from ensemble_bench.report.tables import get_layout, paper_numbers
 from scripts.reproduce import TARGETS
+from tests.tolerances import assert_rounded, rounding
 
 BENCHMARKS = ["gsm8k", "piqa", "samsum", "triviaqa", "nq", "mmlu"]
 METHODS = ["MinED", "UniTE", "EVA", "GaC"]
@@ -25,7 +26,8 @@ def test_every_method_with_and_without_core_is_published(block):
         for row in (method, f"{method} + CoRE"):
             values = published(block, row)
             assert set(values) == set(BENCHMARKS) | {"avg"}, row
-            assert sum(values[b] for b in BENCHMARKS) / 6 == pytest.approx(values["avg"], abs=0.011), row
+            # the paper averaged unrounded scores: each of the six moves the mean by up to half a unit too
+            assert_rounded(values["avg"], sum(values[b] for b in BENCHMARKS) / 6, 2, rounding(2))
             assert f"{block} / {row}" in layout.rows
 
 

@@ -9,6 +9,7 @@ from ensemble_bench.cli.main import main
 from ensemble_bench.report.plots import parameter_records
 from ensemble_bench.report.span_sweep import sweep_records, sweep_table, timed_by
 from tests.fake_runs import fake_run
+from tests.tolerances import FLOAT64_SUMS, assert_rounded
 
 RECIPE = {"name": "sweep", "members": [{"model": "smollm2-135m", "name": "a"}, {"model": "qwen2.5-0.5b", "name": "b"}],
           "method": "sweetspan", "singles": True, "data": "offline", "sweep": {"span_words": [1, 4]},
@@ -81,7 +82,7 @@ def test_records_carry_intervals_and_the_plots_draw_them_as_error_bars(sweep_run
 
     record = next(r for r in parameter_records([sweep_run]) if r["label"] == "a")
     low, high = record["intervals"]["nq"]  # Wilson of 10 in 50: [11.2, 33.0]
-    assert (round(low, 1), round(high, 1)) == (11.2, 33.0)
+    assert_rounded((11.2, 33.0), (low, high), 1, FLOAT64_SUMS)
     below, above = error_bar(20.0, (low, high))
     assert below == pytest.approx(20.0 - low) and above == pytest.approx(high - 20.0)
     assert error_bar(20.0, None) == (0.0, 0.0)

@@ -203,3 +203,21 @@ def test_one_label_measured_by_two_runs_is_shown_apart_never_mixed(tmp_path):
     assert (rows.loc[apart, "nq"], rows.loc[apart, "ms/token"]) == (30.0, 90.0)
     assert (rows.loc["small", "nq"], rows.loc["small", "arc_c"]) == (4.0, 50.0)  # disjoint benchmarks: one row
     assert f"'gac' is in several runs with the same benchmarks: shown apart, as '{apart}'" in frame.attrs["notes"]
+
+
+def test_a_table_reads_each_run_file_once(tmp_path, monkeypatch):
+    """`table` on a run of 10,000 rows did not finish in 5 minutes (issue 47): it listed and parsed every row's
+    results file five times or more (timed by scripts/bench_table_rows.py, not here)."""
+    from ensemble_bench.report.tables import make_table
+    from ensemble_bench.run import folder as run_folder
+    from tests.fake_runs import ROWS
+
+    run = fake_run(tmp_path / "run", ROWS)
+    reads, parse = [], run_folder.parse_json
+    monkeypatch.setattr(run_folder, "parse_json", lambda path: reads.append(path) or parse(path))
+    make_table([run], None)
+    assert sorted(reads) == sorted(run / label / name for label in ROWS for name in ("results_1.json", "timing.json"))
+    reads.clear()
+    monkeypatch.setattr(run_folder, "KEPT_BYTES", 0)  # nothing kept: each file is read as often as it is asked for
+    make_table([run], None)
+    assert reads.count(run / "gac" / "results_1.json") > 1

@@ -21,9 +21,9 @@ from ensemble_bench import cache, settings
 from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.members import cached_tokenizer, sources
 from ensemble_bench.tasks import data_store, get_benchmark
-from ensemble_bench.union_cache import cached_union, union_path
 from ensemble_bench.vocab import build_vocab_view, mined
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.union_cache import cached_union, union_path
 from tests.cli_helpers import one_line, run_cli, tiny_recipe
 from tests.tasks.test_tasks import tiny_bbh  # noqa: F401 - a fixture: a private cache and a fake BBH folder
 from tests.tiny import byte_bpe_tokenizer

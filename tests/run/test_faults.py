@@ -98,12 +98,12 @@ HANDLED = {
                        "response cache database of the run is damaged"),
     "network": (ConnectionError("Connection refused"), 1, "error: network unavailable (Connection refused)"),
     "out of memory": (MemoryError(), 1, "error: out of memory: lower batch_size"),
-    "keyboard interrupt": (KeyboardInterrupt(), 130, "interrupted: run the same command again to resume"),
+    "keyboard interrupt": (KeyboardInterrupt(), 130, "interrupted: stopped before it finished"),
     "typer usage error": (typer.BadParameter("no such thing"), 2, "no such thing (ensbench --help)"),
     "click usage error": (click.UsageError("no such option"), 2, "error: no such option (ensbench --help)"),
 }
 for _abort in cli_faults.INTERRUPTS:
-    HANDLED[f"abort {_abort.__module__}.{_abort.__name__}"] = (_abort(), 130, "interrupted: run the same command")
+    HANDLED[f"abort {_abort.__module__}.{_abort.__name__}"] = (_abort(), 130, "interrupted: stopped before it finished")
 
 
 @pytest.mark.parametrize("case", sorted(HANDLED))
@@ -135,10 +135,30 @@ def test_a_network_fault_inside_a_library_error_is_found_through_the_chain(monke
     assert code == 1 and "network unavailable (Name or service not known)" in one_line(out)
 
 
-def test_ctrl_c_under_typer_returns_130_and_the_resume_hint(monkeypatch, capsys):
+def test_ctrl_c_under_typer_returns_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "app", lambda **_: 130)  # typer >= 0.2x turns a KeyboardInterrupt into Exit(130)
     code, out = run_cli(monkeypatch, capsys, "list")
+    assert code == 130 and one_line(out) == "interrupted: stopped before it finished"
+
+
+@pytest.mark.usefixtures("offline_data")
+def test_only_a_run_that_resumes_is_told_to_resume(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """`table` on a large run, interrupted, said "run the same command again to resume": it resumes nothing."""
+    from tests.fake_runs import ROWS, fake_run
+
+    def interrupt(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_with_progress", interrupt)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2))
+    code, out = run_cli(monkeypatch, capsys, "run", str(recipe), "--threads", "1")
     assert code == 130 and one_line(out) == "interrupted: run the same command again to resume"
+    import ensemble_bench.report.tables
+
+    monkeypatch.setattr(ensemble_bench.report.tables, "make_table", interrupt)
+    code, out = run_cli(monkeypatch, capsys, "table", str(fake_run(tmp_path / "run", ROWS)))
+    assert code == 130 and one_line(out) == "interrupted: stopped before it finished"
 
 
 def test_a_bug_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
@@ -232,12 +252,13 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     monkeypatch.chdir(tmp_path)  # not a git checkout: lm-eval's git lookup must stay quiet
     recipe_path = tmp_path / "recipe.yaml"
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results"))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe, write_summary)
+    run_dir = run_recipe(run_setup(recipe), write_summary)
     assert "fatal" not in capfd.readouterr().err
     first = {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
@@ -246,7 +267,8 @@ def test_resume_checks_finished_rows_first_and_recomputes_a_damaged_one_from_the
     [results] = (run_dir / "bpe").glob("results_*.json")
     results.write_text(results.read_text()[:100])
     events = []
-    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert events[0][0] == "bpe" and events[0][1].startswith(f"damaged ({results.name} does not parse")
     assert events.index(("bpe", "loading")) > events.index(("sp", "kept from the interrupted run"))
     assert {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")} == first
@@ -474,11 +496,12 @@ def uninterrupted(tiny_dirs, tmp_path_factory):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     folder = tmp_path_factory.mktemp("whole")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=8))
-    run_dir = run_recipe(load_recipe(recipe), write_summary)
+    run_dir = run_recipe(run_setup(load_recipe(recipe)), write_summary)
     return {row: row_files(run_dir / row) for row in ("bpe", "sp", "gac")}
 
 

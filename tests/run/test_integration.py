@@ -9,6 +9,7 @@ import torch
 from ensemble_bench.members import load_member, load_tokenizer
 from ensemble_bench.members.sources import resolve
 from ensemble_bench.vocab import build_vocab_view
+from tests.tolerances import REAL_MODEL, assert_close
 
 pytestmark = pytest.mark.integration
 
@@ -101,7 +102,7 @@ def test_fast_path_equals_slow_path_on_real_model(smollm2):
 
 
 def test_single_matches_stock_hflm_through_lm_eval(smollm2, tmp_path):
-    """Same model, same tasks through simple_evaluate: identical generations, log-likelihoods within 1e-4."""
+    """Same model, same tasks through simple_evaluate: identical generations, log-likelihoods within REAL_MODEL."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -124,7 +125,8 @@ def test_single_matches_stock_hflm_through_lm_eval(smollm2, tmp_path):
     expected, got = evaluate(hflm), evaluate(ours)
     for ref, mine in zip(expected["arc_challenge"], got["arc_challenge"]):
         for (lp_ref, greedy_ref), (lp, greedy) in zip([r[0] for r in ref["resps"]], [r[0] for r in mine["resps"]]):
-            assert lp == pytest.approx(lp_ref, abs=1e-4) and greedy == greedy_ref
+            assert_close(lp, lp_ref, REAL_MODEL)
+            assert greedy == greedy_ref
     generations = [s["resps"][0][0] for s in got["gsm8k"]]
     assert generations == [s["resps"][0][0] for s in expected["gsm8k"]]
     assert any(len(g) > 20 for g in generations)
@@ -232,5 +234,5 @@ def test_byte_level_tree_scoring_equals_the_byte_loop_on_real_members(smollm2, m
     monkeypatch.setattr(LocalMember, "reads_trees", property(lambda self: False))
     by_byte = ByteLevel([smollm2, qwen], ByteLevelParams(), batch_size=2).loglikelihood(requests)
     assert [s.is_greedy for s in by_tree] == [s.is_greedy for s in by_byte]
-    assert [s.logprob for s in by_tree] == pytest.approx([s.logprob for s in by_byte], abs=2e-4)
+    assert_close([s.logprob for s in by_tree], [s.logprob for s in by_byte], REAL_MODEL)
     assert by_tree[0].logprob > by_tree[1].logprob  # lemon juice, as the members' own scores say

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.cli.progress import BarProgress, PlainProgress
+from ensemble_bench.cli.progress import BarProgress, PlainProgress, rate
 
 ROW = SimpleNamespace(label="gac")
 
@@ -26,12 +26,18 @@ def plain():
     return PlainProgress(write=lambda text, flush=False: lines.append(text), clock=clock), lines, clock
 
 
+def start(progress, clock, row, loading: float, evaluating: float) -> None:
+    """The row starts loading at ``loading`` and evaluates from ``evaluating``."""
+    clock.now = loading
+    progress.on_row(row, "loading")
+    clock.now = evaluating
+    progress.on_row(row, "evaluating")
+
+
 def test_elapsed_counts_from_the_row_start_not_from_its_first_batch(plain):
     """One batch holding every example, after 7 minutes: the line says 7 minutes, not 0 s."""
     progress, lines, clock = plain
-    progress.on_row(ROW, "loading")
-    clock.now = 60.0
-    progress.on_row(ROW, "evaluating")
+    start(progress, clock, ROW, 0.0, 60.0)
     assert lines[-1] == "gac: evaluating, 1 min 00 s elapsed"
     clock.now = 420.0
     progress.on_progress("gac", {"nq": 6}, {"nq": 6})
@@ -69,7 +75,37 @@ def test_a_pass_of_several_tasks_counts_each(plain):
     clock.now = 20.0
     progress.on_progress("gac", {"nq": 2, "triviaqa": 1}, {"nq": 4, "triviaqa": 4})
     assert lines[-1] == ("gac: nq 2 of 4, triviaqa 1 of 4 examples done, 20 s elapsed, ETA 33 s, "
-                         "0.15 examples/s")
+                         "6.7 s/example")
+
+
+def test_a_later_row_counts_only_its_own_time(plain):
+    """Issue 47: every row's response-cache line came before the first row ran, and the last row's first
+    example read "5 min 08 s elapsed, 0.05 examples/s" (the earlier rows' time)."""
+    progress, lines, clock = plain
+    later = SimpleNamespace(label="adafuse")
+    progress.on_row(ROW, "answers cached in run/cache/gac_rank0.db are reused")
+    progress.on_row(later, "answers cached in run/cache/adafuse_rank0.db are reused")
+    start(progress, clock, ROW, 0.0, 0.0)
+    clock.now = 300.0
+    progress.on_progress("gac", {"nq": 4}, {"nq": 4})
+    start(progress, clock, later, 300.0, 302.0)
+    assert lines[-1] == "adafuse: evaluating, 2 s elapsed"
+    clock.now = 308.0
+    progress.on_progress("adafuse", {"nq": 1}, {"nq": 4})
+    assert lines[-1] == "adafuse: nq 1 of 4 examples done, 8 s elapsed, ETA 18 s, 6.0 s/example"
+
+
+def test_the_rate_counts_the_evaluation_not_a_long_first_load(plain):
+    """Issue 47: EVA learning its map for 19 minutes showed 0.00 examples/s once it evaluated."""
+    progress, lines, clock = plain
+    start(progress, clock, ROW, 0.0, 1140.0)
+    clock.now = 1170.0
+    progress.on_progress("gac", {"nq": 1}, {"nq": 10})
+    assert lines[-1] == "gac: nq 1 of 10 examples done, 19 min 30 s elapsed, ETA 4 min 30 s, 30.0 s/example"
+    clock.now = 1180.0
+    progress.on_progress("gac", {"nq": 9}, {"nq": 10})
+    assert lines[-1] == "gac: nq 10 of 10 examples done, 19 min 40 s elapsed, ETA 0 s, 4.0 s/example"
+    assert [rate(5, 2.0), rate(1, 125.0)] == ["2.50 examples/s", "2 min 05 s/example"]
 
 
 def test_loading_says_which_member_and_how_long(plain):
@@ -99,6 +135,9 @@ class FakeBars:
 
     def stop_task(self, task):
         self.tasks[task]["stopped"] = True
+
+    def reset(self, task):
+        self.tasks[task]["resets"] = self.tasks[task].get("resets", 0) + 1
 
 
 def test_one_bar_per_row_with_per_task_counts_and_eta():
@@ -143,3 +182,18 @@ def test_the_adapter_reports_examples_per_task(bpe_model, bpe_tokenizer):
                                metadata=(task, doc, 1)) for pair, (task, doc) in zip(pairs, tasks)])
     assert reports == [({}, {"piqa": 1, "arc": 1}), ({"piqa": 1, "arc": 1}, {"piqa": 1, "arc": 1})]
 
+
+
+def test_a_bar_shown_before_its_row_starts_is_reset_when_the_row_loads():
+    """The bar a response-cache line made early restarts its clock when the row starts loading."""
+    bars, clock = FakeBars(), Clock()
+    progress = BarProgress(bars, clock=clock)
+    progress.on_row(ROW, "answers cached in run/cache/gac_rank0.db are reused")
+    clock.now = 300.0
+    progress.on_row(ROW, "loading")
+    clock.now = 310.0
+    progress.on_row(ROW, "evaluating")
+    clock.now = 320.0
+    progress.on_progress("gac", {"nq": 1}, {"nq": 3})
+    assert bars.tasks[0]["resets"] == 1 and bars.tasks[0]["eta"] == "ETA 20 s"
+    assert progress.rows["gac"].line(320.0) == "nq 1 of 3 examples done, 20 s elapsed, ETA 20 s, 10.0 s/example"

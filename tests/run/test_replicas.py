@@ -1,6 +1,6 @@
 """Data-parallel replicas (placement: {kind: ray, replicas: R}, run/replicas.py): the chunks left after any
 set of finished chunks are the chunks one process forms; two replicas give the samples, results and
-statistics of one process, byte for byte; a replica killed mid-run loses nothing.
+statistics of one process, byte for byte, also when they sample; a replica killed mid-run loses nothing.
 """
 
 import json
@@ -107,6 +107,28 @@ def test_two_replicas_give_the_samples_results_and_counts_of_one_process(ray_clu
     assert one_traces == two_traces and one_traces
 
 
+SAMPLED = ("methods:\n  - {{name: gac, threshold: 0.6, gate: bpe}}\n  - {{name: sweetspan, span_words: 2}}\n",
+           "methods:\n  - {{name: gac, threshold: 0.6, gate: bpe}}\nsampling: {{temperature: 1.5, top_p: 0.9}}\n")
+
+
+@pytest.mark.slow
+def test_two_replicas_draw_the_samples_of_one_process(ray_cluster, tiny_dirs, tmp_path, monkeypatch, capsys):
+    """Each sampled request draws from a generator seeded by the recipe's seed, the request and its repeat: the
+    chunks two replicas draw hold the samples one process draws (repeats of a request differ)."""
+    bpe, sp = tiny_dirs
+    text = RECIPE.replace(*SAMPLED).replace("limit: 3, gen_kwargs", "limit: 3, repeats: 3, gen_kwargs")
+    assert text != RECIPE and "repeats: 3" in text
+    one = run_recipe_text(monkeypatch, capsys, tmp_path, "one", text.format(
+        bpe=bpe, sp=sp, output=tmp_path / "one", placement=""))
+    two = run_recipe_text(monkeypatch, capsys, tmp_path, "two", text.format(
+        bpe=bpe, sp=sp, output=tmp_path / "two", placement=TWO_REPLICAS))
+    assert row_files(two / "gac") == row_files(one / "gac")
+    [samples] = (one / "gac").glob("samples_gsm8k*.jsonl")
+    drawn = [json.loads(line)["resps"][0] for line in samples.read_text().splitlines()]
+    assert all(len(repeats) == 3 for repeats in drawn) and any(len(set(map(str, r))) > 1 for r in drawn)
+    assert timing(two, "gac")["replicas"]["count"] == 2
+
+
 @pytest.mark.slow
 def test_a_killed_replica_loses_nothing(ray_cluster, tiny_dirs, tmp_path):
     """The second replica is killed after the first chunk arrives: its chunk in flight goes to the other,
@@ -176,4 +198,5 @@ def test_the_lm_eval_route_with_two_replicas_gives_one_processs_samples(ray_clus
         found[name] = tmp_path / name / "gac-a+b" / "gac"
     assert row_files(found["two"]) == row_files(found["one"])
     timing = json.loads((found["two"] / "timing.json").read_text())
-    assert timing["replicas"]["count"] == 2 and sum(timing["replicas"]["batches"]) == 3  # a question's choices: one batch
+    spread = timing["replicas"]
+    assert spread["count"] == 2 and sum(spread["batches"]) == 3  # a question's choices: one batch

@@ -4,6 +4,7 @@ new examples, and a member whose outputs may differ (another dtype) is computed 
 
 import contextlib
 import json
+import os
 import shutil
 import sqlite3
 import sys
@@ -12,7 +13,7 @@ import textwrap
 import pytest
 
 from ensemble_bench.cli import main as cli
-from ensemble_bench.recipe import parse_recipe
+from ensemble_bench.recipe import parse_recipe, selected_benchmarks
 from ensemble_bench.run import runner
 from ensemble_bench.run.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.cli_helpers import run_cli
@@ -136,6 +137,28 @@ def test_a_raised_limit_computes_only_the_new_examples(tiny_dirs, tmp_path, monk
 
 
 @pytest.mark.slow
+def test_a_lineage_that_ran_other_shots_gives_no_cached_answers_and_says_so(tiny_dirs, tmp_path, monkeypatch, capsys,
+                                                                           output):
+    """Issue 47: "answers cached in ... are reused" was said of a row whose lineage's cache held none of its tasks."""
+    run_a = output
+    lines = {}
+    for name, limit, shots in (("shots", 3, "    shots: 1\n"), ("more", 5, "")):
+        text = recipe_text(tiny_dirs, tmp_path / "results", limit=limit).replace(f"limit: {limit}\n",
+                                                                                 f"limit: {limit}\n{shots}")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace("name: tiny-gac", f"name: tiny-{name}"))
+        code, out = run_cli(monkeypatch, capsys, "run", str(path))
+        assert code == 0, out.err[-2000:]
+        lines[name] = [line for line in out.out.splitlines() if line.startswith("x: ") and "cached" in line]
+    source = f"tiny-gac/{run_a.name}/cache/x_rank0.db"
+    assert lines["shots"] == [f"x: no cached answers ({source} holds none of its tasks with their shots)"]
+    assert lines["more"] == [f"x: answers cached in {source} are reused where the requests match (piqa)"]
+    [run_shots] = (tmp_path / "results" / "tiny-shots").iterdir()
+    assert timing(run_shots, "x")["requests_computed"] == 3 * PIQA_CHOICES
+    assert not (run_shots / REUSED).exists()  # nothing taken from the other run
+
+
+@pytest.mark.slow
 def test_a_changed_member_or_fresh_run_is_not_reused(tiny_dirs, tmp_path, monkeypatch, capsys, output):
     text = recipe_text(tiny_dirs, tmp_path / "results", x_dtype="bfloat16")
     built, run_d = cli_run(monkeypatch, capsys, tmp_path, text)
@@ -153,7 +176,7 @@ def keys_of(dirs, tmp_path, **changes):
     data = {"name": "k", "members": [{"model": dirs[0], "name": "x"}, {"model": dirs[1], "name": "y"}],
             "method": {"name": "gac"}, "singles": True, "tasks": ["piqa"], "data": "offline", **changes}
     recipe = parse_recipe(data)
-    return row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")])
+    return row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")], selected_benchmarks(recipe, None))
 
 
 def test_the_key_holds_what_decides_outputs_and_nothing_else(tiny_dirs, tmp_path, monkeypatch):
@@ -190,3 +213,80 @@ def test_an_index_entry_pointing_outside_the_output_folder_is_ignored(tiny_dirs,
     shutil.copy(outside / "timing.json", root / "r" / "x")
     (root / INDEX / f"{key.key}.json").write_text(json.dumps({"run": "r", "row": "x"}))
     assert store.finished(key) == StoredRow(root / "r" / "x", "r/x", None)
+
+
+# --- member keys from content (issue 47) ------------------------------------------------------------------
+def rewrite_negated(weights):
+    """The float32 tensors of a safetensors file negated in place (each value's sign bit flipped): the
+    same size and inode, its mtime set back as ``touch -r`` would (its ctime cannot be)."""
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    for tensor in (t for name, t in header.items() if name != "__metadata__"):
+        assert tensor["dtype"] == "F32"
+        start, end = (8 + size + offset for offset in tensor["data_offsets"])
+        data[start + 3:end:4] = bytes(b ^ 0x80 for b in data[start + 3:end:4])
+    with open(weights, "r+b") as fh:
+        fh.write(data)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = weights.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+def test_a_member_file_rewritten_with_its_mtime_set_back_changes_the_key(tiny_dirs, tmp_path):
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    dirs = [str(folder), tiny_dirs[1]]
+    before = keys_of(dirs, tmp_path)
+    rewrite_negated(folder / "model.safetensors")
+    after = keys_of(dirs, tmp_path)
+    assert after["x"].key != before["x"].key and after["gac"].key != before["gac"].key
+    assert after["x"].lineage != before["x"].lineage  # nor does its response cache answer the new weights
+    assert after["y"] == before["y"]
+
+
+def test_member_files_are_hashed_once_while_their_stat_stays(tiny_dirs, tmp_path, monkeypatch):
+    import ensemble_bench.cache as cache
+
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    dirs = [str(folder), tiny_dirs[1]]
+    first = keys_of(dirs, tmp_path)
+    hashed = []
+    monkeypatch.setattr(cache, "file_sha256", lambda path: hashed.append(path) or "rehashed")
+    assert keys_of(dirs, tmp_path) == first and hashed == []
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")
+    assert keys_of(dirs, tmp_path)["x"] != first["x"] and hashed == [(folder / "config.json").resolve()]
+
+
+def test_a_packaged_member_is_keyed_by_its_checked_sha256_unread(tmp_path, monkeypatch):
+    """Its SHA-256 is checked when it loads (members/sources.py): the key takes it without a second hash."""
+    import ensemble_bench.cache as cache
+    from ensemble_bench.members.sources import PACKAGED
+    from ensemble_bench.run.row_store import _member
+
+    monkeypatch.setattr(cache, "file_sha256", lambda path: pytest.fail(f"{path} hashed for the key"))
+    recipe = parse_recipe({"name": "k", "members": [{"model": "smollm2-135m", "name": "s"}], "method": "single",
+                           "tasks": ["piqa"], "data": "offline"})
+    assert _member(recipe.members[0])["files"] == PACKAGED["smollm2-135m"].sha256
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "group.yaml").write_text("task: piqa\n")
+    assert row_keys(recipe, recipe.plan, [tasks], [(recipe.limit, "group")], selected_benchmarks(recipe, None))["s"].key
+
+
+def test_only_a_large_file_is_announced_when_it_is_hashed(tiny_dirs, tmp_path, monkeypatch, caplog):
+    from ensemble_bench.tasks import task_sources
+
+    folder = tmp_path / "member"
+    shutil.copytree(tiny_dirs[0], folder)
+    weights = folder / "model.safetensors"
+    monkeypatch.setattr(task_sources, "LONG_HASH_BYTES", weights.stat().st_size)  # the largest file of the folder
+    keys_of([str(folder), tiny_dirs[1]], tmp_path)
+    announced = [r.getMessage() for r in caplog.records if str(folder.resolve()) in r.getMessage()]
+    assert announced == [f"hashing {weights.resolve()} (0.0 GB) once, for the row keys: its digest is kept until "
+                         "the file changes"]
+    caplog.clear()
+    keys_of([str(folder), tiny_dirs[1]], tmp_path)
+    assert not [r for r in caplog.records if str(folder.resolve()) in r.getMessage()]

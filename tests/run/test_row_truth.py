@@ -139,6 +139,40 @@ def test_a_tampered_stored_row_is_not_reused(tiny_dirs, qa_task, tmp_path, monke
     assert json.loads(again.read_text())["results"]["my_qa"]["exact_match,none"] == honest
 
 
+def rename_filters(results_path, stored):
+    for samples in results_path.parent.glob("samples_my_qa_*.jsonl"):
+        lines = [{**json.loads(line), "filter": "renamed"} for line in samples.read_text().splitlines()]
+        samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def drop_task_hashes(results_path, stored):
+    del stored["task_hashes"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sidestep, found", [
+    (rename_filters, r"samples_my_qa_\S+\.jsonl does not give results_\S+\.json: example \d+'s filter 'renamed' names "
+                     r"no score of my_qa \(its scores have filters 'none'\)"),
+    (drop_task_hashes, r"results_\S+\.json: it records no task_hashes \(the hash of each task's examples\)"),
+])
+def test_an_edited_score_cannot_sidestep_the_check(tiny_dirs, qa_task, tmp_path, monkeypatch, capsys, sidestep,
+                                                   found):
+    """Issue 47: a score edited to 0.987, then every sample's filter renamed (none names a results key) or
+    the results file's task_hashes deleted; the row was reused. Now it is computed again."""
+    assert run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "first"))[0] == 0
+    [results] = row_dir(tmp_path, "first").glob("results_*.json")
+    stored = json.loads(results.read_text())
+    honest = stored["results"]["my_qa"]["exact_match,none"]
+    stored["results"]["my_qa"]["exact_match,none"] = 0.987
+    sidestep(results, stored)
+    results.write_text(json.dumps(stored))
+    code, out = run(monkeypatch, capsys, tmp_path, recipe_text(tiny_dirs, tmp_path, qa_task, "second"))
+    assert code == 0, out.err
+    assert re.search(rf"bpe: not reused: first/[^/]+/bpe fails its check \({found}\); computed again", out.out), out.out
+    [again] = row_dir(tmp_path, "second").glob("results_*.json")
+    assert json.loads(again.read_text())["results"]["my_qa"]["exact_match,none"] == honest
+
+
 # --- a row's own proof, on its files (no model) ------------------------------------------------------
 def fake_row(folder, values, score, doc_edit=None, group_score=None):
     """A row folder as lm-eval writes it: a task t of len(values) examples scored by mean, in group g."""
@@ -262,6 +296,28 @@ def test_a_hub_dataset_is_keyed_by_its_revision(tmp_path, monkeypatch):
     refs.mkdir(parents=True)
     (refs / "main").write_text("c0ffee\n")
     assert task_sources.data_fingerprint([{"dataset_path": "org/set"}])["hub"] == [("org/set", "None", "c0ffee")]
+
+
+def test_a_data_link_that_points_elsewhere_is_named_as_the_link(tmp_path):
+    """It was "b.jsonl has other bytes" (issue 47): the file is the same, the link changed."""
+    from ensemble_bench.run.row_store import RowKey, RowStore
+
+    then, now = tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    then.write_text("{}\n")
+    now.write_text('{"a": 1}\n')
+    link = tmp_path / "a.jsonl"
+    link.symlink_to(then)
+    config = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(link)}}}
+    read = task_sources.data_fingerprint([config])
+    assert read["links"] == {str(link): str(then)}
+    store = RowStore(tmp_path / "out", lambda row_dir: None)
+    row = tmp_path / "out" / "first" / "1" / "bpe"
+    store.remember(RowKey("k1", "lineage", "apart", read["files"], read["links"]), row, row.parent / "cache.db")
+    link.unlink()
+    link.symlink_to(now)
+    read = task_sources.data_fingerprint([config])
+    assert store.data_changed(RowKey("k2", "lineage", "apart", read["files"], read["links"])) == (
+        f"the link {link} points to {now}, not to {then} as when first/1/bpe was computed")
 
 
 @pytest.mark.slow

@@ -24,30 +24,41 @@ import pytest
 from ensemble_bench.errors import EnvironmentFault
 from ensemble_bench.run.lock import hold_run_lock
 from tests.cli_helpers import one_line, row_files, run_cli, tiny_recipe
+from tests.tolerances import HANG_GUARD_S
 
 ROWS = ("bpe", "sp", "gac")
 
-# A process that takes a run lock through the runner's own lock code, says so, and holds it.
+# A process that takes a run lock through the runner's own lock code when its stdin says "go", says so,
+# and holds it until its stdin closes. No clock: on a loaded machine it still races only when told to.
 HOLDER = textwrap.dedent("""\
-    import sys, time
+    import sys
     from pathlib import Path
     from ensemble_bench.errors import EnvironmentFault
     from ensemble_bench.run.lock import hold_run_lock
-    start, hold = float(sys.argv[2]), float(sys.argv[3])
-    time.sleep(max(0.0, start - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     try:
         with hold_run_lock(Path(sys.argv[1])):
             print("holding", flush=True)
-            time.sleep(hold)
+            sys.stdin.read()
     except EnvironmentFault as err:
         print(err, file=sys.stderr)
         sys.exit(err.exit_code)
 """)
 
 
-def holder(path, start=0.0, hold=60.0):
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(start), str(hold)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def holder(path) -> subprocess.Popen:
+    """A started holder, ready: write "go" to its stdin to make it take the lock."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], text=True, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+def go(processes) -> None:
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
 
 
 # --- the lock ---------------------------------------------------------------------------------------------
@@ -66,12 +77,15 @@ def test_a_second_holder_is_refused_in_one_line_and_changes_nothing(tmp_path):
 
 
 def test_racing_processes_never_both_hold_the_lock(tmp_path):
-    """Ten races of two processes started together (each through the runner's lock code): exactly one
+    """Ten races of two processes told to go together (each through the runner's lock code): exactly one
     holds the lock, the other is refused in one line naming it."""
-    start = time.time() + 3.0  # every process has started and waits for this moment
-    races = [[holder(tmp_path / f"race{n}.lock", start, hold=3.0) for _ in range(2)] for n in range(10)]
+    races = [[holder(tmp_path / f"race{n}.lock") for _ in range(2)] for n in range(10)]
+    go([p for pair in races for p in pair])
     for pair in races:
-        outcomes = [(p, *p.communicate(timeout=60)) for p in pair]
+        # a winner says "holding" and holds until its stdin closes; a loser ends (end of file) once refused
+        first = [p.stdout.readline() for p in pair]
+        outcomes = [(p, line + out, err) for p, line, (out, err) in
+                    zip(pair, first, (p.communicate(timeout=HANG_GUARD_S) for p in pair))]
         winners = [p for p, out, _ in outcomes if p.returncode == 0 and out == "holding\n"]
         [(loser, _, refusal)] = [(p, out, err) for p, out, err in outcomes if p not in winners]
         assert len(winners) == 1 and loser.returncode == 1 and refusal.count("\n") == 1, outcomes
@@ -81,6 +95,7 @@ def test_racing_processes_never_both_hold_the_lock(tmp_path):
 def test_the_lock_of_a_killed_holder_is_taken_over_with_one_note(tmp_path, capfd):
     lock = tmp_path / ".recipe.lock"
     process = holder(lock)
+    go([process])
     assert process.stdout.readline() == "holding\n"
     process.send_signal(signal.SIGKILL)
     process.wait()
@@ -130,7 +145,7 @@ def test_new_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
     monkeypatch.setattr("ensemble_bench.run.runs.time.strftime", lambda _: "20260101-000000")
     names = []
     for _ in range(3):
-        run_dir, resumed = run_dir_of(load_recipe(recipe), fresh=True)
+        run_dir, resumed = run_dir_of(load_recipe(recipe), tmp_path / "results", fresh=True)
         assert not resumed and run_dir.name not in names
         run_dir.mkdir(parents=True)
         names.append(run_dir.name)
@@ -144,6 +159,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     monkeypatch.chdir(tmp_path)
     recipe_path = tmp_path / "recipe.yaml"
@@ -151,7 +167,7 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     recipe_path.write_text(tiny_recipe(tiny_dirs, tmp_path / "results", limit=2)
                            .replace("- {name: piqa, limit: 2}", two_tasks))
     recipe = load_recipe(recipe_path)
-    run_dir = run_recipe(recipe, write_summary)
+    run_dir = run_recipe(run_setup(recipe), write_summary)
     first = {row: row_files(run_dir / row) for row in ROWS}
     assert all(set(files) == {"piqa", "arc", "results"} for files in first.values())
 
@@ -161,7 +177,8 @@ def test_a_row_that_lost_one_of_its_per_task_samples_files_is_recomputed(tiny_di
     [short] = (run_dir / "sp").glob("samples_piqa_*.jsonl")  # one example fewer, every line still parses
     short.write_text("".join(short.read_text().splitlines(keepends=True)[:-1]))
     events = []
-    assert run_recipe(recipe, write_summary, on_row=lambda row, state: events.append((row.label, state))) == run_dir
+    on_row = lambda row, state: events.append((row.label, state))  # noqa: E731
+    assert run_recipe(run_setup(recipe), write_summary, on_row=on_row) == run_dir
     assert ("bpe", f"damaged ({lost.name} is missing): recomputed from the response cache") in events
     results_name = short.name.replace('samples_piqa', 'results')[:-1]
     assert ("sp", f"damaged ({short.name} does not hold the examples {results_name}"
@@ -213,11 +230,12 @@ def finished_tiny_run(tiny_dirs, tmp_path_factory, offline_data):
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.report.summary import write_summary
     from ensemble_bench.run.runner import run_recipe
+    from ensemble_bench.run.setup import run_setup
 
     folder = tmp_path_factory.mktemp("finished")
     recipe = folder / "recipe.yaml"
     recipe.write_text(tiny_recipe(tiny_dirs, folder / "results", limit=2))
-    run_recipe(load_recipe(recipe), write_summary)
+    run_recipe(run_setup(load_recipe(recipe)), write_summary)
     return folder / "results"
 
 

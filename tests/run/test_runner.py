@@ -210,12 +210,13 @@ def test_a_run_made_under_other_defaults_is_neither_resumed_nor_reused(tiny_dirs
     recipe = load_recipe(recipe_path)
     stored = json.loads((run_dir / PARAMS).read_text())
     assert stored["gac"]["retokenize"] == "local" and stored["gac"]["threshold"] == 0.6 and stored["bpe"] == {}
-    assert finished_run(recipe) == run_dir
+    root = tmp_path / "results"
+    assert finished_run(recipe, root) == run_dir
 
     stored["gac"]["retokenize"] = "canonical"
     (run_dir / PARAMS).write_text(json.dumps(stored))
-    assert finished_run(recipe) is None
+    assert finished_run(recipe, root) is None
     (run_dir / "summary.md").unlink()  # unfinished now: still not resumed, and the user is told why in one line
-    assert run_dir_of(recipe, fresh=False)[1] is False
+    assert run_dir_of(recipe, root, fresh=False)[1] is False
     [said] = [r.getMessage() for r in caplog.records if "not resumed" in r.getMessage()]
     assert str(run_dir) in said and "other method parameters" in said and "\n" not in said

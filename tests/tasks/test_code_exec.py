@@ -99,3 +99,48 @@ def test_mbpp_and_humaneval_pass_at_1_through_lm_eval(tmp_path, monkeypatch, wro
     expected = 0.0 if wrong else 1.0
     assert results["results"]["mbpp"]["pass_at_1,none"] == expected
     assert results["results"]["humaneval"]["pass_at_k,create_test"] == expected
+
+
+def test_mbpp_pass_at_k_reads_every_sampled_program_through_lm_eval(tmp_path):
+    """The pass_at_k variant: 5 programs per problem (lm-eval's repeats), 2 of them right: pass@2 is
+    1 - C(3, 2) / C(5, 2) = 0.7 on every problem; fewer programs than k is one clear error."""
+    import json
+    from collections import Counter
+
+    from lm_eval import simple_evaluate
+    from lm_eval.api.model import LM
+    from lm_eval.tasks import TaskManager
+
+    from ensemble_bench.tasks import get_benchmark
+    from ensemble_bench.tasks.code_exec import scoring_hooks
+    from ensemble_bench.tasks.offline import ensure_offline_data, write_task_configs
+
+    bench = get_benchmark("mbpp", "pass_at_k")
+    root = ensure_offline_data([bench])
+    mbpp = [json.loads(x) for x in (root / "google-research-datasets/mbpp/full/test.jsonl").read_text().splitlines()]
+    key = AnswerKeyLM({d["text"]: d["code"] for d in mbpp})
+    seen: Counter = Counter()
+
+    class Model(LM):
+        def generate_until(self, requests, disable_tqdm=False):
+            answers = []
+            for request in requests:  # the repeats of a request come as the same request, in a row
+                seen[request.args[0]] += 1
+                right = seen[request.args[0]] in (2, 4)
+                answers.append(key.answer(request.args[0]) if right else "def nothing():\n    pass\n")
+            return answers
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+    group = write_task_configs([(bench, 1)], tmp_path, "offline", consent=Consent(run_code=True, unisolated=True))
+    results = simple_evaluate(model=Model(), tasks=[group], limit=3, bootstrap_iters=0, confirm_run_unsafe_code=True,
+                              task_manager=TaskManager(include_path=str(tmp_path), include_defaults=True))
+    assert set(seen.values()) == {5}
+    assert results["results"]["mbpp_pass_at_k"]["pass_at_k,all"] == pytest.approx(0.7)
+    _, pass_at_k = scoring_hooks(Consent(run_code=True, unisolated=True))
+    with pytest.raises(ValueError, match="pass@2 needs at least 2 programs per problem"):
+        pass_at_k(["assert True"], [["pass"]], k=[2])

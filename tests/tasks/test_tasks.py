@@ -6,6 +6,7 @@ its default here so CI reuses it); later runs only rebuild what is missing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -16,9 +17,9 @@ import yaml
 
 from ensemble_bench.errors import UserError
 from ensemble_bench.tasks import Benchmark, data_store, get_benchmark, list_benchmarks, offline_data, task_configs
+from tests.environment import BBH_FOLDER, NO_BBH
 
-HAS_BBH = bool(os.environ.get(offline_data.BBH_ENV))
-NO_BBH = f"{offline_data.BBH_ENV} is not set (CI sets it to /work/shared/data/bbh)"
+HAS_BBH = BBH_FOLDER is not None
 
 EXPECTED_DOCS = {
     ("mmlu", "generative"): 14042,
@@ -59,8 +60,9 @@ def no_hub():
 @pytest.fixture(scope="session")
 def offline_root() -> Path:
     """All local datasets (code benchmarks included: their data is built, only scoring is missing)."""
-    wanted = [b for b in list_benchmarks() if b.offline and (b.name != "bbh" or HAS_BBH)]
-    return data_store.ensure_offline_data(wanted)
+    with bbh_named():
+        wanted = [b for b in list_benchmarks() if b.offline and (b.name != "bbh" or HAS_BBH)]
+        return data_store.ensure_offline_data(wanted)
 
 
 @pytest.fixture(scope="session")
@@ -69,12 +71,23 @@ def suite(offline_root, tmp_path_factory):
     from lm_eval.tasks import TaskManager
 
     dest = tmp_path_factory.mktemp("offline_tasks")
-    benches = runnable_benchmarks()
-    group = task_configs.write_task_configs([(b, None) for b in benches], dest, "offline")
-    manager = TaskManager(include_path=str(dest),
-                          include_defaults=task_configs.include_defaults_needed("offline"))
-    return SimpleNamespace(group=group, manager=manager, loaded=manager.load([group]),
-                           benches=benches, root=offline_root)
+    with bbh_named():
+        benches = runnable_benchmarks()
+        group = task_configs.write_task_configs([(b, None) for b in benches], dest, "offline")
+        manager = TaskManager(include_path=str(dest),
+                              include_defaults=task_configs.include_defaults_needed("offline"))
+        return SimpleNamespace(group=group, manager=manager, loaded=manager.load([group]),
+                               benches=benches, root=offline_root)
+
+
+@contextlib.contextmanager
+def bbh_named():
+    """$ENSBENCH_BBH_DIR as the shell set it (tests/environment.py unsets it for every test), while the
+    session's offline copies and tasks are built: BBH among them where a folder was named."""
+    with pytest.MonkeyPatch.context() as patch:
+        if HAS_BBH:
+            patch.setenv(offline_data.BBH_ENV, BBH_FOLDER)
+        yield
 
 
 def _bench_id(bench_key) -> str:

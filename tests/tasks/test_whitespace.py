@@ -27,6 +27,7 @@ def documented_task_yaml(data_file: Path) -> str:
 
 
 def capitals_folder(root: Path, task_text: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     data = root / "capitals.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is the capital of {c}?", "answer": a}) + "\n"
                             for c, a in CAPITALS))
@@ -48,6 +49,57 @@ def test_the_documented_task_yaml_renders_single_spaces_through_lm_eval(tmp_path
     assert len(shown) == 2 and {answer for _, answer in shown} <= {a for _, a in CAPITALS}
     assert all(space == " " for space, _ in shown), context  # "A: Moscow", never "A:  Moscow"
     assert template_warning("capitals", {"doc_to_target": "{{answer}}"}) is None
+
+
+class SpacedCapitals:
+    """An lm-eval model that answers each question with its capital as the members did after ``A:``: with a
+    leading space (``' Paris'``), unless the prompt already ends with whitespace."""
+
+    @staticmethod
+    def make():
+        from lm_eval.api.model import LM
+
+        class Stub(LM):
+            def generate_until(self, requests):
+                answers = dict(CAPITALS)
+                asked = [re.findall(r"capital of (\w+)\?", request.args[0])[-1] for request in requests]
+                return [("" if request.args[0][-1:].isspace() else " ") + answers[country]
+                        for request, country in zip(requests, asked)]
+
+            def loglikelihood(self, requests):
+                raise NotImplementedError
+
+            def loglikelihood_rolling(self, requests):
+                raise NotImplementedError
+
+        return Stub()
+
+
+def exact_match_of(task_text: str, tmp_path: Path) -> float:
+    """The task's exact match through lm-eval's simple_evaluate, 2-shot, every question, the stub answering."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    folder = capitals_folder(tmp_path, task_text)
+    results = simple_evaluate(model=SpacedCapitals.make(), tasks=["capitals"], num_fewshot=2, bootstrap_iters=0,
+                              task_manager=TaskManager(include_path=str(folder), include_defaults=False),
+                              fewshot_random_seed=1234, verbosity="ERROR")
+    [score] = [value for key, value in results["results"]["capitals"].items() if key.startswith("exact_match,")]
+    return score
+
+
+def test_the_documented_task_yaml_scores_answers_that_start_with_a_space(tmp_path):
+    """Issue 47: with the documented template, members answering ' Paris' scored 0 on every row."""
+    assert exact_match_of(documented_task_yaml(Path("DATA")), tmp_path) == 1.0
+
+
+def test_the_other_convention_a_prompt_ending_with_the_space_scores_too(tmp_path):
+    task = documented_task_yaml(Path("DATA"))
+    task = re.sub(r"filter_list:.*?(?=metric_list:)", "", task, flags=re.S)  # no filter: the prompt decides
+    assert exact_match_of(task, tmp_path / "plain") == 0.0  # ' Paris' for 'Paris'
+    spaced = task.replace('"Q: {{question}}\\nA:"', '"Q: {{question}}\\nA: "') + 'target_delimiter: ""\n'
+    assert spaced != task
+    assert exact_match_of(spaced, tmp_path / "spaced") == 1.0
 
 
 def test_a_target_template_with_a_leading_space_is_named_once_unless_the_delimiter_adds_none():
@@ -99,7 +151,9 @@ def test_answers_that_miss_only_by_whitespace_are_counted_and_warned_past_a_few(
     assert whitespace_misses(spaced + right) == (3, 5, ("  Berlin", "Berlin"))
     line = answer_warning("gemma", "capitals", spaced + right)
     assert line == ("gemma: capitals: 3 of 5 answers differ from the target only by surrounding whitespace "
-                    "(e.g. '  Berlin' for 'Berlin'): check the prompt's spacing (doc_to_target, target_delimiter)")
+                    "(e.g. '  Berlin' for 'Berlin'), so they score 0: add a remove_whitespace filter to the task's "
+                    "filter_list (as lm-eval's nq_open does), or end doc_to_text with the space and set "
+                    "target_delimiter: '' (docs/own_experiment.md)")
     assert answer_warning("gemma", "capitals", spaced[:2] + right) is None  # two of five: a few
     assert answer_warning("gemma", "capitals", spaced[:1]) is not None      # every answer
 
@@ -148,3 +202,24 @@ def test_a_run_of_the_doubled_template_warns_in_its_summary(tiny_dirs, tmp_path,
     warnings = [line for line in summary.read_text().splitlines() if line.startswith("- warning: capitals:")]
     assert len(warnings) == 1 and re.search(r"the few-shot target ' (Paris|Moscow|Berlin)' starts", warnings[0])
     assert "warning: capitals: the few-shot target ' {{answer}}'" in out.out  # the plan, before anything loads
+
+
+def test_table_latex_compare_and_plot_carry_the_summarys_whitespace_warnings(spaced_run):
+    """Issue 47: `table`, LaTeX, `plot` and `compare` showed the zeros with no warning."""
+    from ensemble_bench.report.latex import escape
+    from ensemble_bench.report.plots import parameter_records
+    from ensemble_bench.report.tables import make_table, render
+
+    expected = whitespace_warnings(spaced_run, ["a", "b", "gac"])
+    assert len(expected) == 2 and "remove_whitespace filter" in expected[1]
+    frame, layout = make_table([spaced_run], None)
+    markdown, latex = render(frame, layout, "markdown"), render(frame, layout, "latex")
+    frame, layout = make_table([spaced_run], "deepen_table1")
+    paper = render(frame, layout, "markdown")
+    compared = render_markdown(build_report(spaced_run, benchmark=None), show=0)
+    plotted: list[str] = []
+    parameter_records([spaced_run], None, warn=plotted.append)
+    for line in expected:
+        assert f"- warning: {line}" in markdown and f"- warning: {line}" in paper and f"- warning: {line}" in compared
+        assert f"\\par {escape('warning: ' + line)}" in latex
+    assert plotted == expected

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 import ensemble_bench.vocab.mixture as mixture_module
+from ensemble_bench.decoding.sampling import Sampler, SamplingParams, draw_blocks, inverse_cdf
 from ensemble_bench.methods.gac import Gac, GacParams
 from ensemble_bench.vocab import VocabView, build_vocab_view
 from ensemble_bench.vocab.fast_topk import block_argmax
-from ensemble_bench.vocab.mixture import UnionMixture, draw
+from ensemble_bench.vocab.mixture import UnionMixture
 from ensemble_bench.vocab.union import build_union
 from tests.naive import naive_sample
-from tests.tiny import outputs
+from tests.tiny import outputs, sampled
 
 
 def scatter_add_full(union, weights, logprobs):
@@ -120,6 +121,7 @@ def test_sampling_equals_naive_sampling_whatever_the_batch(temperature, scale):
     weights = [0.5, 1.0, 2.0]
     mixture = UnionMixture(union, weights, sizes)
     rows = random_logprobs(6, sizes, scale, torch.Generator().manual_seed(4))
+    params = SamplingParams(do_sample=True, temperature=temperature)
     for seed in (0, 1, 2, 3):
         expected = {}
         generators = {k: torch.Generator().manual_seed(100 * seed + k) for k in range(6)}
@@ -129,7 +131,8 @@ def test_sampling_equals_naive_sampling_whatever_the_batch(temperature, scale):
         for batch in ([0, 1, 2, 3, 4, 5], [5, 3, 1], [2], [4, 0]):
             generators = {k: torch.Generator().manual_seed(100 * seed + k) for k in batch}
             for step in range(5):
-                drawn = mixture.sample([lp[batch] for lp in rows], temperature, [generators[k] for k in batch])
+                drawn = draw_blocks(mixture.log_blocks([lp[batch] for lp in rows]),
+                                    [Sampler(params, generators[k]) for k in batch])
                 assert drawn == [expected[step][k] for k in batch], (seed, batch, step)
 
 
@@ -140,8 +143,9 @@ def test_sampling_in_blocks_equals_sampling_at_once(tiny_pair, monkeypatch):
     draws = []
     for block_bytes in (1, 1 << 30):
         monkeypatch.setattr(mixture_module, "CPU_BLOCK_BYTES", block_bytes)
-        generators = [torch.Generator().manual_seed(k) for k in range(9)]
-        draws.append([mixture.sample(logprobs, 0.8, generators) for _ in range(4)])
+        samplers = [Sampler(SamplingParams(do_sample=True, temperature=0.8), torch.Generator().manual_seed(k))
+                    for k in range(9)]
+        draws.append([draw_blocks(mixture.log_blocks(logprobs), samplers) for _ in range(4)])
     assert draws[0] == draws[1]
 
 
@@ -150,7 +154,7 @@ def test_draw_never_takes_an_entry_of_weight_zero():
     generators = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)]
     seen = [set(), set()]
     for _ in range(400):
-        for row, index in enumerate(draw(weights, generators).tolist()):
+        for row, index in enumerate(inverse_cdf(weights, generators).tolist()):
             seen[row].add(index)
     assert seen == [{1, 3}, {0}]
 
@@ -159,8 +163,8 @@ def test_gated_sampling_is_seeded_and_batch_invariant(pair):
     """The gate's own tokens are drawn on the device too (Eq. 5 with a temperature)."""
     def run(seed, batch_size):
         members = pair()
-        params = GacParams(temperature=0.9, seed=seed, gate=0, threshold=0.05)
-        return outputs(Gac(members, params, batch_size=batch_size))
+        params = GacParams(gate=0, threshold=0.05)
+        return outputs(Gac(members, params, batch_size=batch_size), sampled(seed=seed, temperature=0.9))
     first = run(3, 3)
     assert run(3, 3) == first and run(3, 1) == first
     assert run(4, 3) != first

@@ -1,12 +1,12 @@
-"""GaC's union cache (union_cache.py): plain tensors read with weights_only=True give back exactly
+"""GaC's union cache (vocab/union_cache.py): plain tensors read with weights_only=True give back exactly
 what build_union builds, and a damaged file is rebuilt instead of failing the run."""
 
 import pytest
 import torch
 
-from ensemble_bench.union_cache import cached_union, union_path
 from ensemble_bench.vocab import build_vocab_view
 from ensemble_bench.vocab.union import build_union
+from ensemble_bench.vocab.union_cache import cached_union, union_path
 
 
 @pytest.fixture()

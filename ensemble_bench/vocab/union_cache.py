@@ -1,36 +1,26 @@
-"""GaC's union vocabulary cached on disk, keyed by the members' vocabulary fingerprints.
-
-Stored as plain tensors, read back with ``torch.load(weights_only=True)`` (no pickled objects):
-the entries as their concatenated bytes plus offsets, each member's map as its (src, union) id
-pairs, and the stop mask. A file that cannot be read, or does not fit together, is rebuilt.
+"""GaC's union vocabulary cached on disk (the convention of vocab/cache.py), keyed by the members'
+vocabulary fingerprints: the entries as their concatenated bytes plus offsets, each member's map as
+its (src, union) id pairs, and the stop mask.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import pickle
-import zipfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ensemble_bench.cache import atomic_file
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.cache import MapFormat, load_or_build, map_path
 from ensemble_bench.vocab.union import UnionVocab, build_union, member_map, vocab_fingerprint
 
-FORMAT = "tensors-1"  # part of the file's key: a new layout never reads an old file
-# What reading a damaged file, or one holding other objects, raises (torch.load, then the checks).
-UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, KeyError, TypeError, IndexError, AttributeError,
-              pickle.UnpicklingError, zipfile.BadZipFile)
-log = logging.getLogger(__name__)
+VERSION = "tensors-1"  # part of the file's key: a new layout never reads an old file
 
 
 def union_path(views: Sequence[VocabView], stop_ids: Sequence[Sequence[int]], folder: Path) -> Path:
-    key = "-".join([FORMAT, *(vocab_fingerprint(v, s) for v, s in zip(views, stop_ids))])
-    return folder / f"union-{hashlib.sha256(key.encode()).hexdigest()[:24]}.pt"
+    return map_path(folder, "union", VERSION, [vocab_fingerprint(v, s) for v, s in zip(views, stop_ids)])
 
 
 def union_tensors(union: UnionVocab) -> dict[str, object]:
@@ -63,13 +53,5 @@ def union_from_tensors(saved: dict, vocab_sizes: Sequence[int]) -> UnionVocab:
 
 def cached_union(views: Sequence[VocabView], stop_ids: Sequence[Sequence[int]], folder: Path) -> UnionVocab:
     """``build_union``, read from ``folder`` when built before; an unreadable file is rebuilt."""
-    path = union_path(views, stop_ids, folder)
-    if path.exists():
-        try:
-            return union_from_tensors(torch.load(path, weights_only=True), [v.size for v in views])
-        except UNREADABLE as err:
-            log.warning("%s: damaged union cache (%s); rebuilding it", path, type(err).__name__)
-    union = build_union(views, stop_ids)
-    with atomic_file(path) as partial:
-        torch.save(union_tensors(union), partial)
-    return union
+    kind = MapFormat("union", union_tensors, partial(union_from_tensors, vocab_sizes=[v.size for v in views]))
+    return load_or_build(union_path(views, stop_ids, folder), kind, lambda: build_union(views, stop_ids))

@@ -1,29 +1,26 @@
-"""EVA's vocabulary projections cached on disk, one file per (auxiliary, lead) pair and alignment
-parameters, keyed by both vocabularies' fingerprints and a hash of both embedding matrices.
-
-Stored as plain tensors (``torch.load(weights_only=True)``); a file that cannot be read, or does not
-fit the vocabularies, is rebuilt (as the union vocabulary's cache, union_cache.py).
+"""EVA's vocabulary projections cached on disk (the convention of vocab/cache.py), one file per
+(auxiliary, lead) pair and alignment parameters, keyed by both vocabularies' fingerprints and a hash
+of both embedding matrices.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Sequence
 from dataclasses import astuple
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ensemble_bench.cache import atomic_file
-from ensemble_bench.union_cache import UNREADABLE
 from ensemble_bench.vocab.bytes_view import VocabView
+from ensemble_bench.vocab.cache import MapFormat, load_or_build, map_path
+from ensemble_bench.vocab.csls import Report
 from ensemble_bench.vocab.eva_map import AlignParams, VocabProjection, build_projection
 from ensemble_bench.vocab.union import vocab_fingerprint
 
-FORMAT = "eva-1"
-log = logging.getLogger(__name__)
+VERSION = "eva-1"  # part of the file's key: a new rule or layout never reads an old file
 
 
 def embedding_digest(matrix: torch.Tensor) -> str:
@@ -33,12 +30,16 @@ def embedding_digest(matrix: torch.Tensor) -> str:
 
 def projection_path(views: Sequence[VocabView], stops: Sequence[Sequence[int]], embeddings: Sequence[torch.Tensor],
                     params: AlignParams, folder: Path) -> Path:
-    parts = [FORMAT, repr(astuple(params)), *(vocab_fingerprint(v, s) for v, s in zip(views, stops)),
-             *(embedding_digest(e) for e in embeddings)]
-    return folder / f"eva-{hashlib.sha256('-'.join(parts).encode()).hexdigest()[:24]}.pt"
+    fingerprints = [vocab_fingerprint(view, stop_ids) for view, stop_ids in zip(views, stops)]
+    return map_path(folder, "eva", VERSION, [repr(astuple(params)), *fingerprints, *map(embedding_digest, embeddings)])
 
 
-def projection_from_tensors(saved: dict, aux_size: int, lead_size: int) -> VocabProjection:
+def projection_tensors(projection: VocabProjection) -> dict[str, torch.Tensor]:
+    return {"src": projection.src, "dst": projection.dst, "weight": projection.weight,
+            "seeds": torch.tensor(projection.seeds)}
+
+
+def projection_from_tensors(saved: object, aux_size: int, lead_size: int) -> VocabProjection:
     """The cached tensors as a projection; ValueError when they do not fit the vocabularies."""
     if not isinstance(saved, dict):
         raise ValueError(f"the cache holds a {type(saved).__name__}, not EVA's tensors")
@@ -52,17 +53,11 @@ def projection_from_tensors(saved: dict, aux_size: int, lead_size: int) -> Vocab
 
 def cached_projection(aux: VocabView, lead: VocabView, aux_stops: Sequence[int], lead_stops: Sequence[int],
                       aux_embeddings: torch.Tensor, lead_embeddings: torch.Tensor, params: AlignParams,
-                      folder: Path) -> VocabProjection:
+                      folder: Path, report: Report | None = None) -> VocabProjection:
     """``build_projection``, read from ``folder`` when built before; an unreadable file is rebuilt."""
     path = projection_path([aux, lead], [aux_stops, lead_stops], [aux_embeddings, lead_embeddings], params, folder)
-    if path.exists():
-        try:
-            return projection_from_tensors(torch.load(path, weights_only=True), aux.size, lead.size)
-        except UNREADABLE as err:
-            log.warning("%s: damaged EVA projection cache (%s); rebuilding it", path, type(err).__name__)
-    x, z = aux_embeddings.float().cpu().numpy(), lead_embeddings.float().cpu().numpy()
-    projection = build_projection(aux, lead, x, z, aux_stops, lead_stops, params)
-    with atomic_file(path) as partial:
-        torch.save({"src": projection.src, "dst": projection.dst, "weight": projection.weight,
-                    "seeds": torch.tensor(projection.seeds)}, partial)
-    return projection
+    kind = MapFormat("EVA projection", projection_tensors,
+                     partial(projection_from_tensors, aux_size=aux.size, lead_size=lead.size))
+    return load_or_build(path, kind, lambda: build_projection(
+        aux, lead, aux_embeddings.float().cpu().numpy(), lead_embeddings.float().cpu().numpy(), aux_stops,
+        lead_stops, params, report))
