@@ -40,6 +40,44 @@ def test_the_chunks_left_after_any_finished_chunks_are_the_chunks_one_process_fo
             [chunk for n, chunk in enumerate(chunks) if n not in finished]
 
 
+class StandInReplicas:
+    """Two replicas in this process (no Ray): each chunk answered by the adapter's code of its own model, the
+    chunks handed back last first, the odd ones by the second replica."""
+
+    def __init__(self, models: list[EnsembleLM]):
+        self.models, self.actors = models, models
+        self.recipe = SimpleNamespace(plan=[SimpleNamespace(label="gac", method="gac")], batch_size=2)
+
+    def begin(self, label, lm_class) -> dict:
+        from ensemble_bench.run.sittings import joins
+
+        members = [(m.name, m.uses_chat_template) for m in self.models[0].method.members]
+        return {"members": members, "joins": joins(self.models[0].carried())}
+
+    def answer(self, kind, batches):
+        for number in reversed(range(len(batches))):
+            answers = self.models[number % 2].answer(kind, batches[number])
+            yield number % 2, number, {"answers": answers, "busy": 0.0, "counts": {}, "records": {}, "traces": []}
+
+
+def test_samples_do_not_depend_on_the_replica_that_draws_them(pair):
+    """The driver gives each sampled request its draw (seed, request, repeat) before its chunk goes out: chunks
+    drawn by two replicas in any order hold one process's samples, repeats of a request differing."""
+    from ensemble_bench.decoding.request_sampling import SamplingPolicy
+    from ensemble_bench.methods.gac import Gac, GacParams
+    from ensemble_bench.run.lm import ReplicatedLM
+    from tests.run.test_sampled_resume import REPEATS, instances
+
+    def model() -> EnsembleLM:
+        return EnsembleLM(Gac(pair(), GacParams(), batch_size=2), "gac", sampling=SamplingPolicy(5))
+
+    requests = instances({"temperature": 1.5, "top_p": 0.9})
+    alone = model().generate_until(requests)
+    replicated = ReplicatedLM(StandInReplicas([model(), model()]), "gac", sampling=SamplingPolicy(5))
+    assert replicated.generate_until(requests) == alone
+    assert any(len(set(alone[k:k + REPEATS])) > 1 for k in range(0, len(requests), REPEATS))
+
+
 def test_replicas_need_ray_placement():
     with pytest.raises(Exception, match="replicas need kind: ray"):
         parse_recipe({"name": "r", "members": [{"model": "m"}, {"model": "n"}], "method": "gac", "tasks": ["piqa"],
