@@ -27,15 +27,19 @@ def requests_with_shared_contexts(rng: random.Random, count: int) -> list:
 
 def test_the_chunks_left_after_any_finished_chunks_are_the_chunks_one_process_forms():
     """Replicas cache whole chunks in any order; a resumed run chunks the requests left greedily. Those
-    chunks must be the original chunks left (a chunk's batch decides its padding, and so its scores)."""
+    chunks must be the original chunks left (a chunk's batch decides its padding, and so its scores), also
+    where sampled requests (``apart``) split a context's repeats between chunks."""
     rng = random.Random(7)
-    for _ in range(300):
+    for _ in range(600):
         size = rng.randint(1, 4)
         requests = requests_with_shared_contexts(rng, rng.randint(1, 24))
-        chunks = chunker(size)._chunks(requests)
+        sampled = {request.args[0] for request in requests if rng.random() < 0.3}  # their repeats: apart
+        apart = frozenset(i for i, request in enumerate(requests) if request.args[0] in sampled)
+        chunks = chunker(size)._chunks(requests, apart)
         finished = {n for n in range(len(chunks)) if rng.random() < 0.5}
         left = [i for n, chunk in enumerate(chunks) if n not in finished for i in chunk]
-        again = chunker(size)._chunks([requests[i] for i in left])
+        left_apart = frozenset(k for k, i in enumerate(left) if i in apart)
+        again = chunker(size)._chunks([requests[i] for i in left], left_apart)
         assert [[left[j] for j in chunk] for chunk in again] == \
             [chunk for n, chunk in enumerate(chunks) if n not in finished]
 
