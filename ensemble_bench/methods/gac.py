@@ -183,7 +183,7 @@ class Gac(SpeculativeSteps, DecodingMethod):
     Params = GacParams
     choice_scoring = "GaC scores an option by the weighted average of its members' sequence probabilities"
     inert_on_choices = frozenset({*CoreParams.model_fields, *SpeculativeParams.model_fields, *WindowParams.model_fields,
-                                  "lead", "threshold", "retokenize", "temperature", "seed"})
+                                  "lead", "threshold", "retokenize"})
     min_members = 2
     samples = True
     retired = RETIRED
