@@ -14,7 +14,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install install-latex demo lint test test-fast test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
-	bench-speculative bench-speculative-check \
+	bench-speculative bench-speculative-check bench-scale \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
 	reproduce-core reproduce-adafuse docs-tables
@@ -118,6 +118,11 @@ bench-overhead-check: install
 
 # Speculative decoding (speculative: N) against every-token decoding on the packaged pairs and the stress
 # members: ms/token, acceptance, identical outputs, and what bounds them (table; results/bench/speculative.json).
+# Data parallel (issue 49, docs/cluster.md): GaC on the packaged pair as 1 replica x 1 thread, 1 x 2 threads and
+# 2 replicas x 1 thread (Ray), same nq requests; wall times, throughput ratios, identical samples. Needs ray.
+bench-scale: install
+	$(BIN)/python scripts/bench_scale.py
+
 bench-speculative: install
 	$(BIN)/python scripts/bench_speculative.py --threads $(THREADS)
 

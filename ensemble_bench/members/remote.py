@@ -165,19 +165,20 @@ class _PlacedServer(MemberServer):
 _PLACED: dict[Any, tuple[Any, dict[str, Any]]] = {}  # actor -> (its ``placed`` call, its options)
 
 
-def launch(load: dict[str, Any], options: dict[str, Any] | None = None):
+def launch(load: Any, options: dict[str, Any] | None = None, server: type = _PlacedServer):
     """Start the actor of one member (returns at once; the model loads in the background).
 
     ``load``: ``load_member``'s keyword arguments; ``options``: Ray actor options (num_gpus,
     num_cpus, resources). Several members launched before their RemoteMember is built load in parallel.
-    ``wait_placed`` waits, with a time limit, until Ray has found room for them.
+    ``wait_placed`` waits, with a time limit, until Ray has found room for them. ``server``: the actor's
+    class, ``_PlacedServer`` or another with its ``placed`` and ``start`` (a replica: run/replica_server.py).
     """
     import ray
 
     options = {k: v for k, v in (options or {}).items() if v is not None and v != {}}
     cpus = options.get("num_cpus")
     env = _runtime_env()
-    actor = ray.remote(_PlacedServer).options(**options, **({"runtime_env": env} if env else {})).remote(
+    actor = ray.remote(server).options(**options, **({"runtime_env": env} if env else {})).remote(
         load, threads=max(1, int(cpus)) if cpus else None)
     _PLACED[actor] = (actor.placed.remote(), options)  # queued first: answers once the actor runs
     actor.start.remote()
@@ -195,10 +196,10 @@ def _resources(amounts: dict[str, float], keys) -> str:
     return ", ".join(f"{k} {amounts.get(k, 0):g}" for k in keys) or "no resources"
 
 
-def wait_placed(actors: dict[str, Any], timeout_s: float) -> None:
+def wait_placed(actors: dict[str, Any], timeout_s: float, what: str = "member") -> None:
     """Wait until Ray has placed every launched actor (member label -> actor); after ``timeout_s``
-    seconds, kill them all and raise one line naming the first member left waiting, what it asked
-    for and what the cluster has."""
+    seconds, kill them all and raise one line naming the first member (or ``what``) left waiting, what
+    it asked for and what the cluster has."""
     import ray
 
     waiting = {label: _PLACED.pop(actor) for label, actor in actors.items() if actor in _PLACED}
@@ -211,7 +212,7 @@ def wait_placed(actors: dict[str, Any], timeout_s: float) -> None:
         ray.kill(actor)
     asked = _asked(options)
     keys = list(dict.fromkeys(["CPU", "GPU", *asked]))
-    raise UserError(f"Ray could not place member '{label}' within {timeout_s:g} s: it asks for "
+    raise UserError(f"Ray could not place {what} '{label}' within {timeout_s:g} s: it asks for "
                     f"{_resources(asked, asked)}; the cluster has {_resources(ray.cluster_resources(), keys)} "
                     f"({_resources(ray.available_resources(), keys)} free): lower its num_gpus / num_cpus / "
                     "resources, add nodes, or raise placement.schedule_timeout_s")

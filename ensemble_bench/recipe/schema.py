@@ -112,9 +112,13 @@ class PlacementSpec(BaseModel):
     num_gpus: int | None = Field(default=None, ge=0)
     # an actor Ray cannot place by then ends the run (null: DEFAULT_SCHEDULE_TIMEOUT_S)
     schedule_timeout_s: float | None = Field(default=None, gt=0)
+    # copies of the whole ensemble (members + method), each in its own Ray actor, answering whole batches
+    replicas: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.kind == "local" and self.replicas != 1:
+            raise ValueError("replicas need kind: ray (each replica is a Ray actor)")
         if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
             raise ValueError("address, num_cpus and num_gpus need kind: ray")
         if self.kind == "local" and self.schedule_timeout_s is not None:

@@ -6,7 +6,6 @@ of the stock lm-eval CLI hold a recipe fragment).
 
 from __future__ import annotations
 
-from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
 from ensemble_bench.errors import UserError
 from ensemble_bench.members import Member, load_member
 from ensemble_bench.members.remote import RemoteMember, connect, launch, wait_placed
@@ -49,13 +48,11 @@ AUTO_BATCH_SIZE = 8  # ``--batch_size auto`` without a batch_size in --model_arg
 ONE_ROW_ONLY = ("methods", "sweep", "singles")  # recipe keys that plan several rows
 
 
-def build_from_model_args(data: dict, method_name: str | None,
-                          extra: dict) -> tuple[Row, Method, SamplingPolicy]:
+def build_from_model_args(data: dict, method_name: str | None, extra: dict) -> tuple[Recipe, Row]:
     """For the stock lm-eval CLI: ``--model_args`` holds a recipe fragment (members, method, seed,
-    sampling); the row it plans, its method and how it samples."""
+    sampling, replicas); the recipe it stands for and the row it plans."""
     recipe = recipe_from_model_args(data, method_name, extra)
-    row = recipe.plan[-1]
-    return row, build_method(recipe, row, MemberPool(recipe)), row_policy(recipe, row)
+    return recipe, recipe.plan[-1]
 
 
 def recipe_from_model_args(data: dict, method_name: str | None, extra: dict) -> Recipe:
@@ -68,6 +65,9 @@ def recipe_from_model_args(data: dict, method_name: str | None, extra: dict) -> 
     if several and method_name is not None:
         raise UserError(f"--model_args: '{several[0]}' plans several rows, but lm-eval evaluates one model (--model "
                         f"{method_name}): leave it out, or use ensbench run with a recipe")
+    if "replicas" in data:  # short for placement: {kind: ray, replicas: n} (run/replicas.py)
+        placement = data.get("placement") if isinstance(data.get("placement"), dict) else {}
+        data["placement"] = {"kind": "ray", **placement, "replicas": data.pop("replicas")}
     data.setdefault("name", "cli")
     data.setdefault("tasks", ["piqa"])  # a placeholder: lm-eval's --tasks decide what is evaluated
     data["method"] = method_entry(data.get("method"), method_name)

@@ -5,15 +5,16 @@ This is the only module that imports lm-eval's model API. Requests arrive as lm-
 into lm-eval's response cache a chunk at a time (``cache_chunk``: an interrupted run resumes where it
 stopped, with the numbers of a run that was never interrupted).
 
-A generation request that samples (its gen_kwargs, or the row's ``sampling:``: decoding/request_sampling.py)
-draws from a generator of its own, seeded by the recipe's seed, the request and its repeat index. lm-eval
-keeps no cached answer for such requests (every repeat is the same request), so ensbench keys each
-sample by request and repeat in the same database (``SAMPLE_KIND``): a resumed run answers the samples
-it has and draws the rest, the same samples an uninterrupted run draws.
-
 Chat templates differ per member, so lm-eval cannot render them: ``apply_chat_template``
 returns the messages themselves (JSON behind a marker, with each member's SHA-256 of its rendering:
 members/rendered.py) and each member renders them with its own template, or as plain text when it has none.
+
+A generation request that samples (its gen_kwargs, or the row's ``sampling:``: decoding/request_sampling.py)
+draws from a generator of its own, seeded by the recipe's seed, the request and its repeat index, so that a
+sample does not depend on the chunk, the sitting or the replica that draws it. lm-eval keeps no cached
+answer for such requests (every repeat is the same request), so ensbench keys each sample by request and
+repeat in the same database (``SAMPLE_KIND``): a resumed run answers the samples it has and draws the rest,
+the same samples an uninterrupted run draws.
 """
 
 from __future__ import annotations
@@ -22,38 +23,23 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 from lm_eval.api.model import LM, hash_args
 
-from ensemble_bench.decoding.method import NonFiniteScore, check_finite
-from ensemble_bench.decoding.request_sampling import SamplingPolicy
+from ensemble_bench.decoding.method import NonFiniteScore
+from ensemble_bench.decoding.request_sampling import SamplingPolicy, row_policy
 from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.errors import UserError
-from ensemble_bench.members import Prompt
-from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
-from ensemble_bench.methods import GenerationRequest, LoglikelihoodRequest, Method, when_registered
-from ensemble_bench.run.build import build_from_model_args
+from ensemble_bench.members.rendered import RenderedPrompts
+from ensemble_bench.methods import Method, when_registered
+from ensemble_bench.run.answers import ANSWERS, CHAT_MARK, GENERATE, ScoringClock, located, tally
+from ensemble_bench.run.build import MemberPool, build_from_model_args, build_method
+from ensemble_bench.run.replicas import Joined, Located, ReplicaClock, Replicas
+from ensemble_bench.run.sittings import resume_counts, save_counts, saved_counts, write_counts
 
-CHAT_MARK = "\u0000ensbench-chat\u0000"
-DEFAULT_MAX_GEN_TOKS = 256
-ENSEMBLE, COMBINING = "the ensemble", "combining its members' scores"  # who and when, in NonFiniteScore
-GENERATE = "generate_until"
 SAMPLE_KIND = "generate_until/sample"  # a sampled answer's key in the response cache, beside lm-eval's own
 SAMPLED_MARK = "ensbench-sampled:"  # + lm-eval's key of a sampled request lm-eval itself would cache (no do_sample)
-
-
-def to_prompt(context: str) -> Prompt:
-    """An lm-eval context string -> Prompt (chat messages if it came from apply_chat_template)."""
-    if context.startswith(CHAT_MARK):
-        return chat_prompt(json.loads(context[len(CHAT_MARK):])["messages"])
-    return Prompt(text=context)
-
-
-def stop_strings(until) -> tuple[str, ...]:
-    if until is None:
-        return ()
-    return (until,) if isinstance(until, str) else tuple(until)
 
 
 def cache_chunk(hook, answered: list[tuple[str, tuple, object]]) -> None:
@@ -82,23 +68,6 @@ def cache_chunk(hook, answered: list[tuple[str, tuple, object]]) -> None:
     dbdict.commit()
 
 
-@dataclass
-class ScoringClock:
-    """Time the method spends scoring continuations (multiple choice), per request and per token of
-    the continuations (the first member's tokens), for the row's timing.json."""
-
-    seconds: float = 0.0
-    requests: int = 0
-    tokens: int = 0
-
-    def summary(self) -> dict:
-        if not self.requests:
-            return {}
-        return {"loglikelihood_ms_per_request": 1000 * self.seconds / self.requests,
-                "loglikelihood_ms_per_token": 1000 * self.seconds / self.tokens if self.tokens else None,
-                "requests_scored": self.requests, "tokens_scored": self.tokens}
-
-
 class EnsembleLM(LM):
     """An lm-eval model around one Method instance (members already loaded)."""
 
@@ -125,7 +94,8 @@ class EnsembleLM(LM):
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
-        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n}."""
+        """``--model_args`` is JSON: {"members": [...], "method": {...}, "batch_size": n, "seed": n,
+        "sampling": {...}, "replicas": n}."""
         try:
             data = json.loads(arg_string) if arg_string.strip() else {}
         except json.JSONDecodeError as err:
@@ -137,10 +107,14 @@ class EnsembleLM(LM):
         """lm-eval's ``batch_size`` (a number, ``auto``), ``max_batch_size`` and ``device`` come in
         ``additional_config`` (build.recipe_from_model_args says how they apply)."""
         extra = additional_config or {}
-        row, method, policy = build_from_model_args(dict(arg_dict), cls.method_name, extra)
-        lm = LM_CLASSES[row.method](method, row.label, sampling=policy)
+        recipe, row = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        policy = row_policy(recipe, row)
+        if recipe.placement.replicas > 1:  # "replicas": n (run/replicas.py)
+            lm = ReplicatedLM(Replicas(recipe), row.label, sampling=policy)
+        else:
+            lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label, sampling=policy)
         if str(extra.get("batch_size")).startswith("auto"):
-            lm.batch_sizes = {"auto": method.batch_size}  # lm-eval records the size 'auto' chose
+            lm.batch_sizes = {"auto": recipe.batch_size}  # lm-eval records the size 'auto' chose
         return lm
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
@@ -157,10 +131,13 @@ class EnsembleLM(LM):
         return CHAT_MARK + json.dumps(self.rendered.record(self.method.members, chat_history), ensure_ascii=False)
 
     def get_model_info(self) -> dict:
-        override = self.sampling.override.model_dump(exclude_none=True) if self.sampling.override else None
         return {"ensbench": {"label": self.label, **self.method.info(), **self.scoring.summary(),
                              "members": [m.name for m in self.method.members], **self.rendered.info(),
-                             "sampling_seed": self.sampling.seed, "sampling_override": override}}
+                             **self._sampling_info()}}
+
+    def _sampling_info(self) -> dict:
+        override = self.sampling.override.model_dump(exclude_none=True) if self.sampling.override else None
+        return {"sampling_seed": self.sampling.seed, "sampling_override": override}
 
     def set_cache_hook(self, cache_hook) -> None:
         """lm-eval's response cache for the pass about to start. A sampled request without ``do_sample``
@@ -179,31 +156,51 @@ class EnsembleLM(LM):
             dbdict.commit()
 
     # --- requests -------------------------------------------------------------------------------
-    def _run_in_chunks(self, kind: str, requests, convert, call, cached=None, apart=frozenset()) -> list:
+    def _run_in_chunks(self, kind: str, requests, convert=None, cached=None, apart=frozenset()) -> list:
         """Answer requests in chunks (longest first), caching each answer as soon as it exists: under
         lm-eval's key (``kind`` and the request's arguments), or ``cached(i, answer)``'s entries.
-        ``convert(i)``: request i as the method takes it; ``apart``: requests that share no chunk with the
-        other requests of their context. A NaN or infinite score stops here, naming the benchmark's
-        request (``_located``)."""
+        ``convert(i)``: request i as ``ANSWERS[kind]`` takes it (default: its arguments); ``apart``: requests
+        that share no chunk with the other requests of their context. A NaN or infinite score stops here,
+        naming the benchmark's request (``_located``)."""
         answers: list = [None] * len(requests)
-        examples = _tally(requests, range(len(requests)))  # for progress: the choices of a question are one
-        if self.progress:  # the pass starts: its examples per task are known before the first batch ends
-            self.progress({}, examples)
+        examples = self._pass_started(requests)
+        convert = convert or (lambda i: requests[i].args)
         for chunk in self._chunks(requests, apart):
             try:
-                computed = call([convert(i) for i in chunk])
+                computed = self.answer(kind, [convert(i) for i in chunk])
             except NonFiniteScore as err:
-                raise _located(err.of_row(self.method, self.label), requests, chunk) from None
-            for i, answer in zip(chunk, computed):
-                answers[i] = answer
-            cache_chunk(self.cache_hook, [entry for i in chunk for entry in (
-                cached(i, answers[i]) if cached else [(kind, requests[i].args, answers[i])])])
-            self.requests_computed += len(chunk)
-            if self.after_chunk:
-                self.after_chunk()
-            if self.progress:
-                self.progress(_tally(requests, chunk), examples)
+                raise located(err, requests, chunk) from None
+            self._chunk_done(kind, requests, chunk, computed, answers, examples, cached)
         return answers
+
+    def _pass_started(self, requests) -> dict[str, int]:
+        """The pass's examples per task (the choices of a question are one), shown to progress at once:
+        they are known before the first batch ends."""
+        examples = tally(requests, range(len(requests)))
+        if self.progress:
+            self.progress({}, examples)
+        return examples
+
+    def _chunk_done(self, kind: str, requests, chunk: list[int], computed: list, answers: list, examples,
+                    cached=None) -> None:
+        """A chunk's answers: kept, cached whole (``cache_chunk``), counted, shown to progress."""
+        for i, answer in zip(chunk, computed):
+            answers[i] = answer
+        cache_chunk(self.cache_hook, [entry for i in chunk for entry in (
+            cached(i, answers[i]) if cached else [(kind, requests[i].args, answers[i])])])
+        self.requests_computed += len(chunk)
+        if self.after_chunk:
+            self.after_chunk()
+        if self.progress:
+            self.progress(tally(requests, chunk), examples)
+
+    def answer(self, kind: str, batch: list[tuple]) -> list:
+        """The method's answers to one chunk of requests of ``kind`` (run/answers.py says their form); a
+        NaN or infinite score names this row (``of_row``)."""
+        try:
+            return ANSWERS[kind](self, batch)
+        except NonFiniteScore as err:
+            raise err.of_row(self.method, self.label) from None
 
     def _chunks(self, requests, apart=frozenset()) -> list[list[int]]:
         """Request indices in chunks, longest context first; requests sharing a context (the
@@ -227,12 +224,6 @@ class EnsembleLM(LM):
         answers = _sampled_answers(self.cache_hook, requests, draws)
         todo = [i for i in range(len(requests)) if i not in answers]
 
-        def convert(k: int) -> GenerationRequest:
-            context, gen_kwargs = requests[todo[k]].args
-            gen_kwargs = dict(gen_kwargs or {})
-            return GenerationRequest(to_prompt(context), stop_strings(gen_kwargs.get("until")),
-                                     int(gen_kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS)), draws[todo[k]])
-
         def cached(k: int, answer: str) -> list[tuple[str, tuple, object]]:
             request, drawn = requests[todo[k]], draws[todo[k]]
             if drawn is None:
@@ -242,39 +233,37 @@ class EnsembleLM(LM):
                 entries.append((SAMPLED_MARK, request.args, True))
             return entries
 
-        def call(batch):
-            return [g.text for g in self.method.generate(batch)]
-
         sampled = frozenset(k for k, i in enumerate(todo) if draws[i] is not None)
-        computed = self._run_in_chunks(GENERATE, [requests[i] for i in todo], convert, call, cached, sampled)
+        computed = self._run_in_chunks(GENERATE, [requests[i] for i in todo],
+                                       lambda k: (requests[todo[k]].args, draws[todo[k]]), cached, sampled)
         answers.update(zip(todo, computed))
         return [answers[i] for i in range(len(requests))]
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        def convert(i: int) -> LoglikelihoodRequest:
-            context, continuation = requests[i].args
-            return LoglikelihoodRequest(to_prompt(context), continuation)
-
-        def call(batch):
-            started = time.perf_counter()
-            scores = self.method.loglikelihood(batch)
-            self.scoring.seconds += time.perf_counter() - started
-            self.scoring.requests += len(batch)
-            self.scoring.tokens += sum(len(self.method.members[0].encode(r.continuation, add_special_tokens=False))
-                                       for r in batch)
-            check_finite([s.logprob for s in scores], ENSEMBLE, COMBINING, [r.prompt for r in batch],
-                         [r.continuation for r in batch])
-            return [(s.logprob, s.is_greedy) for s in scores]
-
-        return self._run_in_chunks("loglikelihood", requests, convert, call)
+        return self._run_in_chunks("loglikelihood", requests)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        def call(texts):
-            totals = self.method.loglikelihood_rolling(texts)
-            check_finite(totals, ENSEMBLE, COMBINING, [Prompt(text=t) for t in texts], [None] * len(texts))
-            return totals
+        return self._run_in_chunks("loglikelihood_rolling", requests)
 
-        return self._run_in_chunks("loglikelihood_rolling", requests, lambda i: requests[i].args[0], call)
+    # --- what a row reports -----------------------------------------------------------------------
+    def reported(self) -> dict:
+        """The row's statistics for its timing.json: the method's, the requests computed, the scoring's."""
+        return {**self.method.info(), "requests_computed": self.requests_computed, **self.scoring.summary()}
+
+    def span_traces(self) -> list[dict]:
+        """Span-level methods: candidates and scores per round, of the requests computed in this sitting."""
+        return getattr(self.method, "traces", None) or []
+
+    def carried(self) -> dict[str, object]:
+        """The accumulators of the row's statistics carried across sittings (run/sittings.py)."""
+        return {**self.method.carried(), "scoring": self.scoring}
+
+    def carry_counts(self, db) -> None:
+        """The row's statistics over all its sittings: the earlier sittings' counters are added before it
+        computes anything, and the counters so far are written after every chunk of cached answers."""
+        resume_counts(self.carried(), db)
+        self.after_chunk = lambda: save_counts(self.carried(), db)  # the cuts looked at anew
+
 
 
 def _sample_args(args: tuple, drawn: RequestSampling) -> tuple:
@@ -294,31 +283,65 @@ def _sampled_answers(hook, requests, draws: list[RequestSampling | None]) -> dic
     return found
 
 
-def _tally(requests, indices) -> dict[str, int]:
-    """The benchmark examples among ``requests[indices]`` per task (``""`` for requests without one),
-    in the order the tasks come: what a progress report counts."""
-    seen: dict[str, set] = {}
-    for i in indices:
-        task = getattr(requests[i], "task_name", None) or ""
-        seen.setdefault(task, set()).add(getattr(requests[i], "doc_id", i))
-    return {task: len(docs) for task, docs in seen.items()}
+class ReplicatedLM(EnsembleLM):
+    """The lm-eval model of a row whose ensemble runs in replicas: chunks go out, answers come back and
+    are cached as one process caches them."""
 
+    def __init__(self, replicas: Replicas, label: str, progress=None, sampling: SamplingPolicy | None = None):
+        row = next(row for row in replicas.recipe.plan if row.label == label)
+        described = replicas.begin(label, LM_CLASSES[row.method])
+        members = [SimpleNamespace(name=name, uses_chat_template=chat) for name, chat in described["members"]]
+        method = SimpleNamespace(members=members, batch_size=replicas.recipe.batch_size)
+        super().__init__(method, label, progress=progress, sampling=sampling or row_policy(replicas.recipe, row))
+        self.replicas = replicas
+        self.joined = Joined(described["joins"])
+        count = len(replicas.actors)
+        self.clock = ReplicaClock([0.0] * count, [0] * count)
+        self.passes = 0
 
-def _located(err: NonFiniteScore, requests, chunk: list[int]) -> NonFiniteScore:
-    """The fault naming lm-eval's request (its position, task and document) when its prompt and
-    continuation single one out of the chunk, else as raised."""
-    def matches(i: int) -> bool:
-        args = requests[i].args
-        same_continuation = err.continuation is None or (len(args) > 1 and args[1] == err.continuation)
-        return err.prompt is not None and to_prompt(args[0]) == err.prompt and same_continuation
+    def apply_chat_template(self, chat_history, add_generation_prompt: bool = True) -> str:
+        return self.replicas.call("render", chat_history)
 
-    found = [i for i in chunk if matches(i)] or (chunk if len(chunk) == 1 else [])
-    if not found:
-        return err
-    request = requests[found[0]]
-    task = getattr(request, "task_name", None)
-    document = f" ({task}, document {request.doc_id})" if task is not None else ""
-    return err.with_(where=f" {found[0] + 1} of {len(requests)}{document}")
+    def _run_in_chunks(self, kind: str, requests, convert=None, cached=None, apart=frozenset()) -> list:
+        answers: list = [None] * len(requests)
+        examples = self._pass_started(requests)
+        convert = convert or (lambda i: requests[i].args)
+        chunks = self._chunks(requests, apart)
+        started, self.passes = time.perf_counter(), self.passes + 1
+        try:
+            for replica, number, reply in self.replicas.answer(kind, [[convert(i) for i in c] for c in chunks]):
+                self.clock.busy_seconds[replica] += reply["busy"]
+                self.clock.batches[replica] += 1
+                self.joined.counts[replica] = reply["counts"]
+                self.joined.records[(self.passes, number)] = reply["records"]
+                self.joined.traces[(self.passes, number)] = reply["traces"]
+                self._chunk_done(kind, requests, chunks[number], reply["answers"], answers, examples, cached)
+        except Located as err:
+            raise located(err.err, requests, chunks[err.number]) from None
+        finally:
+            self.clock.wall_seconds += time.perf_counter() - started
+        return answers
+
+    def carry_counts(self, db) -> None:
+        self.joined.earlier = saved_counts(db)
+        self.after_chunk = lambda: write_counts(self.joined.snapshot(), db)
+
+    def _report(self) -> dict:
+        return self.replicas.call("report", self.joined.snapshot())
+
+    def reported(self) -> dict:
+        found = self._report()
+        return {**found["info"], "requests_computed": self.requests_computed, **found["scoring"],
+                "replicas": self.clock.summary()}
+
+    def get_model_info(self) -> dict:
+        found = self._report()
+        return {"ensbench": {"label": self.label, **found["info"], **found["scoring"],
+                             "members": [m.name for m in self.method.members], **found["rendered"],
+                             **self._sampling_info(), "replicas": self.clock.summary()}}
+
+    def span_traces(self) -> list[dict]:
+        return [t for k in sorted(self.joined.traces) for t in self.joined.traces[k]]
 
 
 # --- one registered lm-eval model per method, made when the method is registered ---------------------------

@@ -40,7 +40,6 @@ from ensemble_bench.run.row_check import damage
 from ensemble_bench.run.row_store import LENT_NOTE, REUSED_NOTE, RowKey, RowStore, copy_row, record_reuse, seed_cache
 from ensemble_bench.run.runs import params_damage, resolved_params, run_dir_of
 from ensemble_bench.run.setup import KEPT, LENT, REUSED, RowState, RunSetup, TaskFolder
-from ensemble_bench.run.sittings import resume_counts, save_counts
 from ensemble_bench.tasks import lm_eval_tasks
 from ensemble_bench.tasks.code_exec import check_isolation, isolation_level
 from ensemble_bench.tasks.ties import position_ties
@@ -56,7 +55,7 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     shutil.rmtree(partial, ignore_errors=True)
     cache = inside(run_dir, CACHE)
     cache.mkdir(parents=True, exist_ok=True)
-    _carry_counts(lm, cache_db(run_dir, row.label))
+    lm.carry_counts(cache_db(run_dir, row.label))
     chat = any(recipe.members[i].chat_template for i in row.members)
     ties: dict[str, dict[str, int]] = {}
     for limit, group in groups:
@@ -83,9 +82,8 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
         for task_name in results["configs"]:
             if task_name in samples:
                 tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
-    write_row_timing(partial, recipe, row, {**lm.method.info(), "requests_computed": lm.requests_computed,
-                                            **lm.scoring.summary(), "position_ties": ties, "row_key": row_key})
-    traces = getattr(lm.method, "traces", None)  # span-level methods: candidates and scores per round
+    write_row_timing(partial, recipe, row, {**lm.reported(), "position_ties": ties, "row_key": row_key})
+    traces = lm.span_traces()  # span-level methods: candidates and scores per round
     if traces:
         write_span_trace(partial, traces)
     missing = damage(partial, [group for _, group in groups])
@@ -95,14 +93,6 @@ def _evaluate_row(recipe: Recipe, row: Row, lm, run_dir: Path, groups, task_mana
     final = inside(run_dir, row.label)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)
-
-
-def _carry_counts(lm, db: Path) -> None:
-    """The row's statistics over all its sittings: the earlier sittings' counters are added before it
-    computes anything, and the counters so far are written after every chunk of cached answers."""
-    holders = {**lm.method.carried(), "scoring": lm.scoring}
-    resume_counts(holders, db)
-    lm.after_chunk = lambda: save_counts({**lm.method.carried(), "scoring": lm.scoring}, db)  # the cuts looked at anew
 
 
 # --- resuming: the state an interrupted run left ------------------------------------------------------
@@ -213,7 +203,8 @@ def run_recipe(setup: RunSetup, finish: Callable[[Path, Recipe], object],
 
 def _run_locked(setup: RunSetup, progress, on_row) -> Path:
     from ensemble_bench.run.build import MemberPool, build_method  # torch and the members: not for --dry-run
-    from ensemble_bench.run.lm import LM_CLASSES  # lm-eval's model API
+    from ensemble_bench.run.lm import LM_CLASSES, ReplicatedLM  # lm-eval's model API
+    from ensemble_bench.run.replicas import Replicas
 
     patch_lm_eval()  # lm-eval loads here, not for --dry-run / --reuse (about a second)
     recipe = setup.recipe
@@ -243,14 +234,23 @@ def _run_locked(setup: RunSetup, progress, on_row) -> Path:
     store = RowStore(setup.output_root, lambda row_dir: damage(row_dir, group_names))
     keys = setup.keys
     todo = [row for row in recipe.plan if _take(run_dir, row, setup.states[row.label], store, keys[row.label], on_row)]
-    for row in todo:
-        on_row and on_row(row, "loading")
-        method = build_method(recipe, row, pool)
-        row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
-        lm = LM_CLASSES[row.method](method, row.label, progress=row_progress, sampling=row_policy(recipe, row))
-        on_row and on_row(row, "evaluating")
-        _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
-        store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
+    replicas = Replicas(recipe) if recipe.placement.replicas > 1 else None  # run/replicas.py
+    try:
+        for row in todo:
+            on_row and on_row(row, "loading")
+            row_progress = (lambda n, total, label=row.label: progress(label, n, total)) if progress else None
+            policy = row_policy(recipe, row)
+            if replicas is not None:
+                lm = ReplicatedLM(replicas, row.label, progress=row_progress, sampling=policy)
+            else:
+                lm = LM_CLASSES[row.method](build_method(recipe, row, pool), row.label, progress=row_progress,
+                                            sampling=policy)
+            on_row and on_row(row, "evaluating")
+            _evaluate_row(recipe, row, lm, run_dir, groups, task_manager, keys[row.label].key)
+            store.remember(keys[row.label], inside(run_dir, row.label), cache_db(run_dir, row.label))
+    finally:
+        if replicas is not None:
+            replicas.close()
     _check_complete(run_dir, recipe.plan, group_names)
     return run_dir
 

@@ -17,6 +17,7 @@ between leaves that chunk's answers cached but uncounted (never counted twice).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import operator
@@ -92,23 +93,97 @@ def add_into(holders: dict[str, object], saved: dict) -> None:
                 setattr(holder, name, records + getattr(holder, name))
 
 
-def resume_counts(holders: dict[str, object], db: Path) -> None:
-    """Before a row computes anything: add the earlier sittings' counters when its cache holds their
-    answers; a statistics file without its cache is removed (its answers are computed, and counted, anew)."""
+def saved_counts(db: Path) -> dict:
+    """The earlier sittings' counters of a row (``snapshot``'s form), when its cache holds their answers; a
+    statistics file without its cache is removed (its answers are computed, and counted, anew)."""
     path = sittings_file(db)
     if not db.exists():
         path.unlink(missing_ok=True)
-        return
+        return {}
     try:
         saved = parse_json(path)
     except FileNotFoundError:
-        return
+        return {}
     except (OSError, ValueError) as err:
         log.warning("%s: damaged (%s): the row's statistics count this sitting only", path, type(err).__name__)
-        return
-    add_into(holders, saved)
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def resume_counts(holders: dict[str, object], db: Path) -> None:
+    """Before a row computes anything: add the earlier sittings' counters (``saved_counts``)."""
+    add_into(holders, saved_counts(db))
 
 
 def save_counts(holders: dict[str, object], db: Path) -> None:
     """After a chunk's answers are cached: the counters so far (earlier sittings included)."""
-    atomic_write_text(sittings_file(db), json.dumps(snapshot(holders)))
+    write_counts(snapshot(holders), db)
+
+
+def write_counts(counts: dict, db: Path) -> None:
+    """A row's counters so far, in ``snapshot``'s form, beside its response cache."""
+    atomic_write_text(sittings_file(db), json.dumps(counts))
+
+
+# --- the replicas of a row (run/replicas.py): their counters joined as one process would hold them -----------
+def joins(holders: dict[str, object]) -> dict[str, dict[str, str]]:
+    """How each carried field of each holder joins another part's: "add", "max" (``peak``) or "records"."""
+    return {key: {**{name: "max" if rule is max else "add" for name, rule in _rules(holder).items()},
+                  **dict.fromkeys(_record_types(holder), "records")}
+            for key, holder in holders.items() if is_dataclass(holder)}
+
+
+def _join(rule: str, a, b):
+    join = max if rule == "max" else operator.add
+    return [join(x, y) for x, y in zip(a, b)] if isinstance(a, list) else join(a, b)
+
+
+def joined(how: dict[str, dict[str, str]], parts: list[dict], records: dict[str, dict[str, list]]) -> dict:
+    """One snapshot of several parts' counters (earlier sittings, each replica), in ``snapshot``'s form:
+    numbers added (element by element for lists) or the largest kept; the request records are ``records``,
+    put in request order by the caller."""
+    found: dict[str, dict] = {}
+    for key, fields_ in how.items():
+        found[key] = {}
+        for name, rule in fields_.items():
+            if rule == "records":
+                found[key][name] = records.get(key, {}).get(name, [])
+                continue
+            values = [part[key][name] for part in parts
+                      if isinstance(part.get(key), dict) and _countable(part[key].get(name))]
+            if values:
+                found[key][name] = functools.reduce(functools.partial(_join, rule), values)
+    return found
+
+
+def overwrite(holders: dict[str, object], counts: dict) -> None:
+    """Set the holders' carried counters and records to ``counts`` (``snapshot``'s form)."""
+    for key, holder in holders.items():
+        given = counts.get(key) if is_dataclass(holder) else None
+        if not isinstance(given, dict):
+            continue
+        for name in _rules(holder):
+            if _countable(given.get(name)):
+                setattr(holder, name, given[name])
+        for name, kind in _record_types(holder).items():
+            records = _records(kind, given.get(name))
+            if records is not None:
+                setattr(holder, name, records)
+
+
+def record_counts(holders: dict[str, object]) -> dict[str, dict[str, int]]:
+    """How many request records each holder's ``per_request`` lists hold now."""
+    return {key: {name: len(getattr(holder, name)) for name in _record_types(holder)}
+            for key, holder in holders.items() if is_dataclass(holder)}
+
+
+def records_since(holders: dict[str, object], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, list]]:
+    """The request records added since ``record_counts`` gave ``counts``, as JSON fields."""
+    return {key: {name: [_plain(r) for r in getattr(holder, name)[counts[key][name]:]] for name in fields_}
+            for key, fields_ in counts.items() for holder in [holders[key]]}
+
+
+def counters(holders: dict[str, object]) -> dict[str, dict]:
+    """``snapshot`` without the request records."""
+    return {key: {name: getattr(holder, name) for name in _rules(holder)}
+            for key, holder in holders.items() if is_dataclass(holder)}

@@ -77,7 +77,7 @@ def test_rolling_loglikelihood_matches_hflm(models):
 def test_chat_rendering_matches_hflm(bpe_tokenizer, bpe_model):
     hflm, ours = pair(bpe_tokenizer, bpe_model)
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2+2?\nA:"}]
-    from ensemble_bench.run.lm import to_prompt
+    from ensemble_bench.run.answers import to_prompt
 
     prompt = to_prompt(ours.apply_chat_template(history))
     assert ours.method.member.render_text(prompt) == hflm.apply_chat_template(history)

@@ -9,7 +9,8 @@ from lm_eval.api.instance import Instance
 from ensemble_bench.members import LocalMember
 from ensemble_bench.members.rendered import RenderedPrompts, chat_prompt
 from ensemble_bench.methods.single import Single
-from ensemble_bench.run.lm import CHAT_MARK, EnsembleLM, to_prompt
+from ensemble_bench.run.answers import CHAT_MARK, to_prompt
+from ensemble_bench.run.lm import EnsembleLM
 
 FIRST = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: 2+2?\nA:"}]
 SECOND = [{"role": "user", "content": "Q: 3+3?\nA:"}]
