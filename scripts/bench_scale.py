@@ -1,10 +1,16 @@
-"""Data parallel on this machine (issue 49, table (b)): the same GaC row over the same requests as
-1 replica x 1 thread, 1 replica x 2 threads and 2 replicas x 1 thread (placement: {kind: ray, replicas: 2}),
-one `ensbench run` each, in one sitting; wall times, throughput ratios, and whether the samples are
-identical byte for byte.
+"""Scaling on this machine (issue 49): three tables, one sitting, ratios only. Every setup is one
+`ensbench run` of GaC (average) over the packaged pair on the same requests.
+
+(a) overlap: GaC with each member in its own Ray actor (1 thread each) against each member's plain step
+    alone (a `singles` row in one process, 1 thread), decode ms per token, at each batch size; the ratio
+    is to the slowest member alone (1.0: the ensemble step costs its slowest member).
+(b) data parallel: 1 replica x 1 thread, 1 replica x 2 threads and 2 replicas x 1 thread
+    (placement: {kind: ray, replicas: 2}); wall times, throughput ratios, and whether the samples are
+    identical byte for byte.
+(c) vLLM members in actors: not available (the reason is printed).
 
     python scripts/bench_scale.py [--members smollm2-135m qwen2.5-0.5b] [--task nq] [--limit 16]
-           [--batch-size 1] [--output results/bench/scale.json]
+           [--batch-size 1] [--overlap-batch-sizes 1 8] [--output results/bench/scale.json]
 
 The run's wall time counts everything a user waits for (lm-eval's start, model loading, Ray's start
 for the replicas); the evaluation wall is lm-eval's own ``total_evaluation_time_seconds`` of the row
@@ -26,32 +32,61 @@ from pathlib import Path
 import yaml
 
 SETUPS = (("1 replica x 1 thread", 1, 1), ("1 replica x 2 threads", 1, 2), ("2 replicas x 1 thread", 2, 1))
+VLLM_IN_ACTORS = ("not available: backend vllm members run in the driver's process (the recipe refuses "
+                  "placement ray with them); vLLM engines in their own actors (issue 49, item 3) are not built")
 
 
-def recipe(members: list[str], task: str, limit: int, batch_size: int, replicas: int, output: Path) -> dict:
-    found = {"name": "scale", "members": [{"model": m, "dtype": "float32", **({"num_cpus": 1} if replicas > 1 else {})}
-                                          for m in members],
-             "method": {"name": "gac", "weights": "average"}, "tasks": [{"name": task, "limit": limit}],
-             "batch_size": batch_size, "seed": 1234, "data": "offline", "output": str(output)}
-    if replicas > 1:
-        found["placement"] = {"kind": "ray", "replicas": replicas, "num_cpus": replicas}
+def recipe(args, name: str, batch_size: int, output: Path, replicas: int = 0, singles: bool = False) -> dict:
+    """The GaC recipe (or, with ``singles``, the members alone) in one process (``replicas`` 0), with each
+    member in an actor of one thread (1), or as ``replicas`` copies of the ensemble (2 or more)."""
+    found = {"name": name, "members": [{"model": m, "dtype": "float32", **({"num_cpus": 1} if replicas else {})}
+                                       for m in args.members],
+             "tasks": [{"name": args.task, "limit": args.limit}], "batch_size": batch_size, "seed": 1234,
+             "data": "offline", "output": str(output)}
+    found.update({"singles": True} if singles else {"method": {"name": "gac", "weights": "average"}})
+    if replicas:
+        found["placement"] = {"kind": "ray", "num_cpus": 2, **({"replicas": replicas} if replicas > 1 else {})}
     return found
 
 
-def run(setup: tuple[str, int, int], args, folder: Path) -> dict:
-    name, replicas, threads = setup
-    output = folder / f"r{replicas}t{threads}"
-    path = folder / f"r{replicas}t{threads}.yaml"
-    path.write_text(yaml.safe_dump(recipe(args.members, args.task, args.limit, args.batch_size, replicas, output)))
+def ensbench_run(found: dict, folder: Path, threads: int) -> tuple[float, dict[str, Path]]:
+    """Run the recipe fresh; (its wall seconds, each row's folder by label)."""
+    path = folder / f"{found['name']}.yaml"
+    path.write_text(yaml.safe_dump(found))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "ensemble_bench.cli", "run", str(path), "--fresh", "--threads",
                            str(threads)], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
-        sys.exit(f"{name}: ensbench run failed: {done.stderr.strip().splitlines()[-1:]}")
-    [run_dir] = (output / "scale").iterdir()
-    row = run_dir / "gac"
+        sys.exit(f"{found['name']}: ensbench run failed: {done.stderr.strip().splitlines()[-1:]}")
+    [run_dir] = (Path(found["output"]) / found["name"]).iterdir()
+    return wall, {row.name: row for row in run_dir.iterdir() if (row / "timing.json").is_file()}
+
+
+def ms_per_token(row: Path) -> float:
+    return json.loads((row / "timing.json").read_text())["decode_ms_per_token"]
+
+
+def overlap(args, folder: Path, batch_size: int) -> dict:
+    """Table (a) at one batch size: each member alone in one process, and GaC over members in actors."""
+    _, alone = ensbench_run(recipe(args, f"alone-b{batch_size}", batch_size, folder / f"alone{batch_size}",
+                                   singles=True), folder, threads=1)
+    _, actors = ensbench_run(recipe(args, f"actors-b{batch_size}", batch_size, folder / f"actors{batch_size}",
+                                    replicas=1), folder, threads=1)
+    members = {label: ms_per_token(row) for label, row in sorted(alone.items())}
+    gac = ms_per_token(actors["gac"])
+    return {"batch_size": batch_size, "alone_ms_per_token": members, "gac_actors_ms_per_token": gac,
+            "ratio_to_slowest": gac / max(members.values())}
+
+
+def data_parallel(setup: tuple[str, int, int], args, folder: Path) -> dict:
+    """Table (b), one setup."""
+    name, replicas, threads = setup
+    found = recipe(args, f"r{replicas}t{threads}", args.batch_size, folder / f"r{replicas}t{threads}",
+                   replicas=replicas if replicas > 1 else 0)
+    wall, rows = ensbench_run(found, folder, threads)
+    row = rows["gac"]
     timing = json.loads((row / "timing.json").read_text())
     [results] = row.glob("results_*.json")
     evaluated = float(json.loads(results.read_text())["total_evaluation_time_seconds"])
@@ -62,29 +97,53 @@ def run(setup: tuple[str, int, int], args, folder: Path) -> dict:
             "decode_ms_per_token": timing.get("decode_ms_per_token"), "samples": resps}
 
 
+def print_overlap(args, found: list[dict]) -> None:
+    labels = list(found[0]["alone_ms_per_token"])
+    print(f"(a) overlap: GaC, {args.task} {args.limit} requests, each member in a Ray actor x 1 thread, "
+          "against each member alone (1 thread); decode ms/token")
+    print(f"{'batch':>5}" + "".join(f"{label + ' alone':>22}" for label in labels)
+          + f"{'GaC, members in actors':>24}{'ratio to slowest':>18}")
+    for r in found:
+        print(f"{r['batch_size']:>5}" + "".join(f"{r['alone_ms_per_token'][label]:>22.1f}" for label in labels)
+              + f"{r['gac_actors_ms_per_token']:>24.1f}{r['ratio_to_slowest']:>17.2f}x")
+
+
+def print_data_parallel(args, found: list[dict]) -> None:
+    base = found[0]
+    print(f"(b) data parallel: GaC, {args.task} {args.limit} requests, batch {args.batch_size}")
+    print(f"{'setup':<24}{'run wall s':>11}{'eval wall s':>12}{'throughput vs 1x1':>19}  samples")
+    for r in found:
+        same = "identical" if r["samples"] == base["samples"] else "DIFFERENT"
+        ratio = base["eval_wall_s"] / r["eval_wall_s"]
+        print(f"{r['setup']:<24}{r['run_wall_s']:>11.1f}{r['eval_wall_s']:>12.1f}{ratio:>18.2f}x  {same}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", nargs=2, default=["smollm2-135m", "qwen2.5-0.5b"])
     parser.add_argument("--task", default="nq")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--overlap-batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output", type=Path, default=Path("results/bench/scale.json"))
     args = parser.parse_args()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        found = [run(setup, args, Path(scratch)) for setup in SETUPS]
-    base = found[0]
-    print(f"(b) data parallel: GaC, {args.task} {args.limit} requests, batch {args.batch_size}, "
-          f"load before {os.getloadavg()[0]:.2f}")
-    print(f"{'setup':<24}{'run wall s':>11}{'eval wall s':>12}{'throughput vs 1x1':>19}  samples")
-    for r in found:
-        same = "identical" if r["samples"] == base["samples"] else "DIFFERENT"
-        ratio = base["eval_wall_s"] / r["eval_wall_s"]
-        print(f"{r['setup']:<24}{r['run_wall_s']:>11.1f}{r['eval_wall_s']:>12.1f}{ratio:>18.2f}x  {same}")
+        overlaps = [overlap(args, Path(scratch), b) for b in args.overlap_batch_sizes]
+        parallel = [data_parallel(setup, args, Path(scratch)) for setup in SETUPS]
+    load_after = os.getloadavg()
+    print(f"load (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    print_overlap(args, overlaps)
+    print_data_parallel(args, parallel)
+    print(f"(c) vLLM members in actors: {VLLM_IN_ACTORS}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    identical = all(r["samples"] == parallel[0]["samples"] for r in parallel)
     args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                       "load_after": os.getloadavg(),
-                                       "runs": [{k: v for k, v in r.items() if k != "samples"} for r in found],
-                                       "identical": all(r["samples"] == base["samples"] for r in found)}, indent=1))
+                                       "load_before": load_before, "load_after": load_after, "overlap": overlaps,
+                                       "data_parallel": [{k: v for k, v in r.items() if k != "samples"}
+                                                         for r in parallel],
+                                       "identical": identical, "vllm_in_actors": VLLM_IN_ACTORS}, indent=1))
 
 
 if __name__ == "__main__":
