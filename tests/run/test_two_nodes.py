@@ -47,6 +47,7 @@ def two_nodes(monkeypatch):
     scratch = tempfile.mkdtemp(prefix="rn", dir="/tmp")
     monkeypatch.setenv("RAY_TMPDIR", scratch)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a process's own address: 127.0.0.1 (not the LAN's)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # `auto` would take a token file of this machine as the cluster's
     loopback = {"node_ip_address": "127.0.0.1", "num_cpus": 1}
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={
         **loopback, "include_dashboard": False, "resources": {"node_a": 1, "replica_slot": 1}})
@@ -56,7 +57,7 @@ def two_nodes(monkeypatch):
         yield cluster
     finally:
         cluster.shutdown()
-        print("SCRATCH", scratch)  # DEBUG
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def run_elsewhere(recipe: Path) -> None:
