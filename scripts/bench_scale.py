@@ -43,7 +43,8 @@ def recipe(args, name: str, batch_size: int, output: Path, replicas: int = 0, si
                                        for m in args.members],
              "tasks": [{"name": args.task, "limit": args.limit}], "batch_size": batch_size, "seed": 1234,
              "data": "offline", "output": str(output)}
-    found.update({"singles": True} if singles else {"method": {"name": "gac", "weights": "average"}})
+    found["methods"] = ([{"name": "single", "label": m, "members": [m]} for m in args.members] if singles
+                        else [{"name": "gac", "label": "gac", "weights": "average"}])
     if replicas:
         found["placement"] = {"kind": "ray", "num_cpus": 2, **({"replicas": replicas} if replicas > 1 else {})}
     return found
