@@ -76,7 +76,10 @@ def ray_cluster():
     import logging
 
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    from ensemble_bench.members.remote import INLINE_REPLY_BYTES  # replies inline, as connect() starts Ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+             _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
     yield ray
     ray.shutdown()
 

@@ -111,15 +111,23 @@ class MemberServer:
         return self.member.output_embeddings().detach().cpu().clone()
 
 
+# Replies up to this size travel inside the call's reply rather than through Ray's object store (Ray's
+# default: 100 KB). A step's reply is 4 x head size bytes per row (608 KB for Qwen2's head at batch 1):
+# inline, a 600 KB reply came back in 2.0 ms against 6.0 ms through the store (median of 60, this CPU).
+INLINE_REPLY_BYTES = 16 * 1024 * 1024
+
+
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Join the Ray cluster at ``address`` ("auto", "ray://host:port", "host:port"), or start a
-    local one (``num_cpus`` / ``num_gpus``: its size; None: what Ray detects). Once per process."""
+    local one (``num_cpus`` / ``num_gpus``: its size; None: what Ray detects; replies inline up to
+    ``INLINE_REPLY_BYTES``). Once per process."""
     import ray
 
     if ray.is_initialized():
         return
     if address is None:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING,
+                 _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
     else:
         try:
             ray.init(address=address, logging_level=logging.WARNING)
