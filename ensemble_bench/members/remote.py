@@ -118,8 +118,9 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
 
     if ray.is_initialized():
         return
-    if address is None:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING)
+    if address is None:  # "local": a new instance even where another runs (``ray start``, a test cluster)
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                 logging_level=logging.WARNING)
     else:
         try:
             ray.init(address=address, logging_level=logging.WARNING)
