@@ -35,7 +35,19 @@ from torch import nn
 from transformers import DynamicCache, EncoderDecoderCache
 
 from ensemble_bench.members import kv
-from ensemble_bench.members.base import ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last, no_room
+from ensemble_bench.members.base import (
+    BLOCK_READS,
+    EMBEDDINGS,
+    SCORING,
+    ForwardClock,
+    Member,
+    Prompt,
+    Score,
+    fit_window,
+    flatten_messages,
+    last,
+    no_room,
+)
 from ensemble_bench.members.batching import positions_of, right_padded
 from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.local import log_probs_of, max_length_of, stop_ids_of
@@ -140,6 +152,8 @@ def pin_decoder_positions(model) -> _PinnedPositions | None:
 
 class Seq2SeqMember(TokenizerSide, Member):
     """An encoder-decoder model in this process, stepped on the decoder side."""
+
+    capabilities = frozenset({BLOCK_READS, SCORING, EMBEDDINGS})
 
     uses_chat_template = False  # the encoder reads the source, not a chat
     remote = False
