@@ -4,8 +4,6 @@ the registry reaches: a recipe's ``backend:`` and its ``echo:`` section (the sch
 ``ensbench run --dry-run`` (the preflight), the rows' keys, and loading the members (here a stand-in:
 a tiny random llama)."""
 
-import sys
-
 import pytest
 
 from ensemble_bench.errors import UserError, lines_of
@@ -14,6 +12,7 @@ from ensemble_bench.recipe import parse_recipe
 from ensemble_bench.run.build import MemberPool
 from ensemble_bench.run.row_store import _member
 from tests.cli_helpers import dry_run
+from tests.toy_packages import forget_package, write_package
 
 BACKEND = '''\
 """``echo``: a stand-in engine: a tiny random llama whose weights its section's seed draws."""
@@ -44,16 +43,11 @@ register_backend(Backend(name="echo", loader="toy_backends.echo_backend:load", s
 
 @pytest.fixture
 def echo(tmp_path, monkeypatch):
-    package = tmp_path / "toy_backends"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "echo_backend.py").write_text(BACKEND)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    write_package(tmp_path, monkeypatch, "toy_backends", {"echo_backend": BACKEND})
     discover("toy_backends")
     yield DECLARED["echo"]
     DECLARED.pop("echo")
-    for name in ("toy_backends.echo_backend", "toy_backends"):
-        sys.modules.pop(name, None)
+    forget_package("toy_backends", ("echo_backend",))
 
 
 def recipe_data(tmp_path, member, method="single"):
