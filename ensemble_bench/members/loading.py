@@ -161,6 +161,7 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     if dtype not in DTYPES:
         raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
     steps = backend_spec(backend)
+    section = {key: value for key, value in section.items() if value is not None}  # vllm=None: none given
     if set(section) - {backend} or (section and steps.section is None):
         raise TypeError(f"load_member: backend {backend} takes no {', '.join(sorted(section))} settings")
     given = {"section": section.get(backend)} if steps.section is not None else {}
