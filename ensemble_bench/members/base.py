@@ -207,6 +207,7 @@ SCORING = "score"                 # a continuation's log-likelihood by itself (m
 EMBEDDINGS = "input_embeddings"   # the embedding matrices (DeePEn's anchors, EVA's map)
 CAPABILITIES = {BLOCK_READS: "read a block of tokens in one forward pass", SCORING: "score continuations",
                 EMBEDDINGS: "give their embedding matrices"}
+ALL_CAPABILITIES = frozenset(CAPABILITIES)  # what every member kind of this package answers
 
 
 def require(members: Sequence[Member], capability: str, needing: str) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import BLOCK_READS, EMBEDDINGS, SCORING, ForwardClock, Member, Score
+from ensemble_bench.members.base import ALL_CAPABILITIES, ForwardClock, Member, Score
 from ensemble_bench.members.loading import load_member
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
@@ -225,7 +225,7 @@ class RemoteMember(TokenizerSide, Member):
     ``connect`` first (or ``ray.init``). Waits until the model is loaded.
     """
 
-    capabilities = frozenset({BLOCK_READS, SCORING, EMBEDDINGS})
+    capabilities = ALL_CAPABILITIES
 
     remote = True  # decoding/concurrent.py: steps of remote members overlap
     device = torch.device("cpu")  # where the log-probs it returns live (the actor's own: remote_device)

@@ -25,8 +25,13 @@ def test_the_decode_loop_calls_are_what_stays_abstract():
                                                   "prefill", "render_text", "row_ids", "word_starts"]
 
 
-def test_every_member_kind_declares_its_capabilities(bpe_model, bpe_tokenizer):
-    assert LocalMember(bpe_model, bpe_tokenizer, "a").capabilities == {BLOCK_READS, SCORING, EMBEDDINGS}
+def test_every_member_kind_declares_its_capabilities():
+    from ensemble_bench.members.remote import RemoteMember
+    from ensemble_bench.members.seq2seq import Seq2SeqMember
+    from ensemble_bench.members.vllm import VllmMember
+
+    for kind in (LocalMember, Seq2SeqMember, VllmMember, RemoteMember):
+        assert kind.capabilities == {BLOCK_READS, SCORING, EMBEDDINGS}, kind
 
 
 @pytest.mark.parametrize("method, params, needs", [
