@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.base import ALL_CAPABILITIES, ForwardClock, Member, Score
 from ensemble_bench.members.loading import load_member
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
@@ -225,6 +225,8 @@ class RemoteMember(TokenizerSide, Member):
     ``load`` / ``options``: as for ``launch``; or ``actor``, one that ``launch`` started. Call
     ``connect`` first (or ``ray.init``). Waits until the model is loaded.
     """
+
+    capabilities = ALL_CAPABILITIES
 
     remote = True  # decoding/concurrent.py: steps of remote members overlap
     device = torch.device("cpu")  # where the log-probs it returns live (the actor's own: remote_device)
