@@ -15,7 +15,6 @@ import pytest
 from ensemble_bench.cli import main as cli
 from ensemble_bench.recipe import parse_recipe, selected_benchmarks
 from ensemble_bench.run import build as build_module
-from ensemble_bench.run import runner
 from ensemble_bench.run.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.cli_helpers import run_cli
 
