@@ -78,7 +78,7 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     from ensemble_bench.members.remote import INLINE_REPLY_BYTES  # replies inline, as connect() starts Ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
              _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
     yield ray
     ray.shutdown()
