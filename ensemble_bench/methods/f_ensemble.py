@@ -40,6 +40,7 @@ import torch
 from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.f_ensemble_params import FEnsembleSpec
+from ensemble_bench.methods.f_ensemble_smc import ParticleSampling, log_aggregate
 
 
 def live_weights(weights: Sequence[float], live: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,7 +66,7 @@ def aggregate(operator: str, exponent: float | None, dists: torch.Tensor, weight
     return powered.sum(dim=0).pow(1 / exponent)
 
 
-class FEnsemble(FEnsembleSpec, ByteLevel):
+class FEnsemble(ParticleSampling, FEnsembleSpec, ByteLevel):
 
     def combine(self, dists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """q(. | x) = f(M_1, ..., M_K) over the live members, normalised per row (module docstring). An
@@ -82,11 +83,4 @@ class FEnsemble(FEnsembleSpec, ByteLevel):
         """log f(P_1(x), ..., P_K(x)) of whole texts (perplexity), in log space: the global, unnormalised
         f-ensemble."""
         logs = torch.tensor(per_member, dtype=torch.float64)  # [K, texts]
-        weights = torch.tensor(self.weights, dtype=torch.float64)[:, None]
-        operator, exponent = self.params.operator, self.params.exponent
-        if operator == "product":
-            return torch.where(weights > 0, weights * logs, 0.0).sum(dim=0).tolist()
-        if operator in ("min", "max"):
-            return (logs.amin(dim=0) if operator == "min" else logs.amax(dim=0)).tolist()
-        scale = 1.0 if operator == "sum" else exponent
-        return (torch.logsumexp(weights.log() + scale * logs, dim=0) / scale).tolist()
+        return log_aggregate(self.params.operator, self.params.exponent, logs, self.weights).tolist()
