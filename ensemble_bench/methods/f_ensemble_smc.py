@@ -38,7 +38,7 @@ import torch
 
 from ensemble_bench.decoding.method import Generation, GenerationRequest, NonFiniteScore, request_excerpt
 from ensemble_bench.decoding.sampling import Sampler, inverse_cdf, request_generator, shape
-from ensemble_bench.methods.covering_decoder import CoverState, Tree
+from ensemble_bench.methods.covering_decoder import CoverState
 
 
 def log_aggregate(operator: str, exponent: float | None, logs: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
@@ -129,7 +129,8 @@ class ParticleSampling:
             state.sampler = Sampler(sampling.params, generator)
             particles.append(SmcState(**{f.name: getattr(state, f.name) for f in fields(state)},
                                       log_prefix=[0.0] * len(self.members)))
-        population = Population(particles, request_generator(sampling.seed, f"{sampling.key}\0resampling", sampling.repeat))
+        resampling = request_generator(sampling.seed, f"{sampling.key}\0resampling", sampling.repeat)
+        population = Population(particles, resampling)
         for state in particles:
             state.population = population
         return particles
@@ -164,7 +165,7 @@ class ParticleSampling:
         step = member.gather(2, symbol.expand(len(self.members), -1, -1))[:, :, 0].double().log()
         before = torch.tensor([states[k].log_prefix for k in rows], dtype=torch.float64).T  # [K, rows]
         ensemble = mixed.index_select(0, index.to(mixed.device)).gather(1, symbol.to(mixed.device))[:, 0]
-        after = torch.where(live, before + step, before + ensemble.double().cpu().log()[None])  # a dead member follows q
+        after = torch.where(live, before + step, before + ensemble.double().cpu().log()[None])  # dead: follows q
         target = log_aggregate(self.params.operator, self.params.exponent, after, self.weights)
         for j, k in enumerate(rows):
             state = states[k]

@@ -1,8 +1,8 @@
 """f_ensemble's sequential Monte Carlo (methods/f_ensemble_smc.py, arXiv 2603.05432 Sec. 4): after two
 bytes, the particles' weighted distribution of the first byte matches the exact two-byte target
 f(P_1(b1 b2), P_2(b1 b2)) enumerated over every pair of bytes of two tiny members, where q alone, the
-proposal, does not (the check has power; a weight without the 1 / q factor fails it); greedy requests keep q's argmax; samples do not depend on the
-batch."""
+proposal, does not (the check has power; a weight without the 1 / q factor fails it);
+greedy requests keep q's argmax; samples do not depend on the batch."""
 
 from __future__ import annotations
 
