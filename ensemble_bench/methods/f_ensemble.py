@@ -17,13 +17,13 @@ with, for weights w_i summing to 1 over the members live at x (``operator``):
     min, max     min_i M_i(b), max_i M_i(b)
     power_mean   (sum_i w_i M_i(b)^r)^{1/r},  r = ``exponent`` (1: sum; r -> 0: product; -inf: min; +inf: max)
 
-Each operator gives a member ensembled with itself exactly that member. The paper's target is the
-global p_f, which q only approximates (q is biased for every f but the sum, and for the sum too
-as soon as the members' prefix probabilities differ); its byte-level SMC (N particles, q as the
-proposal, weights f(P(x b)) / (f(P(x)) q(b | x)), resampling on the effective sample size) is not
-here (docs/limitations.md). A request that samples draws each byte from q (shaped by its settings:
-decoding/sampling.py); a greedy request takes q's argmax. A row where f is zero at every byte (min or
-product of members with disjoint next bytes) ends with finish reason ``no_continuation``.
+Each operator gives a member ensembled with itself exactly that member. A request that samples draws
+each byte from q (shaped by its settings: decoding/sampling.py); a greedy request takes q's argmax. The
+paper's target is the global p_f, which q only approximates (q is biased for every f but the sum, and for
+the sum too as soon as the members' prefix probabilities differ): with ``particles`` > 1 a sampling
+request runs the paper's sequential Monte Carlo with q as the proposal (f_ensemble_smc.py). A row where
+f is zero at every byte (min or product of members with disjoint next bytes, or no live member) ends
+with finish reason ``no_continuation``.
 
 Log-likelihoods (multiple choice) are sums of log q over the continuation's bytes, teacher-forced
 through the same loop; whole-text log-likelihoods (perplexity) are log f(P_1(x), ..., P_K(x)) of the
@@ -63,7 +63,8 @@ def aggregate(operator: str, exponent: float | None, dists: torch.Tensor, weight
     if operator == "max":
         return torch.where(alive, dists, 0.0).amax(dim=0)
     powered = torch.where(alive & (weights[:, :, None] > 0), weights[:, :, None] * dists.pow(exponent), 0.0)
-    return powered.sum(dim=0).pow(1 / exponent)
+    total = powered.sum(dim=0)
+    return torch.where(total > 0, total.pow(1 / exponent), 0.0)  # no live member: 0, not 0^(1/r) = inf for r < 0
 
 
 class FEnsemble(ParticleSampling, FEnsembleSpec, ByteLevel):
