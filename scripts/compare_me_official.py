@@ -53,7 +53,7 @@ QUESTIONS = ([f"Question: Tell me one fact about {t}.\nAnswer:" for t in TOPICS]
 
 def import_official(repo: str, into: Path):
     """The official engine module from ``repo`` (a checkout or a git copy), as package ``me_official``,
-    with Ray's transport replaced by plain calls."""
+    with Ray's transport replaced by plain calls (and loguru by the logging module when absent)."""
     package = into / "me_official"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -63,6 +63,12 @@ def import_official(repo: str, into: Path):
             ["git", "-C", repo, "show", f"HEAD:{name}"], check=True, capture_output=True, text=True).stdout
         (package / Path(name).name).write_text(text)
     sys.path.insert(0, str(into))
+    try:
+        import loguru  # noqa: F401  (its token_mapping logs with it)
+    except ImportError:
+        import logging
+
+        sys.modules["loguru"] = types.SimpleNamespace(logger=logging.getLogger("me_official"))
     from me_official import ray_engine
 
     ray_engine.ray = types.SimpleNamespace(get=lambda value: value, is_initialized=lambda: True)
@@ -182,12 +188,13 @@ def main() -> None:
     def spelled(ids: list[int]) -> str:
         return engine.group.target.runners[0].tokenizer.decode(ids, skip_special_tokens=False)
 
-    captured = []
+    captured = {}  # prompt text -> its state (the batches run longest prompt first)
     start = method.start
-    method.start = lambda r: captured.append(start(r)) or captured[-1]
+    method.start = lambda r: captured.setdefault(r.prompt.text, start(r))
     ours = method.generate([request(t) for t in texts])
     rows = []
-    for k, (text, state) in enumerate(zip(texts, captured)):
+    for k, text in enumerate(texts):
+        state = captured[text]
         stream = request_generator(args.seed, request_key(text, {}), 0)
         uniforms = [float(torch.rand((), dtype=torch.float64, generator=stream)) for _ in range(2 * args.tokens)]
         engine._rng = Picks(uniforms[0::2])
