@@ -17,13 +17,13 @@ with, for weights w_i summing to 1 over the members live at x (``operator``):
     min, max     min_i M_i(b), max_i M_i(b)
     power_mean   (sum_i w_i M_i(b)^r)^{1/r},  r = ``exponent`` (1: sum; r -> 0: product; -inf: min; +inf: max)
 
-Each operator gives a member ensembled with itself exactly that member. The paper's target is the
-global p_f, which q only approximates (q is biased for every f but the sum, and for the sum too
-as soon as the members' prefix probabilities differ); its byte-level SMC (N particles, q as the
-proposal, weights f(P(x b)) / (f(P(x)) q(b | x)), resampling on the effective sample size) is not
-here (docs/limitations.md). A request that samples draws each byte from q (shaped by its settings:
-decoding/sampling.py); a greedy request takes q's argmax. A row where f is zero at every byte (min or
-product of members with disjoint next bytes) ends with finish reason ``no_continuation``.
+Each operator gives a member ensembled with itself exactly that member. A request that samples draws
+each byte from q (shaped by its settings: decoding/sampling.py); a greedy request takes q's argmax. The
+paper's target is the global p_f, which q only approximates (q is biased for every f but the sum, and for
+the sum too as soon as the members' prefix probabilities differ): with ``particles`` > 1 a sampling
+request runs the paper's sequential Monte Carlo with q as the proposal (f_ensemble_smc.py). A row where
+f is zero at every byte (min or product of members with disjoint next bytes, or no live member) ends
+with finish reason ``no_continuation``.
 
 Log-likelihoods (multiple choice) are sums of log q over the continuation's bytes, teacher-forced
 through the same loop; whole-text log-likelihoods (perplexity) are log f(P_1(x), ..., P_K(x)) of the
@@ -40,6 +40,7 @@ import torch
 from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.methods.byte_level import ByteLevel
 from ensemble_bench.methods.f_ensemble_params import FEnsembleSpec
+from ensemble_bench.methods.f_ensemble_smc import ParticleSampling, log_aggregate
 
 
 def live_weights(weights: Sequence[float], live: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -62,10 +63,11 @@ def aggregate(operator: str, exponent: float | None, dists: torch.Tensor, weight
     if operator == "max":
         return torch.where(alive, dists, 0.0).amax(dim=0)
     powered = torch.where(alive & (weights[:, :, None] > 0), weights[:, :, None] * dists.pow(exponent), 0.0)
-    return powered.sum(dim=0).pow(1 / exponent)
+    total = powered.sum(dim=0)
+    return torch.where(total > 0, total.pow(1 / exponent), 0.0)  # no live member: 0, not 0^(1/r) = inf for r < 0
 
 
-class FEnsemble(FEnsembleSpec, ByteLevel):
+class FEnsemble(ParticleSampling, FEnsembleSpec, ByteLevel):
 
     def combine(self, dists: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """q(. | x) = f(M_1, ..., M_K) over the live members, normalised per row (module docstring). An
@@ -82,11 +84,4 @@ class FEnsemble(FEnsembleSpec, ByteLevel):
         """log f(P_1(x), ..., P_K(x)) of whole texts (perplexity), in log space: the global, unnormalised
         f-ensemble."""
         logs = torch.tensor(per_member, dtype=torch.float64)  # [K, texts]
-        weights = torch.tensor(self.weights, dtype=torch.float64)[:, None]
-        operator, exponent = self.params.operator, self.params.exponent
-        if operator == "product":
-            return torch.where(weights > 0, weights * logs, 0.0).sum(dim=0).tolist()
-        if operator in ("min", "max"):
-            return (logs.amin(dim=0) if operator == "min" else logs.amax(dim=0)).tolist()
-        scale = 1.0 if operator == "sum" else exponent
-        return (torch.logsumexp(weights.log() + scale * logs, dim=0) / scale).tolist()
+        return log_aggregate(self.params.operator, self.params.exponent, logs, self.weights).tolist()

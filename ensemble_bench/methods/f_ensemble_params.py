@@ -18,6 +18,12 @@ class FEnsembleParams(ByteLevelParams):
     operator: Operator = Field(default="product", description=(
         "f, combining the members' next-byte probabilities: sum, product, min, max or power_mean"))
     exponent: float | None = Field(default=None, description="r of power_mean (finite, not 0); only with it")
+    particles: int = Field(default=1, ge=1, le=4096, description=(
+        "N, sequential Monte Carlo particles per request that samples (arXiv 2603.05432 Sec. 4; each a row "
+        "of the batch); 1: no SMC, each byte drawn from the locally normalised q"))
+    ess_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description=(
+        "resample a request's live particles when their effective sample size falls below this fraction "
+        "of their number (0: never, 1: every byte); only with particles > 1"))
 
     @model_validator(mode="after")
     def _exponent_with_power_mean(self):

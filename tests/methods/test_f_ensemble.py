@@ -136,3 +136,12 @@ def test_a_non_finite_combination_stops_the_row(pair):
     with pytest.raises(NonFiniteFusion) as caught:
         method.combine([finite, broken])
     assert caught.value.row == 1
+
+
+def test_a_row_without_a_live_member_has_no_continuation_under_a_negative_power_mean(pair):
+    """(sum_i w_i M_i^r)^(1/r) over no live member was 0^(1/r) = inf for r < 0: a NonFiniteFusion where
+    the row should end with no_continuation (a zero row of q, not alive)."""
+    method = make(pair(), operator="power_mean", exponent=-1.0)
+    dead = torch.zeros((1, 3), dtype=torch.float64)
+    q, alive = method.combine([dead, dead])
+    assert not bool(alive[0]) and q.abs().sum() == 0
