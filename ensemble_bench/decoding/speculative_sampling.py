@@ -30,7 +30,7 @@ import torch
 
 from ensemble_bench.decoding.acceptance import NONE, SamplingAcceptance
 from ensemble_bench.decoding.decode import Advance, RequestState, Round
-from ensemble_bench.decoding.sampling import Sampler, SamplingParams, decide, draw_rows, inverse_cdf, rows_of
+from ensemble_bench.decoding.sampling import Sampler, SamplingParams, decide, draw_rows, inverse_cdf, rows_of, shape
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 
@@ -98,7 +98,7 @@ class UnionSpeculativeSampling:
 
     @staticmethod
     def _shaped(log_weights: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        shaped = params.shape(log_weights[None].double())[0]
+        shaped = shape(params, log_weights[None].double())[0]
         return torch.softmax(shaped, dim=-1)
 
     def _proposal(self, draft: Drafted, params: SamplingParams) -> torch.Tensor:
