@@ -2,11 +2,12 @@
 prompts (lm-eval's gsm8k prompts of the offline copy, as scripts/bench_speculative.py builds them).
 
 Per batch size: decode wall seconds of every-token sampling and of ``speculative: N`` (the same
-requests, seeds and settings), their ratio, and the acceptance rate. The samples differ between the
-two (the draws are used differently); their distribution is the same (docs/sampling.md).
+requests, seeds and settings), their ratio, the acceptance rate, tokens per round, forward passes per
+token of each member and the load average. The samples differ between the two (the draws are used
+differently); their distribution is the same (docs/sampling.md). ``make bench-speculative-sampling``.
 
     python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4]
-           [--temperature 0.7] [--max-new-tokens 64] [--threads 2]
+           [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def main() -> int:
     parser.add_argument("--draft", type=int, default=4)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
     import torch
 
@@ -58,16 +60,19 @@ def main() -> int:
     from ensemble_bench.methods.gac import GacParams
 
     torch.set_num_threads(args.threads)
-    members = [load_member("smollm2-135m", chat_template=False, name="smollm2"),
-               load_member("qwen2.5-0.5b", chat_template=False, name="qwen2.5")]
+    members = [load_member("smollm2-135m", dtype=args.dtype, chat_template=False, name="smollm2"),
+               load_member("qwen2.5-0.5b", dtype=args.dtype, chat_template=False, name="qwen2.5")]
     for batch_size in args.batch_sizes:
         prompts = task_prompts("gsm8k", max(args.limit, batch_size))
         batch = requests(prompts, args.temperature, args.max_new_tokens)
         every, _ = timed(members, GacParams(), batch, batch_size)
         spec, method = timed(members, GacParams(speculative=args.draft, proposer=0), batch, batch_size)
-        stats = method.speculation.stats
+        summary = method.speculation.summary()
+        forwards = ", ".join(f"{name} {value:.2f}" for name, value in summary["speculative_forwards_per_token"].items())
         print(f"batch {batch_size}: {len(batch)} requests, every-token {every:.1f} s, speculative {spec:.1f} s, "
-              f"ratio {spec / every:.2f}, acceptance {stats.accepted}/{stats.drafted}")
+              f"ratio {spec / every:.2f}, acceptance {summary['speculative_acceptance_rate']:.2f}, "
+              f"tokens/round {summary['speculative_tokens_per_round']:.2f}, forwards/token {forwards}, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
 
