@@ -77,14 +77,19 @@ class Enumerator:
                                                                            (False, 1 - probability)) if chance > 0])
 
 
-@pytest.fixture
-def enumerator(monkeypatch) -> Enumerator:
+def enumerating(patch: pytest.MonkeyPatch) -> Enumerator:
+    """An ``Enumerator`` in place of every random decision, and generators that cannot draw."""
     replaced = Enumerator()
     for module in (sampling, acceptance, speculative_sampling):
-        monkeypatch.setattr(module, "inverse_cdf", replaced.inverse_cdf)
-    monkeypatch.setattr(acceptance, "bernoulli", replaced.bernoulli)
-    monkeypatch.setattr(sampling, "request_generator", lambda *key: "no generator: every decision is enumerated")
+        patch.setattr(module, "inverse_cdf", replaced.inverse_cdf)
+    patch.setattr(acceptance, "bernoulli", replaced.bernoulli)
+    patch.setattr(sampling, "request_generator", lambda *key: "no generator: every decision is enumerated")
     return replaced
+
+
+@pytest.fixture
+def enumerator(monkeypatch) -> Enumerator:
+    return enumerating(monkeypatch)
 
 
 def continuations(method: Gac, enumerator: Enumerator) -> tuple[dict[tuple[str, int], float], int]:
@@ -117,10 +122,7 @@ def every_token_distribution(bpe_tokenizer, bpe_model, sp_tokenizer, sp_model):
     from ensemble_bench.members import LocalMember
 
     with pytest.MonkeyPatch.context() as patch:
-        replaced = Enumerator()
-        for module in (sampling, acceptance, speculative_sampling):
-            patch.setattr(module, "inverse_cdf", replaced.inverse_cdf)
-        patch.setattr(sampling, "request_generator", lambda *key: "no generator")
+        replaced = enumerating(patch)
         members = [LocalMember(bpe_model, bpe_tokenizer, "a"), LocalMember(sp_model, sp_tokenizer, "b")]
         return continuations(Gac(members, GacParams()), replaced)[0]
 
