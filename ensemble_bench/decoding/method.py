@@ -24,7 +24,7 @@ from ensemble_bench.decoding.params import weights_problem as weights_problem
 from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.decoding.stats import MethodStats, RunStats
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member, Prompt, Score, flatten_messages
+from ensemble_bench.members.base import SCORING, Member, Prompt, Score, flatten_messages, require
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ def continuation_scores(member: Member, requests: Sequence[LoglikelihoodRequest]
                         batch_size: int) -> tuple[list[Score], list[int]]:
     """One member's score of each continuation (its own chat template and tokenisation, lm-eval's
     split) and the continuation's length in its tokens; NonFiniteScore if one is NaN or infinite."""
+    require([member], SCORING, "scoring a continuation with one member")
     pairs = [member.encode_pair(member.render_text(r.prompt), r.continuation) for r in requests]
     scores = member.score(pairs, batch_size=batch_size) if pairs else []
     check_finite([s.logprob for s in scores], f"member '{member.name}'", "scoring a continuation",
@@ -180,6 +181,7 @@ def rolling_with_members(members: Sequence[Member], texts: Sequence[str], batch_
     """Every member's total log-likelihood of every whole text (perplexity tasks): ``[member][text]``;
     NonFiniteScore if one is NaN or infinite."""
     def totals(member: Member) -> list[float]:
+        require([member], SCORING, "scoring a whole text with one member")
         values = [sum(s.logprob for s in member.score(member.rolling_pairs(t), batch_size=batch_size)) for t in texts]
         check_finite(values, f"member '{member.name}'", "scoring a whole text", [Prompt(text=t) for t in texts],
                      [None] * len(texts))

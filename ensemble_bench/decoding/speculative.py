@@ -65,7 +65,7 @@ from ensemble_bench.decoding.params import resolve_proposer as resolve_proposer
 from ensemble_bench.decoding.speculation_stats import Costs, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.speculative_sampling import Drafted, draft_tokens, replay_choice, samples
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
-from ensemble_bench.members.base import Member
+from ensemble_bench.members.base import BLOCK_READS, Member, require
 from ensemble_bench.vocab.fast_topk import block_argmax
 
 PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts (the rows' own lengths, at least 1)
@@ -185,6 +185,7 @@ class Speculation(Rounds):
         if lacking := unmet(method):
             raise TypeError(f"{type(method).__name__} cannot decode speculatively: it lacks {', '.join(lacking)} "
                             "(decoding/speculative.py: Speculable)")
+        require(method.members, BLOCK_READS, f"{method.name}: speculative: {params.speculative}")
         return cls(method, params.speculative, resolve_proposer(params, [m.name for m in method.members], method.lead))
 
     # --- the loop's rounds ----------------------------------------------------------------------

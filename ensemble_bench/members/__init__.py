@@ -1,6 +1,6 @@
 """Members: one model + its tokenizer each, behind one interface (see base.Member). Every name below is
-imported on first use, so that importing a backend's recipe section (``members.vllm_schema``) or the
-packaged model names loads no torch or transformers."""
+imported on first use, so that importing the backends' declarations (``members.backends``, each
+``<name>_backend``) or the packaged model names loads no torch or transformers."""
 
 from __future__ import annotations
 

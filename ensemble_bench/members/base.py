@@ -198,8 +198,30 @@ def fit_window(context: Sequence[int], continuation: Sequence[int],
     return window[:len(window) - kept], window[len(window) - kept:], True
 
 
+# The optional capabilities of a member's stepping half, each a call beyond what the decode loop needs. A
+# member declares the ones it answers (``Stepping.capabilities``; token trees: ``reads_trees``), as a
+# speculating method declares its calls (decoding/speculative.py, ``Speculable``); a method that needs one
+# checks the declaration before it calls (``require``).
+BLOCK_READS = "read_block"        # a block of tokens in one forward pass (speculation, SAFE, PackLLM's weights)
+SCORING = "score"                 # a continuation's log-likelihood by itself (members alone, sample-level methods)
+EMBEDDINGS = "input_embeddings"   # the embedding matrices (DeePEn's anchors, EVA's map)
+CAPABILITIES = {BLOCK_READS: "read a block of tokens in one forward pass", SCORING: "score continuations",
+                EMBEDDINGS: "give their embedding matrices"}
+ALL_CAPABILITIES = frozenset(CAPABILITIES)  # what every member kind of this package answers
+
+
+def require(members: Sequence[Member], capability: str, needing: str) -> None:
+    """A one-line UserError when a member does not declare ``capability`` (``needing``: what needs it)."""
+    lacking = next((m for m in members if capability not in m.capabilities), None)
+    if lacking is not None:
+        raise UserError(f"{needing} needs members that {CAPABILITIES[capability]}: member '{lacking.name}' "
+                        f"({type(lacking).__name__}) does not")
+
+
 class Stepping(ABC):
-    """The model half of a member: batched, KV-cached stepping and scoring over token ids.
+    """The model half of a member: batched, KV-cached stepping over token ids, what the decode loop calls
+    (``prefill``, ``extend``, ``extend_scored``, ``crop``, ``keep``, ``row_ids``); and the optional
+    capabilities it declares (``capabilities``, ``reads_trees``).
 
     Row indices refer to the current batch (after the last ``keep``).
     """
@@ -207,6 +229,7 @@ class Stepping(ABC):
     device: torch.device  # where the log-probs it returns live (the driver's CPU for a remote member)
     remote: bool = False  # its forward passes run in another process (decoding/concurrent.py overlaps them)
     clock: ForwardClock
+    capabilities: frozenset[str] = frozenset()  # which of BLOCK_READS, SCORING, EMBEDDINGS it answers
 
     @abstractmethod
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -221,7 +244,6 @@ class Stepping(ABC):
         """``extend``, also returning per row the log-prob of each appended token after the first
         (the first one's comes from the distribution the previous call returned)."""
 
-    @abstractmethod
     def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Append ``tokens[r]`` to row r (may be empty) in ONE forward pass for the whole batch and
         return, per row, the next-token log-probs after the appended tokens named in ``at[r]``
@@ -230,6 +252,7 @@ class Stepping(ABC):
         the distribution after its last one, exactly as a series of one-token ``extend`` calls would
         leave it (within float tolerance). With ``crop`` it is how a method reads a draft and keeps
         a prefix of it (decoding/speculative.py, SAFE's verifier)."""
+        raise NotImplementedError(f"{type(self).__name__} does not read blocks (capabilities)")
 
     reads_trees: bool = False  # implements ``read_tree``
 
@@ -255,19 +278,19 @@ class Stepping(ABC):
     def row_ids(self) -> list[list[int]]:
         """The token ids currently held by each row."""
 
-    @abstractmethod
     def input_embeddings(self) -> torch.Tensor:
         """The input embedding matrix [head rows, d] (DeePEn's relative representations)."""
+        raise NotImplementedError(f"{type(self).__name__} does not give its embeddings (capabilities)")
 
     def output_embeddings(self) -> torch.Tensor:
         """The output head's matrix [head rows, d] (EVA's vocabulary alignment); a member that
         cannot reach its head gives its input embeddings."""
         return self.input_embeddings()
 
-    @abstractmethod
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 8) -> list[Score]:
         """Score each continuation given its context (token ids), ``batch_size`` pairs per forward
         pass, no shared state."""
+        raise NotImplementedError(f"{type(self).__name__} does not score continuations (capabilities)")
 
 
 class Member(Tokenizing, Stepping):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ensemble_bench.cache import atomic_folder, cache_dir
 from ensemble_bench.errors import UserError
+from ensemble_bench.members.backends import DEFAULT, backend_spec
 from ensemble_bench.members.base import Member
 from ensemble_bench.members.sources import PACKAGED, ModelSource, resolve
 
@@ -144,7 +145,7 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
                 chat_template: bool = True, name: str | None = None, *,
                 device_map: str | dict | None = None, max_memory: dict | None = None,
                 quantization: str | None = None, kind: str = "auto", trust_remote_code: bool = False,
-                backend: str = "transformers", vllm: dict | None = None) -> Member:
+                backend: str = DEFAULT, **section: dict | None) -> Member:
     """Load one member from a packaged name, a .gguf file, a directory or a hub id.
 
     ``kind``: ``causal``, ``seq2seq`` (an encoder-decoder, members/seq2seq.py) or ``auto`` (the
@@ -153,46 +154,31 @@ def load_member(model: str, dtype: str = "float32", device: str = "cpu",
     ``device_map`` / ``max_memory`` / ``quantization`` go to ``from_pretrained`` (accelerate places
     the layers; then ``device`` is not used). A quantized model without a device_map goes on ``device``.
     ``trust_remote_code`` lets transformers run the Python code of the model's repository.
-    ``backend`` ``vllm``: an in-process vLLM engine steps the model (members/vllm.py), ``vllm`` its
-    engine arguments.
+    ``backend``: what steps the model (members/backends.py: ``transformers`` here, ``vllm`` an in-process
+    vLLM engine, members/vllm.py); ``section``: its recipe section under its name (``vllm={...}``: engine
+    arguments).
     """
     if dtype not in DTYPES:
         raise UserError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    steps = backend_spec(backend)
+    section = {key: value for key, value in section.items() if value is not None}  # vllm=None: none given
+    if set(section) - {backend} or (section and steps.section is None):
+        raise TypeError(f"load_member: backend {backend} takes no {', '.join(sorted(section))} settings")
+    given = {"section": section.get(backend)} if steps.section is not None else {}
     tell_load(name or model, "loading")
     started = time.perf_counter()
-    if backend == "vllm":
-        member = _load_on_vllm(model, dtype, device, chat_template, name or model, vllm or {}, trust_remote_code)
-    else:
-        member = _load(model, dtype, device, chat_template, name, device_map, max_memory, quantization, kind,
-                       trust_remote_code)
+    member = steps.load(model=model, dtype=dtype, device=device, chat_template=chat_template, name=name,
+                        device_map=device_map, max_memory=max_memory, quantization=quantization, kind=kind,
+                        trust_remote_code=trust_remote_code, **given)
     log.info("%s loaded in %.1f s", name or model, time.perf_counter() - started)
     tell_load(name or model, "loaded")
     return member
 
 
-def _load_on_vllm(model: str, dtype: str, device: str, chat_template: bool, name: str, args: dict,
-                  trust_remote_code: bool) -> Member:
-    """A vLLM member (members/vllm.py) over an HF folder: a packaged model's converted float32 folder
-    (converted once, by any transformers version), or the folder / hub id itself. vLLM 0.32 has no
-    GGUF loader: a GGUF file of one's own is refused."""
-    from ensemble_bench.members.converted import converted_source
-    from ensemble_bench.members.vllm_loading import load_vllm_member
-
-    source = resolve(model)
-    tokenizer = load_tokenizer(source, trust_remote_code)
-    if source.gguf_file is not None and model in PACKAGED:
-        source = converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name, CONVERTING),
-                                  any_transformers=True)
-    if source.gguf_file is not None:
-        raise UserError(f"member '{name}': backend vllm loads HF folders, not GGUF files: convert '{model}' to a "
-                        "safetensors folder first (or use backend transformers)")
-    return load_vllm_member(Path(source.location), tokenizer, dtype, device, chat_template, name, args,
-                            trust_remote_code)
-
-
-def _load(model: str, dtype: str, device: str, chat_template: bool, name: str | None, device_map, max_memory,
-          quantization: str | None, kind: str, trust_remote_code: bool) -> Member:
-    """load_member's work, once the dtype is known good."""
+def load_on_transformers(model: str, dtype: str, device: str, chat_template: bool, name: str | None, device_map,
+                         max_memory, quantization: str | None, kind: str, trust_remote_code: bool) -> Member:
+    """The transformers backend's loader (members/transformers_backend.py): load_member's work, once the
+    dtype is known good."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 

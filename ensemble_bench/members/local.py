@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ensemble_bench.members import kv
-from ensemble_bench.members.base import ForwardClock, Member, Score, flatten_messages
+from ensemble_bench.members.base import ALL_CAPABILITIES, ForwardClock, Member, Score, flatten_messages
 from ensemble_bench.members.batching import in_batches, left_padded, positions_of
 from ensemble_bench.members.kv import CachedRows
 from ensemble_bench.members.tokenizer_side import TokenizerSide
@@ -55,6 +55,8 @@ def max_length_of(config, tokenizer) -> int:
 
 
 class LocalMember(TokenizerSide, Member):
+    capabilities = ALL_CAPABILITIES
+
     def __init__(self, model, tokenizer, name: str, chat_template: bool = True):
         self.model = model.eval()
         self.tokenizer = tokenizer

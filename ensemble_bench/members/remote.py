@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.base import ALL_CAPABILITIES, ForwardClock, Member, Score
 from ensemble_bench.members.loading import load_member
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
@@ -118,8 +118,9 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
 
     if ray.is_initialized():
         return
-    if address is None:
-        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, logging_level=logging.WARNING)
+    if address is None:  # "local": a new instance even where another runs (``ray start``, a test cluster)
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                 logging_level=logging.WARNING)
     else:
         try:
             ray.init(address=address, logging_level=logging.WARNING)
@@ -224,6 +225,8 @@ class RemoteMember(TokenizerSide, Member):
     ``load`` / ``options``: as for ``launch``; or ``actor``, one that ``launch`` started. Call
     ``connect`` first (or ``ray.init``). Waits until the model is loaded.
     """
+
+    capabilities = ALL_CAPABILITIES
 
     remote = True  # decoding/concurrent.py: steps of remote members overlap
     device = torch.device("cpu")  # where the log-probs it returns live (the actor's own: remote_device)

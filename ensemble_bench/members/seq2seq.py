@@ -38,7 +38,7 @@ from ensemble_bench.members import kv
 from ensemble_bench.members.base import ForwardClock, Member, Prompt, Score, fit_window, flatten_messages, last, no_room
 from ensemble_bench.members.batching import positions_of, right_padded
 from ensemble_bench.members.kv import CachedRows
-from ensemble_bench.members.local import log_probs_of, max_length_of, stop_ids_of
+from ensemble_bench.members.local import LocalMember, log_probs_of, max_length_of, stop_ids_of
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 from ensemble_bench.vocab import build_vocab_view
 
@@ -140,6 +140,8 @@ def pin_decoder_positions(model) -> _PinnedPositions | None:
 
 class Seq2SeqMember(TokenizerSide, Member):
     """An encoder-decoder model in this process, stepped on the decoder side."""
+
+    capabilities = LocalMember.capabilities  # block reads, scoring, embeddings, as a decoder-only model here
 
     uses_chat_template = False  # the encoder reads the source, not a chat
     remote = False

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import ForwardClock, Member, Score
+from ensemble_bench.members.base import ALL_CAPABILITIES, ForwardClock, Member, Score
 from ensemble_bench.members.batching import in_batches
 from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
@@ -54,6 +54,7 @@ from ensemble_bench.vocab import build_vocab_view
 
 class VllmMember(TokenizerSide, Member):
     reads_trees = False
+    capabilities = ALL_CAPABILITIES
 
     def __init__(self, engine, tokenizer, generation_config, config, name: str, chat_template: bool,
                  max_model_len: int, max_num_seqs: int, folder: Path):

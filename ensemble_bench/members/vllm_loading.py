@@ -101,3 +101,26 @@ def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_temp
                         "(gpu_memory_utilization on a GPU) or lower vllm.max_model_len") from None
     return VllmMember(llm.llm_engine, tokenizer, generation, config, name, chat_template,
                       arguments["max_model_len"], arguments["max_num_seqs"], folder)
+
+
+def load_on_vllm(model: str, dtype: str, device: str, chat_template: bool, name: str | None,
+                 trust_remote_code: bool, section: dict | None, **transformers_settings) -> VllmMember:
+    """The vLLM backend's loader (members/vllm_backend.py): a vLLM member over an HF folder, a packaged
+    model's converted float32 folder (converted once, by any transformers version), or the folder / hub id
+    itself. vLLM 0.32 has no GGUF loader: a GGUF file of one's own is refused. ``transformers_settings``
+    (device_map, quantization, ...) are the recipe schema's to refuse: vLLM places the model itself."""
+    from ensemble_bench.members.converted import converted_source
+    from ensemble_bench.members.loading import CONVERTING, load_tokenizer, tell_load
+    from ensemble_bench.members.sources import PACKAGED, resolve
+
+    name = name or model
+    source = resolve(model)
+    tokenizer = load_tokenizer(source, trust_remote_code)
+    if source.gguf_file is not None and model in PACKAGED:
+        source = converted_source(PACKAGED[model], source, tokenizer, lambda: tell_load(name, CONVERTING),
+                                  any_transformers=True)
+    if source.gguf_file is not None:
+        raise UserError(f"member '{name}': backend vllm loads HF folders, not GGUF files: convert '{model}' to a "
+                        "safetensors folder first (or use backend transformers)")
+    return load_vllm_member(Path(source.location), tokenizer, dtype, device, chat_template, name, section or {},
+                            trust_remote_code)

@@ -65,6 +65,7 @@ from ensemble_bench.decoding.method import (
 )
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
+from ensemble_bench.decoding.teacher_forced import TeacherForced
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.members.batching import in_batches
 from ensemble_bench.methods.byte_level_params import ByteLevelParams, ByteLevelSpec
@@ -72,7 +73,6 @@ from ensemble_bench.methods.covering_decoder import (
     CoveringDecoder,
     CoverState,
     ScoringState,
-    TeacherForced,
     forced_logprobs,
 )
 from ensemble_bench.vocab.byte_tree import ContinuationTree, ForcedBranches, TreeRead, read_trees
@@ -176,7 +176,7 @@ class ByteLevel(ByteLevelSpec, CoveringDecoder):
     def _score_by_trees(self, prompts: list[list[list[int]]], states: list[ScoringState],
                         tries: list[list[ContinuationTree]]) -> None:
         """One group's prefill and tree read per member, then every byte's covering tree of every
-        row at once (``ForcedBranches``), mixed and scored as ``ByteTeacherForced.choose`` does
+        row at once (``ForcedBranches``), mixed and scored as ``CoveringDecoder.forced_step`` does
         byte by byte (the byte-by-byte loop instead when a distribution is not finite: it names the step)."""
         dists = prefill(self.members, prompts, [len(s.forced) for s in states])
         reads = each(self.members, lambda member, i: self._read(i, member, dists[i], [t[i] for t in tries]),

@@ -30,11 +30,12 @@ from itertools import accumulate
 import torch
 
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round, Steps
+from ensemble_bench.decoding.decode import STOP, Advance, DecodingMethod, RequestState, Round
 from ensemble_bench.decoding.feeding import canonical_tail
 from ensemble_bench.decoding.method import GenerationRequest, normalised_weights, resolve_member
 from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.stats import peak
+from ensemble_bench.decoding.teacher_forced import Forced
 from ensemble_bench.members.base import Member
 from ensemble_bench.methods.byte_level_params import CoveringSpec
 from ensemble_bench.vocab.append import common_prefix
@@ -214,6 +215,19 @@ class CoveringDecoder(CoveringSpec, DecodingMethod):
         state.budget_tokens += tokens
         return Advance(data, None, tokens)
 
+    def forced_step(self, dists: list[torch.Tensor], states: list[ScoringState]) -> list[Forced]:
+        """Each row's next continuation symbol: log q of it (``forced_logprobs``), whether it is q's argmax,
+        and its re-tokenisation by every member, one symbol of the budget (``TeacherForced``)."""
+        if not states[0].trees:
+            self.begin(dists, states)
+        self.stats.add_rows(states)
+        mixed, alive = self.mixed_rows(states)
+        forced = torch.tensor([state.forced[state.count] for state in states], dtype=torch.long)
+        greedy = ((mixed.argmax(dim=1) == forced) & alive).tolist()
+        return [Forced(logp, top, Advance(self.plan(state, symbol).data, None, 1))
+                for state, symbol, logp, top in zip(states, forced.tolist(), forced_logprobs(mixed, alive, forced),
+                                                   greedy)]
+
     def feed(self, dists, states: list[CoverState], advances) -> list[torch.Tensor]:
         """Step 3: every member takes the chosen symbol (one crop and one scored extend for all rows)."""
         return each(self.members, lambda member, i: self._take(i, member, states, dists[i]), range(len(self.members)))
@@ -350,34 +364,3 @@ def forced_logprobs(mixed: torch.Tensor, alive: torch.Tensor, forced: torch.Tens
     chance = mixed.gather(1, forced[:, None])[:, 0].tolist()
     return [math.log(p or 1e-300) if live else -math.inf for p, live in zip(chance, alive.tolist())]
 
-
-class TeacherForced(Steps):
-    """The step with the continuation's next symbol as the choice: it scores log q of that symbol
-    (and whether it is q's argmax); every member then takes it through ``feed``. The budget is the
-    continuation's symbols, one per round."""
-
-    def __init__(self, method: CoveringDecoder):
-        self.method = method
-        self.members = method.members
-
-    @property
-    def lead(self) -> int:
-        return self.method.lead
-
-    def choose(self, dists: list[torch.Tensor], states: list[ScoringState]) -> Round:
-        if not states[0].trees:
-            self.method.begin(dists, states)
-        self.method.stats.add_rows(states)
-        mixed, alive = self.method.mixed_rows(states)
-        forced = torch.tensor([state.forced[state.count] for state in states], dtype=torch.long)
-        chance = forced_logprobs(mixed, alive, forced)
-        greedy = ((mixed.argmax(dim=1) == forced) & alive).tolist()
-        advances = []
-        for state, symbol, logp, top in zip(states, forced.tolist(), chance, greedy):
-            state.total += logp
-            state.greedy = state.greedy and top
-            advances.append(Advance(self.method.plan(state, symbol).data, None, 1))  # one symbol of the budget
-        return Round(advances, dists)
-
-    def feed(self, dists, states: list[ScoringState], advances: list[Advance]) -> list[torch.Tensor]:
-        return self.method.feed(dists, states, advances)

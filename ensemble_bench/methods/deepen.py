@@ -33,7 +33,7 @@ from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.sampling import Sampler, draw_rows, rows_of, sampling_rows
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member
+from ensemble_bench.members.base import EMBEDDINGS, Member, require
 from ensemble_bench.methods.deepen_params import DeepenParams, DeepenSpec, resolve_deepen_weights
 from ensemble_bench.methods.token_level import EmitterMethod, EmitterReport, Step, log_or_floor
 from ensemble_bench.vocab.relative import (
@@ -112,6 +112,7 @@ class Deepen(DeepenSpec, EmitterMethod):
     def __init__(self, members: Sequence[Member], params: DeepenParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
         self.weights = resolve_deepen_weights(params, len(members))
+        require(members, EMBEDDINGS, "deepen (its relative representations)")
         anchors = anchor_ids([m.vocab for m in members])
         if not anchors[0]:
             raise UserError("deepen: the members share no tokens, so there are no anchors")

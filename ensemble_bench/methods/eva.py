@@ -29,7 +29,7 @@ from ensemble_bench.decoding.fused import checked_fusion
 from ensemble_bench.decoding.sampling import decide_on
 from ensemble_bench.decoding.stats import spread
 from ensemble_bench.errors import UserError
-from ensemble_bench.members.base import Member
+from ensemble_bench.members.base import EMBEDDINGS, Member, require
 from ensemble_bench.members.loading import Stage, tell_load
 from ensemble_bench.methods.core import CoreFusion
 from ensemble_bench.methods.eva_params import EvaParams, EvaSpec
@@ -70,6 +70,7 @@ class Eva(EvaSpec, EmitterMethod):
             sizes = [len(m.vocab.text_ids()) for m in members]
             params = params.model_copy(update={"lead": sizes.index(max(sizes))})
         super().__init__(members, params, batch_size)
+        require(members, EMBEDDINGS, "eva (its vocabulary map)")
         self.projections: dict[int, VocabProjection] = {
             index: self._projection(index) for index in range(len(members)) if index != self.lead}
         self.stats = EvaStats()

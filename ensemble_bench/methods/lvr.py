@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from ensemble_bench.decoding.decode import decode_batch
 from ensemble_bench.decoding.method import Timing
 from ensemble_bench.decoding.stopping import StopRule
+from ensemble_bench.decoding.teacher_forced import TeacherForced
 from ensemble_bench.members.base import Member, Score
 from ensemble_bench.methods.byte_level import ByteLevel, CoveringReport
-from ensemble_bench.methods.covering_decoder import CoverState, ScoringState, TeacherForced
+from ensemble_bench.methods.covering_decoder import CoverState, ScoringState
 from ensemble_bench.methods.lvr_params import LvrParams, LvrSpec
 from ensemble_bench.vocab.common import BpeSpeller, CommonSpeller, common_vocabulary, member_merges
 from ensemble_bench.vocab.covering import SortedVocab

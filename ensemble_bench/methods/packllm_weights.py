@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from ensemble_bench.decoding.stats import per_request
-from ensemble_bench.members.base import Member
+from ensemble_bench.members.base import BLOCK_READS, Member, require
 
 PROMPT_TOKENS = 2048  # prompt tokens scored in one forward (each keeps a distribution over the vocabulary)
 FUSED_BLOCK = 256     # prompt positions whose full distributions one fused-objective block holds per member
@@ -193,6 +193,7 @@ class ExpertReading:
 
     def __init__(self, members: Sequence[Member], carried: Sequence[Carried | None], expert: int,
                  prompts: Sequence[Sequence[int]], score_from: str):
+        require(members, BLOCK_READS, "packllm's weights (each member reads the prompt in blocks)")
         self.members, self.carried, self.expert = members, carried, expert
         context, targets = split_prefix(members[expert], prompts[expert], score_from)
         self.labels = targets[-(min(m.max_length for m in members) - len(context)):] if targets else []

@@ -58,7 +58,7 @@ from ensemble_bench.decoding.method import (
     score_with_members,
 )
 from ensemble_bench.decoding.stats import MethodStats, spread
-from ensemble_bench.members.base import Member, Score
+from ensemble_bench.members.base import BLOCK_READS, Member, Score, require
 from ensemble_bench.methods.safe_params import SafeParams, SafeSpec
 from ensemble_bench.methods.safe_reading import Draft, Reading, crop_rows, move_rows, sharpened_choice
 from ensemble_bench.vocab.append import common_prefix
@@ -115,6 +115,7 @@ class Safe(SafeSpec, DecodingMethod):
 
     def __init__(self, members: Sequence[Member], params: SafeParams, batch_size: int = 1):
         super().__init__(members, params, batch_size)
+        require(members, BLOCK_READS, "safe (its verifier reads each draft in one pass)")
         self.lead = resolve_member(params.lead, [m.name for m in members], params.lead_spelling)  # the drafter
         weights = normalised_weights(params.weights or [1.0] * len(members), len(members))
         self.weights = weights

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from ensemble_bench.decoding.concurrent import each
-from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, Steps, decode_batch, own_token
+from ensemble_bench.decoding.decode import Advance, DecodingMethod, RequestState, Round, decode_batch, own_token
 from ensemble_bench.decoding.feeding import FeedStats, make_feeders, text_appender, text_lookup
 from ensemble_bench.decoding.method import LoglikelihoodRequest, Timing, resolve_member
 from ensemble_bench.decoding.sampling import Sampler
 from ensemble_bench.decoding.speculative import Speculation, SpeculativeSteps
 from ensemble_bench.decoding.stats import MethodStats, spread
 from ensemble_bench.decoding.stopping import StopRule
+from ensemble_bench.decoding.teacher_forced import Forced, TeacherForced
 from ensemble_bench.members.base import Member, Prompt, Score
 from ensemble_bench.members.batching import in_batches
 from ensemble_bench.methods.token_level_params import EmitterParams, EmitterSpec
@@ -124,6 +125,15 @@ class EmitterMethod(EmitterSpec, SpeculativeSteps, DecodingMethod):
             scores[k] = Score(state.total, state.greedy)
         return scores
 
+    def forced_step(self, dists: list[torch.Tensor], states: list[ScoringState]) -> list[Forced]:
+        """The step with each row's next continuation token as target: log P(target), and whether the
+        step would have chosen it (``TeacherForced``)."""
+        targets = [state.targets[state.count] for state in states]
+        step = self._step(dists, targets)
+        pieces = self.members[self.lead].vocab.pieces
+        return [Forced(logprob, choice == target, Advance(pieces[target] or b"", (target,), 1))
+                for target, choice, logprob in zip(targets, step.choices, step.target_logprobs)]
+
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         """Perplexity tasks: the whole text as one continuation of an empty context."""
         return [s.logprob for s in self.loglikelihood([LoglikelihoodRequest(Prompt(text=""), t) for t in texts])]
@@ -132,28 +142,3 @@ class EmitterMethod(EmitterSpec, SpeculativeSteps, DecodingMethod):
         return EmitterReport(lead_index=self.lead, retokenizing=self.feed_stats.summary(self.params.retokenize),
                              speculation=self.speculation.summary() if self.speculation else {})
 
-
-class TeacherForced(Steps):
-    """The emitter method's step with the continuation's next token as the choice: each token is
-    scored by the ensemble's probability of emitting it (``Step.target_logprobs``) while every
-    member reads the continuation."""
-
-    def __init__(self, method: EmitterMethod):
-        self.method = method
-        self.members = method.members
-
-    @property
-    def lead(self) -> int:
-        return self.method.lead
-
-    def choose(self, dists: list[torch.Tensor], states: list[ScoringState]) -> Round:
-        targets = [state.targets[state.count] for state in states]
-        step = self.method._step(dists, targets)
-        pieces = self.members[self.method.lead].vocab.pieces
-        for state, target, choice, logprob in zip(states, targets, step.choices, step.target_logprobs):
-            state.total += logprob
-            state.greedy = state.greedy and choice == target
-        return Round([Advance(pieces[t] or b"", (t,), 1) for t in targets], dists)
-
-    def feed(self, dists, states, advances: list[Advance]) -> list[torch.Tensor]:
-        return self.method.feed(dists, states, advances)

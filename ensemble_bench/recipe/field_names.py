@@ -24,7 +24,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 def field_names(model: type[BaseModel]) -> list[str]:
     """Every name a mapping of ``model`` may use for its fields: the field names, their serialization
     names and the choices of their validation aliases (``shots`` and ``num_fewshot``)."""
-    names: list[str] = []
+    names: list[str] = list(_keyed(model))
     for key, field in model.model_fields.items():
         names.append(field.serialization_alias or key)
         alias = field.validation_alias
@@ -35,6 +35,13 @@ def field_names(model: type[BaseModel]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _keyed(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """The keys a mapping of ``model`` may give beside its fields, and their models (a member's backend
+    section: ``MemberSpec.keyed_sections``)."""
+    keyed = getattr(model, "keyed_sections", None)
+    return keyed() if keyed is not None else {}
+
+
 def _model_at(model: type[BaseModel], path: list) -> type[BaseModel] | None:
     """The model of the mapping at ``path`` (field names and list indices) below ``model``."""
     for part in path:
@@ -42,7 +49,7 @@ def _model_at(model: type[BaseModel], path: list) -> type[BaseModel] | None:
             continue
         fields = {field.serialization_alias or key: field for key, field in model.model_fields.items()}
         field = fields.get(part) or model.model_fields.get(part)
-        found = _model_in(field.annotation) if field is not None else None
+        found = _model_in(field.annotation) if field is not None else _keyed(model).get(part)
         if found is None:
             return None
         model = found

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from ensemble_bench.errors import UserError, several
 from ensemble_bench.recipe.lines import failed_fields, field_path, problems_of, pydantic_lines
+from ensemble_bench.recipe.member_schema import check_placement
 from ensemble_bench.recipe.overrides import Override, blame
 from ensemble_bench.recipe.overrides import apply as apply_overrides
-from ensemble_bench.recipe.schema import Recipe, TaskSpec, check_placement, plan_rows, validate_method
+from ensemble_bench.recipe.schema import Recipe, TaskSpec, plan_rows, validate_method
 from ensemble_bench.tasks import get_benchmark, is_builtin
 from ensemble_bench.yaml_limits import MAX_RECIPE_BYTES, RecipeLimit, RecipeLoader
 

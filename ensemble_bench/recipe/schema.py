@@ -24,126 +24,15 @@ from pydantic import (
 
 from ensemble_bench.decoding.sampling_params import SamplingOverride
 from ensemble_bench.errors import UserError, several
-from ensemble_bench.members.vllm_schema import VllmArgs
+from ensemble_bench.members.backends import backend_spec
 from ensemble_bench.methods import ALONE, is_alone, method_spec
 from ensemble_bench.recipe.lines import LABEL, SAFE_NAME, is_safe_label, pydantic_lines
+from ensemble_bench.recipe.member_schema import STRICT, MemberSpec, PlacementSpec
 from ensemble_bench.tasks import Benchmark
 from ensemble_bench.tasks.recipe_tasks import task_benchmarks
 
-# every float of a recipe (weights, thresholds, Ray resources, ...) must be finite: NaN and +-inf are refused
-STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 SEED_MAX = 2**32 - 1  # the largest seed numpy and lm-eval take
 LIMIT_MAX = sys.maxsize  # lm-eval slices the documents with itertools.islice, which takes no larger stop
-
-
-class MemberSpec(BaseModel):
-    model_config = STRICT
-    model: str = Field(min_length=1)
-    name: str | None = Field(default=None, pattern=LABEL, max_length=200)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?|mps)$")
-    chat_template: bool = False  # as lm-eval: off unless asked for (--apply_chat_template)
-    kind: Literal["auto", "causal", "seq2seq"] = "auto"  # seq2seq: an encoder-decoder (NLLB, T5, ...)
-    # run the Python code shipped in the model's repository (InternLM3, DeciLM, ...); off: only transformers' own
-    trust_remote_code: bool = False
-    weight: float | None = Field(default=None, gt=0)
-    paper_row: str | None = None  # the row of a paper's table this member alone fills (`ensbench table --layout`)
-    # loading (from_pretrained): accelerate's layer placement, per-device limits, bitsandbytes
-    device_map: Literal["auto", "balanced", "balanced_low_0", "sequential"] | dict[str, int | str] | None = None
-    max_memory: dict[str, int | str] | None = None  # e.g. {0: 20GiB, cpu: 64GiB}; needs device_map
-    quantization: Literal["8bit", "4bit"] | None = None
-    # the Ray actor of this member (placement kind ray; not used with local placement)
-    num_gpus: float = Field(default=0, ge=0)
-    num_cpus: float | None = Field(default=None, ge=0)
-    resources: dict[str, float] | None = None  # custom Ray resources, e.g. {node_a100: 1}
-    # what steps the model: transformers in this process, or an in-process vLLM engine (docs/backends.md)
-    backend: Literal["transformers", "vllm"] = "transformers"
-    vllm: VllmArgs | None = None
-
-    @field_validator("max_memory", mode="before")
-    @classmethod
-    def _device_keys_as_text(cls, value):  # YAML reads `0: 20GiB` with an int key
-        return {str(k) if isinstance(k, int) else k: v for k, v in value.items()} if isinstance(value, dict) else value
-
-    @model_validator(mode="after")
-    def _placement_consistent(self):
-        if self.device_map is not None and self.device != "cpu":  # cpu: the default, as a run folder stores it
-            raise ValueError("set device or device_map, not both (device_map places the layers itself)")
-        if self.max_memory is not None and self.device_map is None:
-            raise ValueError("max_memory needs a device_map (e.g. device_map: auto)")
-        if self.vllm is not None and self.backend != "vllm":
-            raise ValueError("vllm: engine arguments need backend: vllm")
-        if self.backend == "vllm":
-            other = [name for name, value in (("device_map", self.device_map), ("max_memory", self.max_memory),
-                                              ("quantization", self.quantization)) if value is not None]
-            if other or self.kind == "seq2seq":
-                raise ValueError(f"backend vllm: {(other or ['kind: seq2seq'])[0]} is a transformers setting "
-                                 "(vLLM places and loads the model itself; tensor_parallel_size under vllm:)")
-        return self
-
-    @property
-    def label(self) -> str:
-        return self.name or self.model.rstrip("/").split("/")[-1].removesuffix(".gguf")
-
-    def load_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of members.load_member."""
-        return {"model": self.model, "dtype": self.dtype, "device": self.device, "chat_template": self.chat_template,
-                "name": self.label, "device_map": self.device_map, "quantization": self.quantization,
-                "kind": self.kind, "trust_remote_code": self.trust_remote_code, "backend": self.backend,
-                "vllm": self.vllm.model_dump() if self.vllm is not None else None,
-                "max_memory": {int(k) if k.isdigit() else k: v for k, v in self.max_memory.items()}
-                if self.max_memory else None}
-
-    def actor_options(self) -> dict[str, Any]:
-        """Ray actor options (placement kind ray)."""
-        return {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "resources": self.resources}
-
-
-DEFAULT_SCHEDULE_TIMEOUT_S = 600.0
-
-
-class PlacementSpec(BaseModel):
-    """Where members run: in this process (local), or each in a Ray actor (ray)."""
-
-    model_config = STRICT
-    kind: Literal["local", "ray"] = "local"
-    address: str | None = Field(default=None, pattern=r"^(auto|ray://\S+|[^\s:/]+:\d+)$")  # null: start one here
-    num_cpus: int | None = Field(default=None, gt=0)  # size of a cluster started here (address null)
-    num_gpus: int | None = Field(default=None, ge=0)
-    # an actor Ray cannot place by then ends the run (null: DEFAULT_SCHEDULE_TIMEOUT_S)
-    schedule_timeout_s: float | None = Field(default=None, gt=0)
-    # copies of the whole ensemble (members + method), each in its own Ray actor, answering whole batches
-    replicas: int = Field(default=1, ge=1)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.kind == "local" and self.replicas != 1:
-            raise ValueError("replicas need kind: ray (each replica is a Ray actor)")
-        if self.kind == "local" and (self.address, self.num_cpus, self.num_gpus) != (None, None, None):
-            raise ValueError("address, num_cpus and num_gpus need kind: ray")
-        if self.kind == "local" and self.schedule_timeout_s is not None:
-            raise ValueError("schedule_timeout_s needs kind: ray")
-        if self.address is not None and (self.num_cpus, self.num_gpus) != (None, None):
-            raise ValueError("num_cpus / num_gpus size a cluster started here: leave them out with an address")
-        return self
-
-    @property
-    def schedule_timeout(self) -> float:
-        """Seconds to wait for Ray to place every member."""
-        return DEFAULT_SCHEDULE_TIMEOUT_S if self.schedule_timeout_s is None else self.schedule_timeout_s
-
-
-def check_placement(recipe: Recipe, source: str) -> list[str]:
-    """A line per member whose device does not fit the placement (packages: ``preflight.preflight``)."""
-    lines = []
-    for i, member in enumerate(recipe.members):
-        device = member.device
-        if recipe.placement.kind == "ray" and device.startswith("cuda") and member.device_map is None:
-            index = int(device.partition(":")[2] or 0)
-            if index >= member.num_gpus:
-                lines.append(f"{source}: members[{i}].num_gpus: device '{device}' under placement ray needs "
-                             f"num_gpus > {index} (the actor sees only its own GPUs, as cuda:0, cuda:1, ...)")
-    return lines
 
 
 class MethodSpec(BaseModel):
@@ -297,10 +186,11 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _vllm_in_process(self):
-        if self.placement.kind == "ray" and any(m.backend == "vllm" for m in self.members):
-            raise ValueError("backend vllm members run in this process (vLLM places them itself): use placement "
-                             "local, or tensor_parallel_size under the member's vllm:")
+    def _backends_placed(self):
+        placed = self.members if self.placement.kind == "ray" else []
+        refusal = next((line for m in placed if (line := backend_spec(m.backend).in_process_only)), None)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
 
     def task_limit(self, task: TaskSpec) -> int | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ensemble_bench import settings
 from ensemble_bench.errors import UserError, several
+from ensemble_bench.members.backends import backend_spec
 from ensemble_bench.members.sources import model_problem
 from ensemble_bench.methods import method_spec
 from ensemble_bench.recipe import Recipe
@@ -103,11 +104,10 @@ def _package_problems(recipe: Recipe) -> list[str]:
 
 
 def _backend_problems(recipe: Recipe) -> list[str]:
-    """vLLM members need the vllm package."""
-    if any(member.backend == "vllm" for member in recipe.members) and not _installed("vllm"):
-        return ["backend: vllm needs the vllm package (pip install 'ensemble-bench[vllm]' on a GPU machine; "
-                "make install-vllm for the CPU build)"]
-    return []
+    """The packages the members' backends need (vLLM members: the vllm package)."""
+    used = dict.fromkeys(member.backend for member in recipe.members)
+    return [f"backend: {name} needs the {package} package ({install})" for name in used
+            for package, install in backend_spec(name).packages.items() if not _installed(package)]
 
 
 def _model_problems(recipe: Recipe) -> list[tuple[type[Exception], str]]:

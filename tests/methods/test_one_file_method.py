@@ -14,6 +14,7 @@ from ensemble_bench.methods import DECLARED, METHODS, describe_params, get_metho
 from ensemble_bench.methods.registry import discover
 from ensemble_bench.recipe import parse_recipe
 from tests.cli_helpers import run_cli
+from tests.toy_packages import forget_package, write_package
 
 DECLARATION = '''\
 """The declaration of ``loudest``: the member whose answer is longest wins."""
@@ -49,19 +50,13 @@ class Loudest(LoudestSpec, SampleLevel):
 
 @pytest.fixture
 def loudest(tmp_path, monkeypatch):
-    package = tmp_path / "toy_methods"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "loudest_params.py").write_text(DECLARATION)
-    (package / "loudest.py").write_text(IMPLEMENTATION)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    write_package(tmp_path, monkeypatch, "toy_methods", {"loudest_params": DECLARATION, "loudest": IMPLEMENTATION})
     discover("toy_methods")
     yield DECLARED["loudest"]
     METHODS.pop("loudest")
     if (lm := sys.modules.get("ensemble_bench.run.lm")) is not None:
         lm.LM_CLASSES.pop("loudest", None)
-    for name in ("toy_methods.loudest", "toy_methods.loudest_params", "toy_methods"):
-        sys.modules.pop(name, None)
+    forget_package("toy_methods", ("loudest", "loudest_params"))
 
 
 def test_its_declaration_registers_it(loudest):

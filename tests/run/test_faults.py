@@ -288,7 +288,7 @@ def test_a_damaged_response_cache_is_one_line_before_any_model_loads(tiny_dirs, 
     db = run_dir / "cache" / "gac_rank0.db"
     db.write_bytes(b"not a database at all" * 200)
     loads = []
-    monkeypatch.setattr("ensemble_bench.run.runner.build_method", lambda *a: loads.append(a))
+    monkeypatch.setattr("ensemble_bench.run.build.build_method", lambda *a: loads.append(a))
     code, out = run_cli(monkeypatch, capsys, "run", str(recipe))
     line = one_line(out)
     assert code == 1 and f"{db}: the response cache is damaged" in line and "remove this file" in line

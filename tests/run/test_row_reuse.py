@@ -14,7 +14,7 @@ import pytest
 
 from ensemble_bench.cli import main as cli
 from ensemble_bench.recipe import parse_recipe, selected_benchmarks
-from ensemble_bench.run import runner
+from ensemble_bench.run import build as build_module
 from ensemble_bench.run.row_store import INDEX, REUSED, RowStore, StoredRow, row_keys
 from tests.cli_helpers import run_cli
 
@@ -45,13 +45,13 @@ def recipe_text(dirs, output, method="gac", limit=3, x_dtype="float32"):
 def cli_run(monkeypatch, capsys, tmp_path, text, *flags):
     """Run the recipe in this process; the row labels whose method was built (computed) and the run folder."""
     built = []
-    build = runner.build_method
+    build = build_module.build_method
 
     def recording(recipe, row, pool):
         built.append(row.label)
         return build(recipe, row, pool)
 
-    monkeypatch.setattr(runner, "build_method", recording)
+    monkeypatch.setattr(build_module, "build_method", recording)
     path = tmp_path / f"recipe-{len(list(tmp_path.glob('recipe-*')))}.yaml"
     path.write_text(text)
     code, out = run_cli(monkeypatch, capsys, "run", str(path), *flags)
@@ -192,9 +192,9 @@ def test_the_key_holds_what_decides_outputs_and_nothing_else(tiny_dirs, tmp_path
     assert keys_of(tiny_dirs, tmp_path, limit=9)["x"].lineage == base["x"].lineage
     assert keys_of(tiny_dirs, tmp_path, method={"name": "gac", "threshold": 0.5})["gac"] != base["gac"]
     assert keys_of(tiny_dirs, tmp_path, method={"name": "gac", "threshold": 0.5})["y"] == base["y"]
-    from ensemble_bench.methods import get_method
+    from ensemble_bench.methods import method_spec
 
-    monkeypatch.setattr(get_method("gac"), "version", 2)
+    monkeypatch.setattr(method_spec("gac"), "version", 2)  # the declaration's: the implementation inherits it
     assert keys_of(tiny_dirs, tmp_path)["gac"] != base["gac"] and keys_of(tiny_dirs, tmp_path)["x"] == base["x"]
 
 
