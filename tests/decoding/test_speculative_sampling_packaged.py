@@ -26,8 +26,8 @@ SETTINGS = SamplingParams(do_sample=True, temperature=1.0, top_k=8)
 def packaged_pair():
     from ensemble_bench.members import load_member
 
-    return [load_member("smollm2-135m", dtype="bfloat16", chat_template=False, name="smollm2"),
-            load_member("qwen2.5-0.5b", dtype="bfloat16", chat_template=False, name="qwen2.5")]
+    return [load_member("smollm2-135m", dtype="float32", chat_template=False, name="smollm2"),
+            load_member("qwen2.5-0.5b", dtype="float32", chat_template=False, name="qwen2.5")]
 
 
 class FirstPicks(Gac):
