@@ -7,7 +7,7 @@ token of each member and the load average. The samples differ between the two (t
 differently); their distribution is the same (docs/sampling.md). ``make bench-speculative-sampling``.
 
     python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4 [6 ...]]
-           [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype bfloat16]
+           [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     import torch
 
