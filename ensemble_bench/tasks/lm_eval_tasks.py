@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -89,7 +90,10 @@ def _built_index(folders: Sequence[Path]) -> dict[str, Found]:
 
 
 def _index_file() -> Path:
-    return settings.cache_root() / f"lm-eval-task-index-{INDEX_FORMAT}.json"
+    """One file per lm-eval install (its task folder): environments sharing the cache folder (a checkout's
+    .venv beside .venv-vllm) keep their own index rather than rebuilding each other's."""
+    install = hashlib.sha256(str(_stock_root()).encode()).hexdigest()[:12]
+    return settings.cache_root() / f"lm-eval-task-index-{INDEX_FORMAT}-{install}.json"
 
 
 def _saved_index(stamp: dict) -> dict[str, Found] | None:

@@ -215,6 +215,17 @@ def test_gen_kwargs_on_a_group_need_one_setting_for_all_its_tasks(own_tasks, tmp
     assert lm_eval_tasks.primary_metric(index["mixed"], index) == "exact_match,none"
 
 
+def test_each_lm_eval_install_keeps_its_own_saved_index(tmp_path, monkeypatch):
+    """Two environments sharing the cache folder (a checkout's .venv and .venv-vllm) write two files, so
+    neither rebuilds the other's index on every command (one shared file did)."""
+    monkeypatch.setattr(lm_eval_tasks.settings, "cache_root", lambda: tmp_path)
+    files = set()
+    for root in (tmp_path / "venv-a" / "lm_eval", tmp_path / "venv-b" / "lm_eval"):
+        monkeypatch.setattr(lm_eval_tasks, "_stock_root", lambda root=root: root / "tasks")
+        files.add(lm_eval_tasks._index_file())
+    assert len(files) == 2 and all(path.parent == tmp_path for path in files)
+
+
 def test_the_saved_index_reads_back_as_built_and_only_for_its_lm_eval(own_tasks, tmp_path, monkeypatch):
     from lm_eval.tasks._factory import GROUP_FIELD_NAMES
 
