@@ -14,7 +14,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install install-latex demo lint test test-fast test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
-	bench-speculative bench-speculative-check bench-scale \
+	bench-speculative bench-speculative-check bench-speculative-sampling bench-scale \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
 	reproduce-core reproduce-adafuse docs-tables
@@ -125,6 +125,11 @@ bench-scale: install
 
 bench-speculative: install
 	$(BIN)/python scripts/bench_speculative.py --threads $(THREADS)
+
+# Speculative sampling (speculative: N, a task that samples) against every-token sampling, GaC on the packaged
+# pair, gsm8k prompts, batch 1 and 8: wall ratio, acceptance, tokens per round, forwards per token.
+bench-speculative-sampling: install
+	$(BIN)/python scripts/bench_speculative_sampling.py --threads 1 --batch-sizes 1 8
 
 # CI's guard: speculative GaC (plain and gated) gives every-token GaC's outputs byte for byte on fixed prompts.
 bench-speculative-check: install

@@ -2,11 +2,12 @@
 prompts (lm-eval's gsm8k prompts of the offline copy, as scripts/bench_speculative.py builds them).
 
 Per batch size: decode wall seconds of every-token sampling and of ``speculative: N`` (the same
-requests, seeds and settings), their ratio, and the acceptance rate. The samples differ between the
-two (the draws are used differently); their distribution is the same (docs/sampling.md).
+requests, seeds and settings), their ratio, the acceptance rate, tokens per round, forward passes per
+token of each member and the load average. The samples differ between the two (the draws are used
+differently); their distribution is the same (docs/sampling.md). ``make bench-speculative-sampling``.
 
-    python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4]
-           [--temperature 0.7] [--max-new-tokens 64] [--threads 2]
+    python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4 [6 ...]]
+           [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -43,14 +44,21 @@ def timed(members, params, batch, batch_size: int) -> tuple[float, object]:
     return time.perf_counter() - start, method
 
 
+def figures(summary: dict) -> str:
+    forwards = ", ".join(f"{name} {value:.2f}" for name, value in summary["speculative_forwards_per_token"].items())
+    return (f"acceptance {summary['speculative_acceptance_rate']:.2f}, "
+            f"tokens/round {summary['speculative_tokens_per_round']:.2f}, forwards/token {forwards}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--draft", type=int, default=4)
+    parser.add_argument("--draft", type=int, nargs="+", default=[4], help="draft lengths N, each timed")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
     import torch
 
@@ -58,16 +66,20 @@ def main() -> int:
     from ensemble_bench.methods.gac import GacParams
 
     torch.set_num_threads(args.threads)
-    members = [load_member("smollm2-135m", chat_template=False, name="smollm2"),
-               load_member("qwen2.5-0.5b", chat_template=False, name="qwen2.5")]
+    members = [load_member("smollm2-135m", dtype=args.dtype, chat_template=False, name="smollm2"),
+               load_member("qwen2.5-0.5b", dtype=args.dtype, chat_template=False, name="qwen2.5")]
+    warm = requests(task_prompts("gsm8k", 1), args.temperature, 4)
+    timed(members, GacParams(), warm, 1)  # the first forward passes are slower: not inside a measurement
+    timed(members, GacParams(speculative=max(args.draft), proposer=0), warm, 1)
     for batch_size in args.batch_sizes:
         prompts = task_prompts("gsm8k", max(args.limit, batch_size))
         batch = requests(prompts, args.temperature, args.max_new_tokens)
         every, _ = timed(members, GacParams(), batch, batch_size)
-        spec, method = timed(members, GacParams(speculative=args.draft, proposer=0), batch, batch_size)
-        stats = method.speculation.stats
-        print(f"batch {batch_size}: {len(batch)} requests, every-token {every:.1f} s, speculative {spec:.1f} s, "
-              f"ratio {spec / every:.2f}, acceptance {stats.accepted}/{stats.drafted}")
+        for draft in args.draft:
+            spec, method = timed(members, GacParams(speculative=draft, proposer=0), batch, batch_size)
+            print(f"batch {batch_size}, draft {draft}: {len(batch)} requests, every-token {every:.1f} s, "
+                  f"speculative {spec:.1f} s, ratio {spec / every:.2f}, {figures(method.speculation.summary())}, "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
 

@@ -132,3 +132,9 @@ def _excess(tolerance: Tolerance, got: float, want: float) -> float:
     if tolerance.holds(got, want):
         return -1.0
     return math.inf if math.isnan(got - want) else abs(got - want)
+
+# The probability of a short continuation (a product of a few step probabilities, summed over the paths
+# that give it) from two decodes of the same text: speculative sampling's block reads against every-token
+# sampling's one-token steps (tests/decoding/test_speculative_exact.py). Each of its 3 steps moves as
+# PROBABILITY_OF_LOGPROB allows. Measured up to 4.6e-7 relative; a wrong acceptance rule moves them by 0.17-0.19.
+CONTINUATION_PROBABILITY = Tolerance("CONTINUATION_PROBABILITY", abs=0.0, rel=3e-4)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ensemble_bench.decoding.decode import Advance
-from ensemble_bench.decoding.sampling import inverse_cdf
+from ensemble_bench.decoding.sampling import bernoulli, inverse_cdf
 
 NONE = -1  # the drafted unit when the proposer's token maps to no entry (or stops)
 
@@ -29,17 +29,28 @@ class SamplingAcceptance:
         accept u          with probability min(1, p(u) / q(u))     (never when u is "none")
         else draw from    r(x) = max(0, p(x) - q(x)) / sum_y max(0, p(y) - q(y))
 
-    so the position's draw has distribution p (decoding/speculative_sampling.py gives the proof sketch)."""
+    so the position's draw has distribution p (decoding/speculative_sampling.py gives the proof sketch).
+    ``acceptance`` and ``residual`` are the rule's two probabilities; ``verify`` draws with them
+    (tests/decoding/test_speculative_exact.py enumerates every draw through the same two)."""
+
+    @staticmethod
+    def acceptance(p: torch.Tensor, q: torch.Tensor, drafted: int) -> float:
+        """The probability of taking the drafted unit, min(1, p(u) / q(u)); 0 for "none"."""
+        if drafted == NONE or not bool(p[drafted] > 0):
+            return 0.0
+        return min(1.0, float(p[drafted] / q[drafted])) if bool(q[drafted] > 0) else 1.0
+
+    @staticmethod
+    def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """r = max(0, p - q) normalised (p itself where p == q up to rounding: rejection had probability 0)."""
+        residual = (p - q).clamp(min=0)
+        total = residual.sum()
+        return residual / total if bool(total > 0) else p
 
     @staticmethod
     def verify(p: torch.Tensor, q: torch.Tensor, drafted: int, generator: torch.Generator) -> int:
         """The drafted unit (an index, or NONE) if accepted, else a draw from the residual. ``p`` and ``q``
         [units] are probabilities (float64; q without "none"); the uniforms come from the row's generator."""
-        if drafted != NONE:
-            accept = torch.rand((), dtype=torch.float64, generator=generator)
-            if bool(accept * q[drafted] < p[drafted]):
-                return drafted
-        residual = (p - q).clamp(min=0)
-        if not bool(residual.sum() > 0):  # p == q up to rounding: rejection had probability 0
-            residual = p
-        return int(inverse_cdf(residual[None], [generator])[0])
+        if drafted != NONE and bernoulli(SamplingAcceptance.acceptance(p, q, drafted), generator):
+            return drafted
+        return int(inverse_cdf(SamplingAcceptance.residual(p, q)[None], [generator])[0])

@@ -162,6 +162,11 @@ def inverse_cdf(weights: torch.Tensor, generators: Sequence[torch.Generator]) ->
     return torch.minimum(drawn, last).flatten()
 
 
+def bernoulli(probability: float, generator: torch.Generator) -> bool:
+    """True with ``probability``: a uniform u ~ U[0, 1) from ``generator`` falls below it."""
+    return bool(torch.rand((), dtype=torch.float64, generator=generator) < probability)
+
+
 def draw(logprobs: torch.Tensor, params: SamplingParams, generators: Sequence[torch.Generator]) -> torch.Tensor:
     """One index per row of ``logprobs`` [rows, n] (log-probabilities, or log-weights of any scale per
     row): the argmax for greedy ``params`` (the first of equal values), else a draw from the shaped

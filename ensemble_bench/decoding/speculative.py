@@ -202,8 +202,8 @@ class Speculation(Rounds):
         next draft length."""
         states, pending = [self.all_states[i] for i in live], [self.pending[i] for i in live]
         proposer = self._pick_proposer()
-        # a row that samples keeps its own length (N after its first round): its draws never depend on the clock
-        lengths = [self.lengths[i] if samples(s) else d for i, s, d in zip(live, states, self._draft_lengths(live))]
+        # a row that samples always drafts N, from its first round: its draws never depend on the clock
+        lengths = [self.longest if samples(s) else d for s, d in zip(states, self._draft_lengths(live))]
         room = [max(0, min(d, s.rule.max_new_tokens - s.count - 1)) for d, s in zip(lengths, states)]
         self.drafted: list[list[Drafted]] = [[] for _ in states]  # sampling rows: what each position proposed
         if any(room) or 1 not in self.costs.blocks:
@@ -215,8 +215,7 @@ class Speculation(Rounds):
             self.pending[i] = row.pending
             self._observe(self.records[i], self.rates[i], row, [m.forwards[k] for m in self.stand_ins])
             grows = row.accepted == row.drafted and row.agreed_after
-            self.lengths[i] = self.longest if samples(states[k]) else \
-                min(self.longest, row.drafted + 2) if grows else row.accepted
+            self.lengths[i] = min(self.longest, row.drafted + 2) if grows else row.accepted
         for member in self.stand_ins:
             member.forwards = [0] * len(member.forwards)
             member.prune()
