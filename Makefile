@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 SHARED_BBH := $(abspath ../shared/data/bbh)
 export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
-.PHONY: install install-latex demo lint test test-fast test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
+.PHONY: install install-latex demo lint test test-fast test-long test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
 	bench-speculative bench-speculative-check bench-speculative-sampling bench-scale \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
@@ -84,6 +84,11 @@ test: install
 # Everything but the real-model and the slow end-to-end tests (markers in pyproject.toml; docs/ci.md).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# The tests over ten minutes each on 2 cores (marker `long`; make test skips them): speculative sampling's
+# 2,000-draw chi-square on the packaged pair.
+test-long: install
+	ENSBENCH_LONG_TESTS=1 $(BIN)/python -m pytest -q -m long
 
 # The fast suite from a clone of HEAD in a temporary folder (no ../shared beside it, its own .venv,
 # ENSBENCH_BBH_DIR unset) beside a busy loop pinned to CPU 0: what a new user's clone on a loaded machine

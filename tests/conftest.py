@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -96,3 +98,13 @@ def ray_members(ray_cluster, tiny_dirs):
     yield [load_member(**load) for load in loads], remote
     for member in remote:
         member.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """``long`` tests (over ten minutes here) run only with ENSBENCH_LONG_TESTS=1 (``make test-long``)."""
+    if os.environ.get("ENSBENCH_LONG_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="a long test: make test-long runs it (ENSBENCH_LONG_TESTS=1)")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip)
