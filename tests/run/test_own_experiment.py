@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ensemble_bench.cli import main as cli
-from ensemble_bench.run import runner
+from ensemble_bench.run import build as build_module
 from ensemble_bench.run.row_store import REUSED
 from tests.cli.test_lm_eval_route import lm_eval
 from tests.cli_helpers import run_cli
@@ -45,7 +45,7 @@ def own_recipe(dirs, folder, methods: str) -> str:
 
 def in_process(*argv) -> tuple[int, str, str, list[str]]:
     """``ensbench ARGV`` in this process: exit code, stdout, stderr and the labels of the rows computed."""
-    computed, build = [], runner.build_method
+    computed, build = [], build_module.build_method
 
     def recording(recipe, row, pool):
         computed.append(row.label)
@@ -53,7 +53,7 @@ def in_process(*argv) -> tuple[int, str, str, list[str]]:
 
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        patch.setattr(runner, "build_method", recording)
+        patch.setattr(build_module, "build_method", recording)
         patch.setattr(sys, "argv", ["ensbench", *argv])
         try:
             cli.main()
