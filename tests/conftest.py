@@ -74,13 +74,15 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """One local Ray cluster on the CPU for the session (2 CPUs, no dashboard); skips without ray."""
+    """One local Ray cluster on the CPU for the session (4 logical CPUs, no dashboard); skips without ray.
+    Four, not the machine's 2: ``ray_members``' two actors hold a CPU each for the whole session, and two
+    replicas (tests/run/test_replicas.py) must still be placed beside them."""
     import logging
 
     ray = pytest.importorskip("ray")
     from ensemble_bench.members.remote import INLINE_REPLY_BYTES  # replies inline, as connect() starts Ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
              _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
     yield ray
     ray.shutdown()

@@ -1,7 +1,7 @@
 """Members in Ray actors (placement: ray): the member interface equals a local member's, traffic,
 placement, recipe fields (every method's results under Ray: tests/methods/test_method_contract.py).
 
-The session's local Ray cluster on the CPU (``ray_cluster``: 2 CPUs, no dashboard) and its two tiny
+The session's local Ray cluster on the CPU (``ray_cluster``: 4 logical CPUs, no dashboard) and its two tiny
 random members saved as model directories, each loaded once locally and once in an actor
 (``ray_members``), both from tests/conftest.py.
 """
@@ -135,7 +135,7 @@ def test_an_unplaceable_member_ends_the_run_in_one_line_within_the_timeout(ray_c
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     [line] = [x for x in captured.err.splitlines() if "could not place" in x]
-    assert "member 'huge' within 3 s: it asks for CPU 1, GPU 2; the cluster has CPU 2, GPU 0" in line, line
+    assert "member 'huge' within 3 s: it asks for CPU 1, GPU 2; the cluster has CPU 4, GPU 0" in line, line
 
 
 @pytest.mark.slow
