@@ -78,8 +78,13 @@ class LocalMember(TokenizerSide, Member):
 
     # --- batched, KV-cached stepping --------------------------------------------------------
     def prefill(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        self.batch.start(len(rows))
-        self._append(rows, phase="prefill")
+        """Rows with the same ids (an lm-eval request's ``repeats``, sampled draws of one prompt) are
+        computed once and their cache rows copied: n samples of a prompt cost one prefill."""
+        distinct = {tuple(row): k for k, row in enumerate(dict.fromkeys(tuple(row) for row in rows))}
+        self.batch.start(len(distinct))
+        self._append(list(distinct), phase="prefill")
+        if len(distinct) < len(rows):
+            self.batch.keep([distinct[tuple(row)] for row in rows])
         return self.batch.last
 
     def extend(self, tokens: Sequence[Sequence[int]]) -> torch.Tensor:

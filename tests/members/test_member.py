@@ -70,6 +70,27 @@ def test_variable_extend_crop_and_keep_match_recomputation(member_and_model):
     assert_close(logprobs[1], full_logprobs(model, rows[1])[-1], TINY_MODEL)
 
 
+def test_repeated_prompts_are_prefilled_once_and_then_go_their_own_ways(member_and_model):
+    """Rows 0, 2 and 3 hold one prompt (a request's repeats): the forward pass sees two rows, every
+    row gets its own cache row, and each, given its own tokens, matches recomputation."""
+    member, model = member_and_model
+    same, other = member.encode(PROMPTS[1]), member.encode(PROMPTS[0])
+    seen = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        first = member.prefill([same, other, same, same])
+    finally:
+        hook.remove()
+    assert seen == [2]
+    assert torch.equal(first[0], first[2]) and torch.equal(first[0], first[3])
+    assert_close(first[1], full_logprobs(model, other)[-1], TINY_MODEL)
+    logprobs = member.extend([[5], [6], [7, 8], [9]])
+    for r, row in enumerate(member.row_ids()):
+        assert_close(logprobs[r], full_logprobs(model, row)[-1], TINY_MODEL)
+    assert member.row_ids()[2] == same + [7, 8]
+
+
 def test_extend_after_crop_without_tokens_is_an_error_state(member_and_model):
     member, model = member_and_model
     ids = [member.encode(p) for p in PROMPTS[:2]]

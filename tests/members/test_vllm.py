@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
 from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
-from ensemble_bench.members.vllm_engine import STEPPING  # noqa: E402
+from ensemble_bench.members.vllm_engine import STEPPING, StepCosts  # noqa: E402
 from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
 from ensemble_bench.methods.single import Single  # noqa: E402
@@ -256,7 +256,8 @@ def assert_block_reading(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("model", ["smollm", "qwen"])
-def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm):
+def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm,
+                                                                             monkeypatch):
     """A block of 4 after rows of 29, 27 and 45 held tokens (KV blocks of 32: the first row's block
     crosses a block boundary, the second's ends on one, the third's lies inside the second block):
     one engine step for the whole batch, and at every position the log-probs of 4 forced one-token
@@ -269,6 +270,12 @@ def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(mod
     after = member.extend([[40], [41], [42]])
     member.prefill(rows)
     member.extend(first)
+    # The costs this member measured choose one step or four (on a busy CPU, re-computing the rows'
+    # partial KV blocks may cost more than three more steps): here they say a step costs the same
+    # whatever it computes, as on a GPU, so the read is one step (the choice: test_vllm_costs.py).
+    gpu_like = StepCosts()
+    gpu_like.observe(steps=1, tokens=1, seconds=1.0)
+    monkeypatch.setattr(member, "step_costs", gpu_like)
     steps = member.steering.steps
     read = member.read_block(blocks, [[0, 1, 2, 3]] * 3)
     assert member.steering.steps - steps == 1
