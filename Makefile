@@ -85,8 +85,8 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
-# The tests over ten minutes each on 2 cores (marker `long`; make test skips them): speculative sampling's
-# 2,000-draw chi-square on the packaged pair.
+# The tests of several minutes each on 2 cores (marker `long`; make test skips them): speculative
+# sampling's 2,000-draw chi-square on the packaged pair (5 min).
 test-long: install
 	ENSBENCH_LONG_TESTS=1 $(BIN)/python -m pytest -q -m long
 

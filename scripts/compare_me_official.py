@@ -76,17 +76,36 @@ def import_official(repo: str, into: Path):
     return ray_engine
 
 
+class ByteTable(dict):
+    """A byte-level (BBPE) tokenizer's byte table holding only the bytes it can spell, of the size the
+    code takes as BBPE's (128): the code then treats it as it treats any BBPE table."""
+
+    def __len__(self) -> int:
+        return 128
+
+
 def tolerant(check_byte_mappings):
-    """The code's byte table builder, with a control byte that the tokenizer spells as nothing (SmolLM2
-    has no token for a few) mapped to its EOS instead of failing (GaC's builder has the same fault:
-    docs/fidelity.md#gac); those bytes are never generated here."""
+    """The code's byte table builder, for a tokenizer with no token for a few ASCII control bytes
+    (SmolLM2: bytes 4, 6, 19, 20, 22 and 29; the code raises on them, as GaC's builder does:
+    docs/fidelity.md#gac): those bytes are left out of its table (their union entries get no mass from
+    that member; they are never generated here), the table still of BBPE's size."""
     def check(tokenizer):
-        plain = tokenizer.tokenize
-        tokenizer.tokenize = lambda text, **kwargs: plain(text, **kwargs) or [tokenizer.eos_token]
+        plain, unspelled = tokenizer.tokenize, set()
+
+        def tokenize(text, **kwargs):
+            pieces = plain(text, **kwargs)
+            if not pieces:
+                unspelled.add(f"<0x{ord(text):02X}>")
+            return pieces or [tokenizer.eos_token]
+
+        tokenizer.tokenize = tokenize
         try:
-            return check_byte_mappings(tokenizer)
+            table = check_byte_mappings(tokenizer)
         finally:
             del tokenizer.tokenize
+        if not unspelled:
+            return table
+        return ByteTable((key, token_id) for key, token_id in table.items() if key not in unspelled)
     return check
 
 

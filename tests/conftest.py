@@ -103,7 +103,7 @@ def ray_members(ray_cluster, tiny_dirs):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``long`` tests (over ten minutes here) run only with ENSBENCH_LONG_TESTS=1 (``make test-long``)."""
+    """``long`` tests (minutes each here) run only with ENSBENCH_LONG_TESTS=1 (``make test-long``)."""
     if os.environ.get("ENSBENCH_LONG_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="a long test: make test-long runs it (ENSBENCH_LONG_TESTS=1)")
