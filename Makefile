@@ -134,7 +134,7 @@ bench-speculative: install
 # Speculative sampling (speculative: N, a task that samples) against every-token sampling, GaC on the packaged
 # pair, gsm8k prompts, batch 1 and 8: wall ratio, acceptance, tokens per round, forwards per token.
 bench-speculative-sampling: install
-	$(BIN)/python scripts/bench_speculative_sampling.py --threads 1 --batch-sizes 1 8
+	$(BIN)/python scripts/bench_speculative_sampling.py --threads 2 --batch-sizes 1 8 --draft 3 --limit 4 --max-new-tokens 128
 
 # CI's guard: speculative GaC (plain and gated) gives every-token GaC's outputs byte for byte on fixed prompts.
 bench-speculative-check: install

@@ -8,7 +8,7 @@ between the two sides: their wall times alone do not compare), the acceptance ra
 forward passes per token of each member and the load average. The distribution of the samples is the
 same (docs/sampling.md). ``make bench-speculative-sampling``.
 
-    python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4 [6 ...]]
+    python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 3 [4 ...]]
            [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype float32]
 """
 
@@ -65,7 +65,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--draft", type=int, nargs="+", default=[4], help="draft lengths N, each timed")
+    parser.add_argument("--draft", type=int, nargs="+", default=[3], help="draft lengths N, each timed")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)

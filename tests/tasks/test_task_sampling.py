@@ -125,7 +125,8 @@ def test_repeats_fewer_than_a_filter_reads_are_refused_before_any_sample():
     assert sampling_problems(*indexed(few)) == [
         "tasks[0] 'gsm8k_cot_self_consistency': its filter 'maj@8' reads the first 8 samples of each request, but "
         "repeats is 4: set repeats to 8 or more"]
-    assert sampling_problems(*indexed(recipe({"name": "gac"}, [{"name": "gsm8k_cot_self_consistency", "repeats": 8}]))) == []
+    enough = recipe({"name": "gac"}, [{"name": "gsm8k_cot_self_consistency", "repeats": 8}])
+    assert sampling_problems(*indexed(enough)) == []
 
 
 def test_settings_out_of_range_in_a_task_s_own_yaml_are_one_line(tmp_path):
