@@ -176,14 +176,18 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
 
 
 @pytest.fixture(scope="module")
-def vllm_actors(ray_cluster):
-    """The two packaged members on vLLM, each engine in a Ray actor of its own (placement ray)."""
-    from ensemble_bench.members.remote import RemoteMember, launch
+def vllm_actors(ray_cluster, tmp_path_factory):
+    """The two packaged members on vLLM as a recipe with placement ray builds them: each engine in a Ray
+    actor of its own, one CPU each."""
+    from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.run.build import MemberPool
 
-    loads = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE}
-             for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
-    actors = [launch(load, {"num_cpus": 1}) for load in loads]  # both engines start side by side
-    members = [RemoteMember(load, actor=actor) for load, actor in zip(loads, actors)]
+    members = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE, "num_cpus": 1}
+               for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
+    recipe = parse_recipe({"name": "actors", "members": members, "method": "gac", "tasks": ["nq"], "data": "offline",
+                           "placement": {"kind": "ray"}, "output": str(tmp_path_factory.mktemp("actors"))}, "r.yaml")
+    pool = MemberPool(recipe)
+    members = [pool.get(0), pool.get(1)]  # both engines start side by side
     yield members
     for member in members:
         member.close()
