@@ -12,7 +12,7 @@
     ``--vllm-batch-sizes``. Needs vllm: run it in .venv-vllm (``make bench-scale-vllm``: table c alone).
 
     python scripts/bench_scale.py [--tables a b] [--members smollm2-135m qwen2.5-0.5b] [--task nq]
-           [--limit 16] [--batch-size 1] [--overlap-batch-sizes 1 8] [--vllm-batch-sizes 1]
+           [--limit 16] [--batch-size 1] [--overlap-batch-sizes 1 8] [--vllm-batch-sizes 1 8]
            [--output results/bench/scale.json]
 
 The run's wall time counts everything a user waits for (lm-eval's start, model loading, Ray's start
@@ -135,7 +135,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--overlap-batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--vllm-batch-sizes", type=int, nargs="+", default=[1])
+    parser.add_argument("--vllm-batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output", type=Path, default=Path("results/bench/scale.json"))
     args = parser.parse_args()
     if "c" in args.tables and importlib.util.find_spec("vllm") is None:
