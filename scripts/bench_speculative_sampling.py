@@ -1,11 +1,12 @@
 """Speculative sampling against every-token sampling, GaC over a packaged pair, in one run on the same
 prompts (lm-eval's gsm8k prompts of the offline copy, as scripts/bench_speculative.py builds them).
 
-Per batch size: wall seconds of every-token sampling and of ``speculative: N`` (the same requests,
-seeds and settings), the same less the members' prefill passes (the decode), their ratios, the
-acceptance rate, tokens per round, forward passes per token of each member and the load average. The
-samples differ between the two (the draws are used differently); their distribution is the same
-(docs/sampling.md). ``make bench-speculative-sampling``.
+Per batch size: for every-token sampling and for ``speculative: N`` (the same requests, seeds and
+settings), wall seconds, tokens generated and decode ms/token (wall less the members' prefill passes,
+per token generated), the ratio of the decode ms/token (the samples, hence their lengths, differ
+between the two sides: their wall times alone do not compare), the acceptance rate, tokens per round,
+forward passes per token of each member and the load average. The distribution of the samples is the
+same (docs/sampling.md). ``make bench-speculative-sampling``.
 
     python scripts/bench_speculative_sampling.py [--limit 2] [--batch-sizes 1 8] [--draft 4 [6 ...]]
            [--temperature 0.7] [--max-new-tokens 64] [--threads 1] [--dtype float32]
@@ -36,16 +37,22 @@ def requests(prompts: list[str], temperature: float, max_new_tokens: int) -> lis
                               RequestSampling(params, 1234, request_key(p, {}), 0)) for p in prompts]
 
 
-def timed(members, params, batch, batch_size: int) -> tuple[float, float, object]:
-    """Wall seconds of ``generate``, the same less the members' prefill passes (the decode), the method."""
+def timed(members, params, batch, batch_size: int) -> tuple[float, float, int, object]:
+    """Wall seconds of ``generate``, the same less the members' prefill passes (the decode), the tokens
+    generated (the samples' lengths differ between the two sides), the method."""
     from ensemble_bench.methods.gac import Gac
 
     method = Gac(members, params, batch_size=batch_size)
     prefill = sum(m.clock.prefill_seconds for m in members)
     start = time.perf_counter()
-    method.generate(batch)
+    generations = method.generate(batch)
     wall = time.perf_counter() - start
-    return wall, wall - (sum(m.clock.prefill_seconds for m in members) - prefill), method
+    decode = wall - (sum(m.clock.prefill_seconds for m in members) - prefill)
+    return wall, decode, sum(g.new_tokens for g in generations), method
+
+
+def side(wall: float, decode: float, tokens: int) -> str:
+    return f"{wall:.1f} s, {tokens} tokens, decode {1000 * decode / tokens:.1f} ms/token"
 
 
 def figures(summary: dict) -> str:
@@ -78,13 +85,14 @@ def main() -> int:
     for batch_size in args.batch_sizes:
         prompts = task_prompts("gsm8k", max(args.limit, batch_size))
         batch = requests(prompts, args.temperature, args.max_new_tokens)
-        every, every_decode, _ = timed(members, GacParams(), batch, batch_size)
+        every = timed(members, GacParams(), batch, batch_size)[:3]
         for draft in args.draft:
-            spec, spec_decode, method = timed(members, GacParams(speculative=draft, proposer=0), batch, batch_size)
-            print(f"batch {batch_size}, draft {draft}: {len(batch)} requests, every-token {every:.1f} s "
-                  f"(decode {every_decode:.1f} s), speculative {spec:.1f} s (decode {spec_decode:.1f} s), "
-                  f"ratio {spec / every:.2f} (decode {spec_decode / every_decode:.2f}), "
-                  f"{figures(method.speculation.summary())}, load {os.getloadavg()[0]:.2f}", flush=True)
+            *spec, method = timed(members, GacParams(speculative=draft, proposer=0), batch, batch_size)
+            per_token = (spec[1] / spec[2]) / (every[1] / every[2])
+            print(f"batch {batch_size}, draft {draft}: {len(batch)} requests, every-token {side(*every)}, "
+                  f"speculative {side(*spec)}, decode ms/token ratio {per_token:.2f} (wall ratio "
+                  f"{spec[0] / every[0]:.2f}), {figures(method.speculation.summary())}, "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
 

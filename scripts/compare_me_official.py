@@ -180,10 +180,21 @@ def two_sample_chi_square(first: Counter, second: Counter) -> tuple[float, int]:
 
 
 def upper_tail(chi2: float, degrees: int) -> float:
-    """P(X >= chi2) for X ~ chi^2(degrees), by Wilson-Hilferty's normal approximation."""
-    spread = 2 / (9 * degrees)
-    z = ((chi2 / degrees) ** (1 / 3) - (1 - spread)) / math.sqrt(spread)
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    """P(X >= chi2) for X ~ chi^2(degrees), exactly: the Poisson sum for even degrees, the normal tail
+    plus its series for odd ones."""
+    half = chi2 / 2
+    if degrees % 2 == 0:
+        term = total = math.exp(-half)
+        for i in range(1, degrees // 2):
+            term *= half / i
+            total += term
+        return total
+    total = math.erfc(math.sqrt(half))
+    term = math.sqrt(2 * chi2 / math.pi) * math.exp(-half)
+    for odd in range(3, degrees + 1, 2):
+        total += term
+        term *= chi2 / odd
+    return total
 
 
 def main() -> None:

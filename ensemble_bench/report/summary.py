@@ -241,10 +241,10 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
                           pd.DataFrame.from_records(comparison_records(comparisons)).to_csv(index=False))
     notes = [f"- {b.name}: {b.note}" for b in set(benches) if b.note]
     header = (f"# {recipe.name}\n\nScores in % [95% interval: Wilson for 0/1 scores, bootstrap otherwise], "
-              f"greedy; ms/token = decode time per step at batch size {recipe.batch_size} (a row whose requests "
-              "all finish in their first round: that round's time per token); ms/request, ms/scored token = "
-              "time to score one multiple-choice option, and per token of the options; wall s = the row's "
-              "evaluation time.\n\n")
+              f"{decoding_words(run_dir, rows)}; ms/token = decode time per step at batch size {recipe.batch_size} "
+              "(a row whose requests all finish in their first round: that round's time per token); ms/request, "
+              "ms/scored token = time to score one multiple-choice option, and per token of the options; wall s = "
+              "the row's evaluation time.\n\n")
     if "accepted %" in frame.columns:
         header = header[:-2] + (" accepted % = drafted tokens the ensemble kept, forwards/token = each member's "
                                 "forward passes per generated token (speculative rows).\n\n")
@@ -254,6 +254,17 @@ def write_summary(run_dir: Path, recipe) -> pd.DataFrame:
                       + whitespace_section(run_dir, [row.plan.label for row in rows])
                       + tie_section(run_dir, [row.plan.label for row in rows]))
     return frame
+
+
+def decoding_words(run_dir: Path, rows: list[RunRow]) -> str:
+    """"greedy", or which rows sampled a task (their results' ``config.sampling``: docs/sampling.md)."""
+    sampled = [row.plan.label for row in rows if any(
+        isinstance(settings, dict) and settings.get("do_sample")
+        for results in _row_results(run_dir / row.plan.label) if isinstance(results, dict)
+        for settings in ((results.get("config") or {}).get("sampling") or {}).values())]
+    if not sampled:
+        return "greedy"
+    return f"greedy except {', '.join(sampled)} (sampled: the settings are config.sampling in their results_*.json)"
 
 
 def reuse_section(run_dir: Path) -> str:

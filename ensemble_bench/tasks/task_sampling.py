@@ -29,6 +29,7 @@ class TaskSettings:
     name: str
     gen_kwargs: dict[str, Any]
     repeats: int = 1
+    takes: tuple[str, int] | None = None  # a filter that reads the first k samples of a request: (its name, k)
 
 
 def task_settings(recipe, index: Mapping[str, Found] | None) -> list[TaskSettings]:
@@ -41,8 +42,8 @@ def task_settings(recipe, index: Mapping[str, Found] | None) -> list[TaskSetting
     for i, task in enumerate(recipe.tasks):
         given = task.gen_kwargs.given() if task.gen_kwargs else {}
         if is_builtin(task.name):
-            own, repeats = _builtin_settings(task)
-            found.append(TaskSettings(i, task.name, {**own, **given}, task.repeats or repeats))
+            own, repeats, takes = _builtin_settings(task)
+            found.append(TaskSettings(i, task.name, {**own, **given}, task.repeats or repeats, takes))
             continue
         if index is None:
             continue
@@ -51,12 +52,21 @@ def task_settings(recipe, index: Mapping[str, Found] | None) -> list[TaskSetting
         except UserError:
             continue
         found += [TaskSettings(i, cfg.get("task") or task.name, {**(cfg.get("generation_kwargs") or {}), **given},
-                               task.repeats or int(cfg.get("repeats") or 1))
+                               task.repeats or int(cfg.get("repeats") or 1), _first_k_filter(cfg))
                   for cfg in leaves if cfg.get("output_type", "generate_until") == "generate_until"]
     return found
 
 
-def _builtin_settings(task) -> tuple[dict[str, Any], int]:
+def _first_k_filter(config: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The filter of a task config that reads the most samples per request through lm-eval's
+    ``take_first_k`` (gsm8k_cot_self_consistency's maj@8): (its name, k); None without one."""
+    taken = [(str(entry.get("name")), int(step["k"])) for entry in config.get("filter_list") or []
+             if isinstance(entry, Mapping) for step in entry.get("filter") or []
+             if isinstance(step, Mapping) and step.get("function") == "take_first_k" and "k" in step]
+    return max(taken, key=lambda found: found[1], default=None)
+
+
+def _builtin_settings(task) -> tuple[dict[str, Any], int, tuple[str, int] | None]:
     """A built-in benchmark's own generation settings and repeats: its template's (tasks/templates), else
     greedy and one (the stock tasks they name decode greedily: tests/tasks/test_task_sampling.py)."""
     from ensemble_bench.tasks.task_configs import template_path
@@ -65,8 +75,8 @@ def _builtin_settings(task) -> tuple[dict[str, Any], int]:
     path = template_path(get_benchmark(task.name, task.variant).task)
     config = read_task_yaml(path).config if path is not None else None
     if not isinstance(config, dict):
-        return {}, 1
-    return dict(config.get("generation_kwargs") or {}), int(config.get("repeats") or 1)
+        return {}, 1, None
+    return dict(config.get("generation_kwargs") or {}), int(config.get("repeats") or 1), _first_k_filter(config)
 
 
 def _said(policy: SamplingPolicy, settings: TaskSettings) -> str | None:
@@ -82,7 +92,8 @@ def _said(policy: SamplingPolicy, settings: TaskSettings) -> str | None:
 
 
 def sampling_problems(recipe, index: Mapping[str, Found] | None) -> list[str]:
-    """A line per task whose generation settings cannot be read (out of range), and per row whose method
+    """A line per task whose generation settings cannot be read (out of range) or whose repeats are fewer
+    than one of its filters reads (lm-eval would stop at scoring, after every sample), and per row whose method
     decodes greedily only (or speculatively) while one of the recipe's tasks samples under the row's
     settings."""
     settings = task_settings(recipe, index)
@@ -92,6 +103,10 @@ def sampling_problems(recipe, index: Mapping[str, Found] | None) -> list[str]:
             SamplingPolicy().params(found.gen_kwargs)
         except UserError as err:
             lines.append(f"tasks[{found.task}] '{found.name}': {err}")
+        if found.takes is not None and found.repeats < found.takes[1]:
+            name, k = found.takes
+            lines.append(f"tasks[{found.task}] '{found.name}': its filter '{name}' reads the first {k} samples of "
+                         f"each request, but repeats is {found.repeats}: set repeats to {k} or more")
     if lines:
         return lines
     for row in recipe.plan:

@@ -47,3 +47,20 @@ def test_agreement_is_given_for_the_counted_members_only():
     assert fixed == {"a": 0.75, "b": None}  # b verified, its agreement was never counted (was 0.0)
     auto = SpeculationStats(agreed=[3, 2], positions=4).summary(["a", "b"], proposer=None)["speculative_agreement"]
     assert auto == {"a": 0.75, "b": 0.5}
+
+
+def test_the_summary_says_which_rows_sampled(tmp_path):
+    """The header said "greedy" whatever the run decoded: it names the rows whose results record
+    sampled settings (``config.sampling``)."""
+    from ensemble_bench.report.summary import decoding_words, run_rows
+    from tests.fake_runs import ROWS, fake_run
+
+    run = fake_run(tmp_path / "run", ROWS)
+    assert decoding_words(run, run_rows(run)) == "greedy"
+    results = run / "gac" / "results_1.json"
+    sampled = {"config": {"sampling": {"nq_open": {"do_sample": True, "temperature": 0.7}}}}
+    results.write_text(json.dumps({**json.loads(results.read_text()), **sampled}))
+    greedy = {"config": {"sampling": {"nq_open": {"do_sample": False}}}}
+    results = run / "a" / "results_1.json"
+    results.write_text(json.dumps({**json.loads(results.read_text()), **greedy}))
+    assert decoding_words(run, run_rows(run)).startswith("greedy except gac (sampled: ")

@@ -118,6 +118,16 @@ def test_a_task_s_repeats_are_the_recipe_s_and_a_pass_at_k_task_needs_k_of_them(
         "tasks[0] 'mbpp' samples: temperature 0.8, top_p 0.95, 3 samples per request, seed 1234"]
 
 
+def test_repeats_fewer_than_a_filter_reads_are_refused_before_any_sample():
+    """gsm8k_cot_self_consistency's maj@8 takes the first 8 samples: lm-eval asserts at scoring, after
+    every sample was drawn, when repeats are fewer. The plan refuses 4 and takes 8."""
+    few = recipe({"name": "gac"}, [{"name": "gsm8k_cot_self_consistency", "repeats": 4}])
+    assert sampling_problems(*indexed(few)) == [
+        "tasks[0] 'gsm8k_cot_self_consistency': its filter 'maj@8' reads the first 8 samples of each request, but "
+        "repeats is 4: set repeats to 8 or more"]
+    assert sampling_problems(*indexed(recipe({"name": "gac"}, [{"name": "gsm8k_cot_self_consistency", "repeats": 8}]))) == []
+
+
 def test_settings_out_of_range_in_a_task_s_own_yaml_are_one_line(tmp_path):
     (tmp_path / "hot.yaml").write_text(
         "task: hot\ndataset_path: json\ndataset_kwargs: {data_files: {test: x.jsonl}}\ntest_split: test\n"
