@@ -182,14 +182,14 @@ def vllm_actors(ray_cluster, tmp_path_factory):
     from ensemble_bench.recipe import parse_recipe
     from ensemble_bench.run.build import MemberPool
 
-    members = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE, "num_cpus": 1}
-               for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
-    recipe = parse_recipe({"name": "actors", "members": members, "method": "gac", "tasks": ["nq"], "data": "offline",
+    specs = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE, "num_cpus": 1}
+             for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
+    recipe = parse_recipe({"name": "actors", "members": specs, "method": "gac", "tasks": ["nq"], "data": "offline",
                            "placement": {"kind": "ray"}, "output": str(tmp_path_factory.mktemp("actors"))}, "r.yaml")
     pool = MemberPool(recipe)
-    members = [pool.get(0), pool.get(1)]  # both engines start side by side
-    yield members
-    for member in members:
+    remote = [pool.get(0), pool.get(1)]  # both engines start side by side
+    yield remote
+    for member in remote:
         member.close()
 
 
