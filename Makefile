@@ -14,7 +14,7 @@ export ENSBENCH_BBH_DIR ?= $(if $(wildcard $(SHARED_BBH)/*.json),$(SHARED_BBH),)
 
 .PHONY: install install-latex demo lint test test-fast test-long test-elsewhere fuzz bench bench-overhead bench-overhead-check clean regress baseline \
 	install-vllm test-vllm bench-backends \
-	bench-speculative bench-speculative-check bench-speculative-sampling bench-scale \
+	bench-speculative bench-speculative-check bench-speculative-sampling bench-scale bench-scale-vllm \
 	reproduce-table3 reproduce-table4 reproduce-table5 reproduce-unite-table3 reproduce-unite-table4 \
 	reproduce-deepen-table1 reproduce-deepen-table3 reproduce-sweetspan reproduce-coolfusion reproduce-safe \
 	reproduce-core reproduce-adafuse docs-tables
@@ -127,6 +127,10 @@ bench-overhead-check: install
 # 2 replicas x 1 thread (Ray), same nq requests; wall times, throughput ratios, identical samples. Needs ray.
 bench-scale: install
 	$(BIN)/python scripts/bench_scale.py
+
+# Table (c) of bench-scale: the same overlap with both members on vLLM engines (in .venv-vllm).
+bench-scale-vllm: install-vllm
+	OMP_NUM_THREADS=1 $(VLLM_VENV)/bin/python scripts/bench_scale.py --tables c --output results/bench/scale_vllm.json
 
 bench-speculative: install
 	$(BIN)/python scripts/bench_speculative.py --threads $(THREADS)

@@ -7,10 +7,13 @@
 (b) data parallel: 1 replica x 1 thread, 1 replica x 2 threads and 2 replicas x 1 thread
     (placement: {kind: ray, replicas: 2}); wall times, throughput ratios, and whether the samples are
     identical byte for byte.
-(c) vLLM members in actors: not available (the reason is printed).
+(c) the same as (a) with both members on vLLM (backend: vllm): each member alone on its engine in one
+    process against GaC with each engine in its own Ray actor (1 thread each), at each of
+    ``--vllm-batch-sizes``. Needs vllm: run it in .venv-vllm (``make bench-scale-vllm``: table c alone).
 
-    python scripts/bench_scale.py [--members smollm2-135m qwen2.5-0.5b] [--task nq] [--limit 16]
-           [--batch-size 1] [--overlap-batch-sizes 1 8] [--output results/bench/scale.json]
+    python scripts/bench_scale.py [--tables a b] [--members smollm2-135m qwen2.5-0.5b] [--task nq]
+           [--limit 16] [--batch-size 1] [--overlap-batch-sizes 1 8] [--vllm-batch-sizes 1 8]
+           [--output results/bench/scale.json]
 
 The run's wall time counts everything a user waits for (lm-eval's start, model loading, Ray's start
 for the replicas); the evaluation wall is lm-eval's own ``total_evaluation_time_seconds`` of the row
@@ -21,6 +24,7 @@ compared on it. Run it under `timing` on a machine free of other work, and quote
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,14 +36,16 @@ from pathlib import Path
 import yaml
 
 SETUPS = (("1 replica x 1 thread", 1, 1), ("1 replica x 2 threads", 1, 2), ("2 replicas x 1 thread", 2, 1))
-VLLM_IN_ACTORS = ("not available: backend vllm members run in the driver's process (the recipe refuses "
-                  "placement ray with them); vLLM engines in their own actors (issue 49, item 3) are not built")
+VLLM_ENGINE = {"max_model_len": 1024, "max_num_seqs": 8, "kv_cache_gib": 0.25}  # table (c): each member's engine
 
 
-def recipe(args, name: str, batch_size: int, output: Path, replicas: int = 0, singles: bool = False) -> dict:
+def recipe(args, name: str, batch_size: int, output: Path, replicas: int = 0, singles: bool = False,
+           vllm: bool = False) -> dict:
     """The GaC recipe (or, with ``singles``, the members alone) in one process (``replicas`` 0), with each
-    member in an actor of one thread (1), or as ``replicas`` copies of the ensemble (2 or more)."""
-    found = {"name": name, "members": [{"model": m, "dtype": "float32", **({"num_cpus": 1} if replicas else {})}
+    member in an actor of one thread (1), or as ``replicas`` copies of the ensemble (2 or more); with
+    ``vllm``, every member on a vLLM engine."""
+    found = {"name": name, "members": [{"model": m, "dtype": "float32", **({"num_cpus": 1} if replicas else {}),
+                                        **({"backend": "vllm", "vllm": VLLM_ENGINE} if vllm else {})}
                                        for m in args.members],
              "tasks": [{"name": args.task, "limit": args.limit}], "batch_size": batch_size, "seed": 1234,
              "data": "offline", "output": str(output)}
@@ -69,12 +75,14 @@ def ms_per_token(row: Path) -> float:
     return json.loads((row / "timing.json").read_text())["decode_ms_per_token"]
 
 
-def overlap(args, folder: Path, batch_size: int) -> dict:
-    """Table (a) at one batch size: each member alone in one process, and GaC over members in actors."""
-    _, alone = ensbench_run(recipe(args, f"alone-b{batch_size}", batch_size, folder / f"alone{batch_size}",
-                                   singles=True), folder, threads=1)
-    _, actors = ensbench_run(recipe(args, f"actors-b{batch_size}", batch_size, folder / f"actors{batch_size}",
-                                    replicas=1), folder, threads=1)
+def overlap(args, folder: Path, batch_size: int, vllm: bool = False) -> dict:
+    """Table (a) at one batch size (table (c) with ``vllm``): each member alone in one process, and GaC
+    over members in actors."""
+    name = f"{'vllm-' if vllm else ''}b{batch_size}"
+    _, alone = ensbench_run(recipe(args, f"alone-{name}", batch_size, folder / f"alone-{name}", singles=True,
+                                   vllm=vllm), folder, threads=1)
+    _, actors = ensbench_run(recipe(args, f"actors-{name}", batch_size, folder / f"actors-{name}", replicas=1,
+                                    vllm=vllm), folder, threads=1)
     members = {label: ms_per_token(row) for label, row in sorted(alone.items())}
     gac = ms_per_token(actors["gac"])
     return {"batch_size": batch_size, "alone_ms_per_token": members, "gac_actors_ms_per_token": gac,
@@ -98,9 +106,9 @@ def data_parallel(setup: tuple[str, int, int], args, folder: Path) -> dict:
             "decode_ms_per_token": timing.get("decode_ms_per_token"), "samples": resps}
 
 
-def print_overlap(args, found: list[dict]) -> None:
+def print_overlap(args, found: list[dict], table: str = "(a) overlap") -> None:
     labels = list(found[0]["alone_ms_per_token"])
-    print(f"(a) overlap: GaC, {args.task} {args.limit} requests, each member in a Ray actor x 1 thread, "
+    print(f"{table}: GaC, {args.task} {args.limit} requests, each member in a Ray actor x 1 thread, "
           "against each member alone (1 thread); decode ms/token")
     print(f"{'batch':>5}" + "".join(f"{label + ' alone':>22}" for label in labels)
           + f"{'GaC, members in actors':>24}{'ratio to slowest':>18}")
@@ -121,30 +129,39 @@ def print_data_parallel(args, found: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tables", nargs="+", choices=["a", "b", "c"], default=["a", "b"])
     parser.add_argument("--members", nargs=2, default=["smollm2-135m", "qwen2.5-0.5b"])
     parser.add_argument("--task", default="nq")
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--overlap-batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--vllm-batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output", type=Path, default=Path("results/bench/scale.json"))
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    if "c" in args.tables and importlib.util.find_spec("vllm") is None:
+        sys.exit("table c needs vllm: run it in .venv-vllm (make bench-scale-vllm)")
+    found: dict = {"args": {k: str(v) for k, v in vars(args).items()}, "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as scratch:
-        overlaps = [overlap(args, Path(scratch), b) for b in args.overlap_batch_sizes]
-        parallel = [data_parallel(setup, args, Path(scratch)) for setup in SETUPS]
-    load_after = os.getloadavg()
-    print(f"load (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    print_overlap(args, overlaps)
-    print_data_parallel(args, parallel)
-    print(f"(c) vLLM members in actors: {VLLM_IN_ACTORS}")
+        if "a" in args.tables:
+            found["overlap"] = [overlap(args, Path(scratch), b) for b in args.overlap_batch_sizes]
+        if "b" in args.tables:
+            parallel = [data_parallel(setup, args, Path(scratch)) for setup in SETUPS]
+        if "c" in args.tables:
+            found["vllm_overlap"] = [overlap(args, Path(scratch), b, vllm=True) for b in args.vllm_batch_sizes]
+    before, after = found["load_before"], os.getloadavg()
+    found["load_after"] = after
+    print(f"load (1, 5, 15 min) before {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}, "
+          f"after {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
+    if "a" in args.tables:
+        print_overlap(args, found["overlap"])
+    if "b" in args.tables:
+        print_data_parallel(args, parallel)
+        found["data_parallel"] = [{k: v for k, v in r.items() if k != "samples"} for r in parallel]
+        found["identical"] = all(r["samples"] == parallel[0]["samples"] for r in parallel)
+    if "c" in args.tables:
+        print_overlap(args, found["vllm_overlap"], "(c) overlap, members on vLLM engines")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    identical = all(r["samples"] == parallel[0]["samples"] for r in parallel)
-    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                       "load_before": load_before, "load_after": load_after, "overlap": overlaps,
-                                       "data_parallel": [{k: v for k, v in r.items() if k != "samples"}
-                                                         for r in parallel],
-                                       "identical": identical, "vllm_in_actors": VLLM_IN_ACTORS}, indent=1))
+    args.output.write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ class Backend:
     section_holds: str = "settings"            # what that mapping holds, as an error line names it
     packages: dict[str, str] = field(default_factory=dict)  # import name -> how to install it
     versions: tuple[str, ...] = ()             # distributions whose installed version keys its rows (first found)
-    # why its members cannot run in Ray actors (the line that refuses placement ray), or None when they can
-    in_process_only: str | None = None
+    # the line refusing placement ray for one of its members (``refused_in_actor(member)``), or None
+    refused_in_actor: Callable[[Any], str | None] = field(default=lambda member: None)
     # the member fields it does not take (``refused(member)``: the first one's line, or None)
     refused: Callable[[Any], str | None] = field(default=lambda member: None)
 

@@ -1,7 +1,8 @@
 """RemoteMember: a member whose model runs in a Ray actor (another process, GPU or machine).
 
-The actor (``MemberServer``) holds a LocalMember; ``RemoteMember`` implements the Member
-interface in the driver by forwarding calls. What crosses the wire:
+The actor (``MemberServer``) holds the member as its backend loads it (a LocalMember on transformers,
+a VllmMember with its engine on vLLM); ``RemoteMember`` implements the Member interface in the driver
+by forwarding calls. What crosses the wire, whatever the backend:
 
 - once, at start: the tokenizer (pickled), the byte vocabulary view, stop ids, max length;
   tokenizer-only calls (render, encode, decode, word_starts, encode_pair, rolling_pairs) then
@@ -40,11 +41,11 @@ from ensemble_bench.members.rows import RowBatch
 from ensemble_bench.members.tokenizer_side import TokenizerSide
 
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
-                 "ENSBENCH_CACHE", "TOKENIZERS_PARALLELISM")
+                 "ENSBENCH_CACHE", "TOKENIZERS_PARALLELISM", "VLLM_CPU_KVCACHE_SPACE")
 
 
 class MemberServer:
-    """The actor side: one LocalMember, answering with the rows that changed."""
+    """The actor side: one member (any backend's), answering with the rows that changed."""
 
     def __init__(self, load: dict[str, Any], threads: int | None = None):
         if threads:
@@ -69,9 +70,9 @@ class MemberServer:
 
     @staticmethod
     def _changed(logprobs: torch.Tensor, tokens: Sequence[Sequence[int]]) -> np.ndarray:
-        """The rows that got tokens (all of them: the tensor itself, no copy before Ray's own)."""
+        """The rows that got tokens (all of them: the tensor itself, no copy before Ray's own on a CPU)."""
         active = [r for r, row in enumerate(tokens) if row]
-        return (logprobs if len(active) == len(tokens) else logprobs[active]).numpy()
+        return (logprobs if len(active) == len(tokens) else logprobs[active]).cpu().numpy()
 
     def prefill(self, rows):
         return self._changed(self.member.prefill(rows), rows), self._clock()

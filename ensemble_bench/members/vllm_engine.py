@@ -31,6 +31,7 @@ EXTRA_KEY = "ensbench_steer"  # SamplingParams.extra_args key: (steering id, row
 STEERINGS: dict[str, Steering] = {}  # steering id -> Steering (the processor finds its member here)
 # One engine step at a time in this process: two vLLM CPU engines computing at once corrupted the heap
 # (a SweetSpan run aborted with "corrupted double-linked list"). A step waiting for its member lets go.
+# Engines in other processes (each member's own Ray actor under placement ray) step side by side.
 STEPPING = threading.Lock()
 COST_DECAY = 0.9  # StepCosts: the weight of a member's earlier calls against its latest
 _ids = itertools.count()

@@ -188,7 +188,7 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _backends_placed(self):
         placed = self.members if self.placement.kind == "ray" else []
-        refusal = next((line for m in placed if (line := backend_spec(m.backend).in_process_only)), None)
+        refusal = next((line for m in placed if (line := backend_spec(m.backend).refused_in_actor(m))), None)
         if refusal is not None:
             raise ValueError(refusal)
         return self

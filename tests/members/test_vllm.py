@@ -175,6 +175,45 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
     assert smollm_vllm.resubmitted + qwen_vllm.resubmitted > before  # crops after rejected drafts
 
 
+@pytest.fixture(scope="module")
+def vllm_actors(ray_cluster, tmp_path_factory):
+    """The two packaged members on vLLM as a recipe with placement ray builds them: each engine in a Ray
+    actor of its own, one CPU each."""
+    from ensemble_bench.recipe import parse_recipe
+    from ensemble_bench.run.build import MemberPool
+
+    specs = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE, "num_cpus": 1}
+             for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
+    recipe = parse_recipe({"name": "actors", "members": specs, "method": "gac", "tasks": ["nq"], "data": "offline",
+                           "placement": {"kind": "ray"}, "output": str(tmp_path_factory.mktemp("actors"))}, "r.yaml")
+    pool = MemberPool(recipe)
+    remote = [pool.get(0), pool.get(1)]  # both engines start side by side
+    yield remote
+    for member in remote:
+        member.close()
+
+
+def in_actor(member, read):
+    """``read(vllm_member)`` run in the member's actor."""
+    import ray
+
+    return ray.get(member.actor.__ray_call__.remote(lambda server: read(server.member)))
+
+
+@pytest.mark.parametrize("speculative", [0, 4])
+def test_gac_over_vllm_members_in_ray_actors_equals_them_in_process(speculative, vllm_actors, smollm_vllm, qwen_vllm):
+    """Each engine in its own actor process (its logits processor there) gives the tokens the same engines
+    give in this process; speculative GaC also reads blocks over the wire and crops by re-submission."""
+    requests = chat_requests(8)
+    expected = texts(Gac([smollm_vllm, qwen_vllm], GacParams(), batch_size=4), requests)
+    before = [in_actor(m, lambda member: member.resubmitted) for m in vllm_actors]
+    assert texts(Gac(vllm_actors, GacParams(speculative=speculative), batch_size=4), requests) == expected
+    assert [in_actor(m, lambda member: type(member).__name__) for m in vllm_actors] == ["VllmMember"] * 2
+    assert all(in_actor(m, lambda member: os.getpid()) != os.getpid() for m in vllm_actors)
+    if speculative:  # rejected drafts were cropped: rows re-submitted in the actors' engines
+        assert sum(in_actor(m, lambda member: member.resubmitted) for m in vllm_actors) > sum(before)
+
+
 @pytest.fixture(params=["one pass", "one step per token"])
 def read_mode(request, smollm_vllm):
     """Block reads in one engine step, and as an engine without a ``PromptReader`` gives them (one

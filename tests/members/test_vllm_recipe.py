@@ -36,9 +36,19 @@ def test_bad_vllm_members_are_one_line(tmp_path, member, expected):
     assert expected in line, line
 
 
-def test_vllm_members_run_in_this_process_not_in_ray_actors(tmp_path):
-    with pytest.raises(UserError, match="backend vllm members run in this process"):
-        recipe(tmp_path, PAIR, placement={"kind": "ray"})
+def test_vllm_members_are_placed_in_ray_actors_and_replicas(tmp_path):
+    """Placement ray puts each vLLM member's engine in its own actor (tests/members/test_vllm.py runs them)."""
+    for placement in ({"kind": "ray"}, {"kind": "ray", "replicas": 2}):
+        assert recipe(tmp_path, PAIR, placement=placement).placement.kind == "ray"
+
+
+def test_a_tensor_parallel_vllm_member_stays_out_of_ray_actors_in_one_line(tmp_path):
+    members = [{**PAIR[0], "vllm": {"tensor_parallel_size": 2}}, PAIR[1]]
+    recipe(tmp_path, members)  # placement local takes it
+    with pytest.raises(UserError) as info:
+        recipe(tmp_path, members, placement={"kind": "ray"})
+    [line] = lines_of(info.value)
+    assert "backend vllm: tensor_parallel_size above 1 is not run in a Ray actor" in line, line
 
 
 def test_the_dry_run_passes_block_reads_on_vllm_members(tmp_path, monkeypatch):
