@@ -80,10 +80,10 @@ def ray_cluster():
     import logging
 
     ray = pytest.importorskip("ray")
-    from ensemble_bench.members.remote import INLINE_REPLY_BYTES  # replies inline, as connect() starts Ray
+    from ensemble_bench.members.remote import LOCAL_SYSTEM_CONFIG  # as connect() starts Ray
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-             _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
+             _system_config=LOCAL_SYSTEM_CONFIG)
     yield ray
     ray.shutdown()
 

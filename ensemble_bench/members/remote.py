@@ -116,6 +116,9 @@ class MemberServer:
 # default: 100 KB). A step's reply is 4 x head size bytes per row (608 KB for Qwen2's head at batch 1):
 # inline, a 600 KB reply came back in 2.0 ms against 6.0 ms through the store (median of 60, this CPU).
 INLINE_REPLY_BYTES = 16 * 1024 * 1024
+# A local instance's settings: replies inline up to INLINE_REPLY_BYTES; member actors at the driver's
+# priority (Ray's default niceness for workers, 15, lets the driver's and Ray's own threads preempt them).
+LOCAL_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_REPLY_BYTES, "worker_niceness": 0}
 
 
 def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -128,7 +131,7 @@ def connect(address: str | None = None, num_cpus: int | None = None, num_gpus: i
         return
     if address is None:  # "local": a new instance even where another runs (``ray start``, a test cluster)
         ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                 logging_level=logging.WARNING, _system_config={"max_direct_call_object_size": INLINE_REPLY_BYTES})
+                 logging_level=logging.WARNING, _system_config=LOCAL_SYSTEM_CONFIG)
     else:
         try:
             ray.init(address=address, logging_level=logging.WARNING)
