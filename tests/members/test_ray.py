@@ -263,3 +263,19 @@ def test_load_member_quantization_needs_bitsandbytes(monkeypatch):
                         lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(UserError, match="^quantization '8bit' needs the bitsandbytes package"):
         load_member("unused", quantization="8bit")
+
+
+@pytest.mark.slow
+def test_a_local_instance_runs_member_actors_at_the_driver_s_niceness():
+    """Ray gives its workers niceness 15 by default: the driver's and Ray's own threads then preempt the
+    member actors. An instance connect() starts keeps them at the driver's niceness."""
+    import subprocess
+    import sys
+
+    code = ("import os, ray\nfrom ensemble_bench.members.remote import connect\nconnect(num_cpus=1)\n"
+            "@ray.remote\ndef niceness():\n    return os.getpriority(os.PRIO_PROCESS, 0)\n"
+            "print('niceness', os.getpriority(os.PRIO_PROCESS, 0), ray.get(niceness.remote()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    [line] = [text for text in done.stdout.splitlines() if text.startswith("niceness")]
+    _, driver, actor = line.split()
+    assert actor == driver
