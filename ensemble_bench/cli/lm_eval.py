@@ -119,8 +119,16 @@ def run_cli() -> None:
         set_threads(threads)
         with request_progress():
             parser.execute(args)
-    if plan.run_dir is not None:
+    if plan.run_dir is not None and _writes_files():
         write_run(plan)
+
+
+def _writes_files() -> bool:
+    """One process alone, or rank 0 of a launcher's (lm-eval writes its files there: run/ranks.py)."""
+    from ensemble_bench.run.ranks import launched
+
+    ranks = launched()
+    return ranks is None or ranks.rank == 0
 
 
 def add_own_flags(parser) -> None:

@@ -133,9 +133,11 @@ def run(recipe: Path = typer.Argument(..., help="YAML recipe"),
     from ensemble_bench.recipe import load_recipe
     from ensemble_bench.recipe.overrides import option_overrides, parse_set
     from ensemble_bench.run.folder import SUMMARY
+    from ensemble_bench.run.ranks import refuse_recipe_run
     from ensemble_bench.run.runs import finished_run
     from ensemble_bench.run.setup import run_setup
 
+    refuse_recipe_run()
     overrides = option_overrides(limit, tasks, batch_size, output, seed) + [parse_set(text) for text in set_ or []]
     loaded = load_recipe(recipe, overrides)
     setup = run_setup(loaded, str(recipe), fresh, dry_run)  # resolved once: the plan prints it, the run acts on it

@@ -33,6 +33,7 @@ from ensemble_bench.decoding.sampling import RequestSampling
 from ensemble_bench.errors import UserError
 from ensemble_bench.members.rendered import RenderedPrompts
 from ensemble_bench.methods import Method, when_registered
+from ensemble_bench.run import ranks as launcher
 from ensemble_bench.run.answers import ANSWERS, CHAT_MARK, GENERATE, ScoringClock, located, tally
 from ensemble_bench.run.build import MemberPool, build_from_model_args, build_method
 from ensemble_bench.run.replicas import Joined, Located, ReplicaClock, Replicas
@@ -91,6 +92,9 @@ class EnsembleLM(LM):
         self.scoring = ScoringClock()
         self.rendered = RenderedPrompts()  # what each member made of the chat prompts
         self.after_chunk: Callable[[], None] | None = None  # the runner's: after a chunk's answers are cached
+        self.busy_seconds = 0.0  # in the method's answers, in this process
+        self.ranks: launcher.Ranks | None = None  # under torchrun / accelerate launch (run/ranks.py)
+        self.rank_reports: list[dict] = []  # each rank's share, gathered on rank 0 with lm-eval's metrics
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> EnsembleLM:
@@ -108,6 +112,9 @@ class EnsembleLM(LM):
         ``additional_config`` (build.recipe_from_model_args says how they apply)."""
         extra = additional_config or {}
         recipe, row = build_from_model_args(dict(arg_dict), cls.method_name, extra)
+        ranks = launcher.launched()
+        if ranks is not None:
+            recipe = launcher.placed_on_rank(recipe, ranks)
         policy = row_policy(recipe, row)
         if recipe.placement.replicas > 1:  # "replicas": n (run/replicas.py)
             lm = ReplicatedLM(Replicas(recipe), row.label, sampling=policy)
@@ -115,7 +122,49 @@ class EnsembleLM(LM):
             lm = LM_CLASSES[row.method](build_method(recipe, row, MemberPool(recipe)), row.label, sampling=policy)
         if str(extra.get("batch_size")).startswith("auto"):
             lm.batch_sizes = {"auto": recipe.batch_size}  # lm-eval records the size 'auto' chose
+        if ranks is not None:
+            lm.join(ranks)
         return lm
+
+    # --- lm-eval's ranks (torchrun, accelerate launch: run/ranks.py) ------------------------------------
+    def join(self, ranks: launcher.Ranks) -> None:
+        """This process answers the requests of rank ``ranks.rank``; lm-eval's collectives go over gloo."""
+        launcher.connect(ranks)
+        self.ranks, self._rank, self._world_size = ranks, ranks.rank, ranks.world_size
+        if self.default_progress is not None:
+            self.progress = functools.partial(self.default_progress,
+                                              f"{self.label} (rank {ranks.rank} of {ranks.world_size})")
+
+    @property
+    def device(self):
+        return "cpu"  # lm-eval's tensors of request counts: gloo carries CPU tensors
+
+    def all_gather(self, tensor):
+        return launcher.all_gather(tensor) if self.ranks else tensor
+
+    def barrier(self) -> None:
+        if self.ranks:
+            launcher.barrier()
+
+    def gather_object(self, obj, dst=0):
+        """lm-eval's gather of metrics and samples, each rank's share of the work riding along."""
+        if not self.ranks:
+            return [obj]
+        share = {"requests_computed": self.requests_computed, "busy_seconds": round(self.busy_seconds, 3)}
+        gathered = launcher.gather_object((obj, share), dst)
+        if gathered is None:
+            return None
+        self.rank_reports = [report for _, report in gathered]
+        return [part for part, _ in gathered]
+
+    def _ranks_info(self) -> dict:
+        """timing.json's ``ranks``: each rank's requests and busy seconds, and how evenly they spread."""
+        if not self.rank_reports:
+            return {}
+        busy = [report["busy_seconds"] for report in self.rank_reports]
+        return {"ranks": {"count": len(busy), "requests_computed": [r["requests_computed"] for r in self.rank_reports],
+                          "busy_seconds": busy,
+                          "balance": round(sum(busy) / len(busy) / max(busy), 3) if max(busy) > 0 else 1.0}}
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
     @property
@@ -133,7 +182,7 @@ class EnsembleLM(LM):
     def get_model_info(self) -> dict:
         return {"ensbench": {"label": self.label, **self.method.info(), **self.scoring.summary(),
                              "members": [m.name for m in self.method.members], **self.rendered.info(),
-                             **self._sampling_info()}}
+                             **self._sampling_info(), **self._ranks_info()}}
 
     def _sampling_info(self) -> dict:
         override = self.sampling.override.model_dump(exclude_none=True) if self.sampling.override else None
@@ -197,10 +246,13 @@ class EnsembleLM(LM):
     def answer(self, kind: str, batch: list[tuple]) -> list:
         """The method's answers to one chunk of requests of ``kind`` (run/answers.py says their form); a
         NaN or infinite score names this row (``of_row``)."""
+        started = time.perf_counter()
         try:
             return ANSWERS[kind](self, batch)
         except NonFiniteScore as err:
             raise err.of_row(self.method, self.label) from None
+        finally:
+            self.busy_seconds += time.perf_counter() - started
 
     def _chunks(self, requests, apart=frozenset()) -> list[list[int]]:
         """Request indices in chunks, longest context first; requests sharing a context (the
