@@ -270,6 +270,35 @@ class EnsembleLM(LM):
         return chunks
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        return self._evened(self._generate, requests)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return self._evened(functools.partial(self._run_in_chunks, "loglikelihood"), requests)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        return self._evened(functools.partial(self._run_in_chunks, "loglikelihood_rolling"), requests)
+
+    def _evened(self, answer: Callable[[list], list], requests: list) -> list:
+        """``answer(requests)``, but under a launcher's ranks lm-eval evens the ranks' request counts with
+        copies of a rank's last request (the Instance passed again, past its ``repeats``): the copies get
+        that request's own answers, in turn, and nothing is computed or drawn for them."""
+        if self.ranks is None:
+            return answer(requests)
+        genuine: dict[int, list[int]] = {}  # an Instance's id -> the positions of its own repeats
+        passed: dict[int, int] = {}  # an Instance's id -> the times it was passed so far
+        own, copy_of = [], {}
+        for i, request in enumerate(requests):
+            seen = genuine.setdefault(id(request), [])
+            passed[id(request)] = times = passed.get(id(request), 0) + 1
+            if times <= (request.repeats or 1):
+                seen.append(i)
+                own.append(i)
+            else:
+                copy_of[i] = seen[(times - 1) % len(seen)]
+        answered = dict(zip(own, answer([requests[i] for i in own])))
+        return [answered[copy_of.get(i, i)] for i in range(len(requests))]
+
+    def _generate(self, requests) -> list[str]:
         """Each request's text: greedy, or drawn as its settings and the row's ``sampling:`` say (a sample
         already in the response cache under its request and repeat is not drawn again)."""
         draws = self.sampling.assign([(r.args[0], dict(r.args[1] or {})) for r in requests])
@@ -290,12 +319,6 @@ class EnsembleLM(LM):
                                        lambda k: (requests[todo[k]].args, draws[todo[k]]), cached, sampled)
         answers.update(zip(todo, computed))
         return [answers[i] for i in range(len(requests))]
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self._run_in_chunks("loglikelihood", requests)
-
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        return self._run_in_chunks("loglikelihood_rolling", requests)
 
     # --- what a row reports -----------------------------------------------------------------------
     def reported(self) -> dict:

@@ -46,6 +46,33 @@ def test_what_a_rank_cannot_place_is_refused(model_args, refused):
         placed_on_rank(recipe_from_model_args(model_args, "gac", {}), Ranks(0, 2, 0))
 
 
+def test_lm_evals_padding_copies_get_their_requests_answers_uncomputed(pair):
+    """lm-eval evens the ranks' request counts by passing a rank's last request again (past its repeats):
+    the copies get that request's own answers (its samples in turn), and nothing is drawn or computed."""
+    from lm_eval.api.instance import Instance
+
+    from ensemble_bench.decoding.request_sampling import SamplingPolicy
+    from ensemble_bench.methods.gac import Gac, GacParams
+    from ensemble_bench.run.lm import EnsembleLM
+
+    def model(ranks=None) -> EnsembleLM:
+        lm = EnsembleLM(Gac(pair(), GacParams(), batch_size=2), "gac", sampling=SamplingPolicy(5))
+        lm.ranks = ranks
+        return lm
+
+    sampled = {"until": ["\n\n"], "max_gen_toks": 6, "temperature": 1.5}
+    first, last = (Instance("generate_until", {}, (text, sampled), k, ("t", k, 2))
+                   for k, text in enumerate(["The weather today", "Once upon a time there"]))
+    alone = model().generate_until([first, first, last, last])
+    assert alone[2] != alone[3]  # two samples of the last request
+    ranked = model(Ranks(1, 2, 0))
+    assert ranked.generate_until([first, first, last, last, last, last]) == alone + alone[2:]
+    assert ranked.requests_computed == 4
+    choice = Instance("loglikelihood", {}, ("Is it so?", " yes"), 0, ("t", 0, 1))
+    assert ranked.loglikelihood([choice, choice, choice]) == model().loglikelihood([choice]) * 3
+    assert ranked.requests_computed == 5
+
+
 def row_files(row: Path) -> dict:
     """The row's samples (in document order: rank 0 writes its own, then the others') and its metrics. The
     filtered answers, not the raw ones: lm-eval evens the ranks' request counts with copies of a rank's last
