@@ -363,10 +363,12 @@ def test_threads_given_to_torch_run_a_vllm_member():
     assert done.returncode == 0 and "generated 4" in done.stdout, done.stderr[-2000:]
 
 
-def test_two_replicas_of_an_ensemble_of_vllm_members_answer_as_one_process(ray_cluster, smollm_vllm, qwen_vllm,
+def test_two_replicas_of_an_ensemble_of_vllm_members_answer_as_one_process(ray_cluster, smollm_vllm, smollm_twin,
                                                                            tmp_path):
     """``replicas: 2`` over vLLM members: two replica actors, each with its two engines, answer whole batches
-    (greedy and sampled) with the texts the engines in this process give."""
+    (greedy and sampled) with the texts the engines in this process give. SmolLM2 twice, so four small
+    engines: with Qwen2.5-0.5B (about 2 GB of float32 weights per engine) beside the module's other
+    engines, Ray's memory monitor killed a replica once on a 24 GiB machine running the whole suite."""
     from lm_eval.api.instance import Instance
 
     from ensemble_bench.decoding.request_sampling import SamplingPolicy
@@ -375,14 +377,14 @@ def test_two_replicas_of_an_ensemble_of_vllm_members_answer_as_one_process(ray_c
     from ensemble_bench.run.replicas import Replicas
 
     specs = [{"model": model, "name": name, "chat_template": True, "backend": "vllm", "vllm": ENGINE,
-              "num_cpus": 0.5} for model, name in (("smollm2-135m", "smollm-vllm"), ("qwen2.5-0.5b", "qwen-vllm"))]
+              "num_cpus": 0.5} for model, name in (("smollm2-135m", "smollm-vllm"), ("smollm2-135m", "smollm-twin"))]
     recipe = parse_recipe({"name": "replicas", "members": specs, "method": "gac", "tasks": ["nq"], "data": "offline",
                            "batch_size": 2, "placement": {"kind": "ray", "replicas": 2}, "output": str(tmp_path)},
                           "r.yaml")
     settings = [{"until": ["\n\n"], "max_gen_toks": 8}, {"until": ["\n\n"], "max_gen_toks": 8, "temperature": 1.0}]
     requests = [Instance("generate_until", {}, (text, settings[k % 2]), k, ("t", k, 1))
                 for k, text in enumerate(TEXTS + [t + " the" for t in TEXTS])]
-    expected = EnsembleLM(Gac([smollm_vllm, qwen_vllm], GacParams(), batch_size=2), "gac",
+    expected = EnsembleLM(Gac([smollm_vllm, smollm_twin], GacParams(), batch_size=2), "gac",
                           sampling=SamplingPolicy(3)).generate_until(requests)
     replicas = Replicas(recipe)
     try:
