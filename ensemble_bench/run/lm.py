@@ -164,7 +164,8 @@ class EnsembleLM(LM):
         busy = [report["busy_seconds"] for report in self.rank_reports]
         return {"ranks": {"count": len(busy), "requests_computed": [r["requests_computed"] for r in self.rank_reports],
                           "busy_seconds": busy,
-                          "balance": round(sum(busy) / len(busy) / max(busy), 3) if max(busy) > 0 else 1.0}}
+                          "balance": round(sum(busy) / len(busy) / max(busy), 3) if max(busy) > 0 else 1.0,
+                          "statistics_of": "rank 0"}}  # the method's and the scoring's counters beside it
 
     # --- lm-eval hooks ---------------------------------------------------------------------------
     @property

@@ -12,7 +12,11 @@ Every rank builds the requests of every document, as one process does, and keeps
 sharding draws each rank's few-shot examples in the rank's document order from the task's one random
 sampler, so a rank's prompts would differ from one process's (GSM8K's five shots do). The prompts,
 samples and metrics then equal one process's, at batch 1 (a rank batches its own documents: at a larger
-batch the padding of a row, and the last bits of its scores, can differ).
+batch the padding of a row, and the last bits of its scores, can differ). Two exceptions, both lm-eval's
+or a sampled request's: lm-eval evens the ranks' request counts by passing a rank's last request again,
+and appends the copies' answers to that request's (a metric over all of a request's samples, pass@k,
+counts them); and a sampled request's repeat index counts the same prompt and settings over the rank's
+requests, not the whole task's, so two documents with one prompt on two ranks draw alike.
 
 Members on one copy's own terms only: a member placed by ``device_map``, one on another backend than
 transformers (vLLM starts its own torch.distributed workers) and Ray placement (``replicas``) are refused
@@ -25,6 +29,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.members.backends import DEFAULT
@@ -120,8 +125,8 @@ def connect(ranks: Ranks) -> None:
     import torch.distributed as dist
     from lm_eval.api.task import Task
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=ranks.rank, world_size=ranks.world_size)
+    if not dist.is_initialized():  # a rank may wait hours at a barrier for the slowest one (torch's default: 30 min)
+        dist.init_process_group("gloo", rank=ranks.rank, world_size=ranks.world_size, timeout=timedelta(days=30))
     if not getattr(Task.build_all_requests, "as_one_process", False):
         Task.build_all_requests = as_one_process(Task.build_all_requests)
 
@@ -134,6 +139,10 @@ def as_one_process(build):
     def build_all_requests(self, *args, rank: int = 0, world_size: int = 1, **kwargs):
         build(self, *args, rank=0, world_size=1, **kwargs)
         if world_size > 1:
+            documents = len({request.doc_id for request in self._instances})
+            if documents < world_size:  # every rank sees it: a rank without documents would stop lm-eval's collectives
+                raise UserError(f"task {self.config.task}: {documents} document(s) for {world_size} ranks: give each "
+                                "rank one at least (a larger --limit, or fewer processes)")
             self._instances = [request for request in self._instances if request.doc_id % world_size == rank]
 
     build_all_requests.as_one_process = True

@@ -5,12 +5,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ensemble_bench.errors import EnvironmentFault, UserError
 from ensemble_bench.run.build import recipe_from_model_args
-from ensemble_bench.run.ranks import Ranks, launched, placed_on_rank
+from ensemble_bench.run.ranks import Ranks, as_one_process, launched, placed_on_rank
 
 PAIR = [{"model": "m", "name": "a"}, {"model": "n", "name": "b"}]
 
@@ -44,6 +45,29 @@ def test_each_local_rank_takes_gpus_of_its_own():
 def test_what_a_rank_cannot_place_is_refused(model_args, refused):
     with pytest.raises(UserError, match=refused + r" \(WORLD_SIZE=2\): use one process with placement replicas"):
         placed_on_rank(recipe_from_model_args(model_args, "gac", {}), Ranks(0, 2, 0))
+
+
+class StandInTask:
+    """A task of ``documents`` documents, two requests each, as lm-eval's Task builds them for a rank."""
+
+    config = SimpleNamespace(task="stand_in")
+
+    def __init__(self, documents: int):
+        self.documents, self.asked = documents, None
+
+    def build_all_requests(self, *, rank: int = 0, world_size: int = 1, limit=None):
+        self.asked = (rank, world_size)
+        ids = range(self.documents)[rank::world_size]
+        self._instances = [SimpleNamespace(doc_id=doc_id, choice=c) for doc_id in ids for c in range(2)]
+
+
+def test_each_rank_builds_every_documents_requests_and_keeps_its_own():
+    build = as_one_process(StandInTask.build_all_requests)
+    task = StandInTask(5)
+    build(task, rank=1, world_size=2, limit=5)
+    assert task.asked == (0, 1) and [(r.doc_id, r.choice) for r in task._instances] == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    with pytest.raises(UserError, match=r"task stand_in: 1 document\(s\) for 2 ranks: give each rank one at least"):
+        build(StandInTask(1), rank=0, world_size=2)
 
 
 def test_lm_evals_padding_copies_get_their_requests_answers_uncomputed(pair):
