@@ -1,6 +1,7 @@
 """What a speculative decoding measures while it runs (decoding/speculative.py): each row's recent
 acceptance (``Rate``), the members' forward costs of a proposer step and of a verifier block
-(``Costs``), and the per-row and per-run statistics written to timing.json."""
+(``Costs``), the wall time per token of rounds that draft and of plain rounds (``Pace``), and the
+per-row and per-run statistics written to timing.json."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ensemble_bench.decoding.stand_ins import StandIn
 from ensemble_bench.decoding.stats import per_request
 
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
+PACE_DECAY = 0.5  # weight of the past in a round's wall time per token (a probe must be able to turn it)
 BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
 
 
@@ -70,6 +72,48 @@ class Costs:
         slope = (sum((w - mean_w) * (t - mean_s) for w, t in zip(widths, seconds))
                  / sum((w - mean_w) ** 2 for w in widths))
         return max(0.1 * min(seconds), mean_s + slope * (width - mean_w))
+
+
+@dataclass
+class Pace:
+    """Wall seconds per token of each row, by the number of live rows: a round's seconds over the
+    tokens each row advanced on average, for rounds that drafted and for plain rounds, each averaged
+    with PACE_DECAY. The members' clocks (``Costs``) leave out what a round spends besides forward
+    passes (a crop re-submitting a vLLM row, the rehearsal and the replay); this is what the user waits for."""
+
+    drafting: dict[int, float] = field(default_factory=dict)
+    plain: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """A round of ``rows`` live rows that advanced ``tokens`` in all in ``seconds``."""
+        paces = self.drafting if drafted else self.plain
+        pace = seconds * rows / tokens
+        old = paces.get(rows)
+        paces[rows] = pace if old is None else PACE_DECAY * old + (1 - PACE_DECAY) * pace
+
+    def drafting_loses(self, rows: int) -> bool:
+        """Whether rounds that drafted took longer per token than plain ones, each at this many live rows
+        or, where not measured, at the nearest number measured (a batch whose rows finish meets new ones)."""
+        if not self.drafting or not self.plain:
+            return False
+        return nearest(self.drafting, rows) > nearest(self.plain, rows)
+
+
+class SteadyPace(Pace):
+    """A pace on which drafting never loses and plain rounds count as measured from the start, so draft
+    lengths follow the members' costs alone: for checks whose rounds must draft whatever the wall clock
+    says (``make bench-speculative-check`` compares drafted outputs; tests)."""
+
+    def __init__(self):
+        super().__init__(plain={1: 0.0})
+
+    def drafting_loses(self, rows: int) -> bool:
+        return False
+
+
+def nearest(paces: dict[int, float], rows: int) -> float:
+    """The pace at ``rows`` live rows, or at the nearest number measured (the larger of two as near)."""
+    return paces[min(paces, key=lambda measured: (abs(measured - rows), -measured))]
 
 
 @dataclass

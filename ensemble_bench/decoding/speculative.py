@@ -32,8 +32,11 @@ decoding/speculative_sampling.py).
 
 The draft length adapts to the batch (``_draft_lengths``): the d <= N with the most tokens per second
 expected from its rows' acceptance rates and the measured costs of a proposer step and of the
-verifiers' block; 0 is a plain every-token round, and after PROBE_AFTER of them in a row one round
-drafts again (at least one token), so the costs are measured anew. ``proposer: auto`` picks, each
+verifiers' block; 0 is a plain every-token round. Where rounds that drafted took more wall time per
+token than plain rounds at the same number of live rows (``Pace``: crops, re-submissions and the
+round's bookkeeping, which the members' forward clocks do not see), rounds are plain. After
+``probe_after`` plain rounds in a row one round drafts again (at least one token), so both are
+measured anew; a probe that loses doubles the wait (PROBE_AFTER up to PROBE_MOST). ``proposer: auto`` picks, each
 round, the member whose measured agreement and forward cost promise the most tokens per second.
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -62,13 +66,14 @@ from ensemble_bench.decoding.feeding import Feeder, FeedStats
 from ensemble_bench.decoding.fused import NonFiniteFusion
 from ensemble_bench.decoding.params import SpeculativeParams as SpeculativeParams
 from ensemble_bench.decoding.params import resolve_proposer as resolve_proposer
-from ensemble_bench.decoding.speculation_stats import Costs, Rate, RowRecord, SpeculationStats
+from ensemble_bench.decoding.speculation_stats import Costs, Pace, Rate, RowRecord, SpeculationStats
 from ensemble_bench.decoding.speculative_sampling import Drafted, draft_tokens, replay_choice, samples
 from ensemble_bench.decoding.stand_ins import Focused, Read, Rehearsal, StandIn, focus
 from ensemble_bench.members.base import BLOCK_READS, Member, require
 from ensemble_bench.vocab.fast_topk import block_argmax
 
-PROBE_AFTER = 8  # plain rounds the costs chose, after which one drafts (the rows' own lengths, at least 1)
+PROBE_AFTER = 8  # plain rounds in a row, after which one drafts (the rows' own lengths, at least 1)
+PROBE_MOST = 64  # the longest wait between probes, after probes that kept losing on the wall clock
 
 
 @runtime_checkable
@@ -175,7 +180,9 @@ class Speculation(Rounds):
         self._members = list(method.members)
         self.stats = SpeculationStats(forwards=[0] * len(method.members), agreed=[0] * len(method.members))
         self.costs = Costs()
-        self.plain_rounds = 0  # plain rounds in a row that the costs chose (PROBE_AFTER)
+        self.pace = Pace()
+        self.plain_rounds = 0  # plain rounds in a row that the costs or the pace chose
+        self.probe_after = PROBE_AFTER  # plain rounds in a row before a probe drafts
 
     @classmethod
     def of(cls, method: Speculable, params: SpeculativeParams) -> Speculation | None:
@@ -195,11 +202,14 @@ class Speculation(Rounds):
         self.records = [RowRecord(forwards=[0] * len(self.stand_ins)) for _ in states]
         self.pending: list[Advance | None] = [None] * len(states)  # chosen last, not yet given to the members
         self.lengths = [0] * len(states)  # before the costs are measured; the first round drafts nothing
+        self.paced_rounds = 0  # rounds of this batch the pace has seen (the first is the prefill's, uncounted)
+        self.aftermath = False  # whether the last round drafted: this one re-reads its rows (crops, re-submissions)
         self.rates = [Rate() for _ in states]
 
     def round(self, live: list[int]) -> Tally:
         """Rehearse, fetch, replay (module docstring) for rows ``live``; then each row's record and
         next draft length."""
+        started = time.perf_counter()
         states, pending = [self.all_states[i] for i in live], [self.pending[i] for i in live]
         proposer = self._pick_proposer()
         # a row that samples always drafts N, from its first round: its draws never depend on the clock
@@ -220,7 +230,22 @@ class Speculation(Rounds):
             member.forwards = [0] * len(member.forwards)
             member.prune()
         tokens = sum(row.tokens for row in rows)
+        self._paced(len(live), any(room), time.perf_counter() - started, tokens)
         return Tally(tokens, tokens / len(rows))
+
+    def _paced(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """The round's wall time into the pace (a round after one that drafted counts as drafting: it pays
+        for that round's rejected tokens, cropping and re-reading its rows; a batch's first round, which
+        the prefill answered, not at all); after a round that drafted, the wait before the next probe:
+        doubled when drafting now loses at this many rows, else the first."""
+        self.paced_rounds += 1
+        aftermath, self.aftermath = self.aftermath, drafted
+        if self.paced_rounds == 1:
+            return
+        self.pace.observe(rows, drafted or aftermath, seconds, tokens)
+        if drafted:
+            loses = self.pace.drafting_loses(rows)
+            self.probe_after = min(PROBE_MOST, 2 * self.probe_after) if loses else PROBE_AFTER
 
     @staticmethod
     def _observe(record: RowRecord, rate: Rate, row: RowRound, forwards: list[int]) -> None:
@@ -242,25 +267,33 @@ class Speculation(Rounds):
         self.stand_ins, self.records = [], []
 
     def _draft_lengths(self, live: list[int]) -> list[int]:
-        """Each live row's draft length this round: until both costs are measured its own (two longer
-        after a fully taken draft the proposer also got right next, else the number taken); then the
-        batch's, the d <= N with the most tokens per second over its rows' acceptance rates a_r,
-        sum_r (1 + a_r + ... + a_r^d) / ((d + 1) c_proposer + c_block(d + 1)): the rows share the
-        proposer's steps and a block as wide as the longest draft (batch 1: the row's own best d)."""
-        if self.costs.step is None or not self.costs.blocks:
-            return [self.lengths[i] for i in live]
+        """Each live row's draft length this round: 0 until a plain round is paced; until both costs are
+        measured its own (two longer after a fully taken draft the proposer also got right next, else the
+        number taken); then the batch's, the d <= N with the most tokens per second over its rows'
+        acceptance rates a_r, sum_r (1 + a_r + ... + a_r^d) / ((d + 1) c_proposer + c_block(d + 1)): the
+        rows share the proposer's steps and a block as wide as the longest draft (batch 1: the row's own
+        best d). 0 where the pace says drafting loses at this many rows; a probe after ``probe_after``
+        plain rounds in a row."""
+        if not self.pace.plain:  # a plain round first, to weigh every drafting round against
+            return [0] * len(live)
+        best = self._best_length(live) if self.costs.step is not None and self.costs.blocks else None
+        if self.pace.drafting_loses(len(live)):  # the wall clock saw what the members' clocks did not
+            best = 0
+        if best == 0 and self.plain_rounds >= self.probe_after:  # plain rounds measure no block: a dear one sticks
+            self.plain_rounds = 0
+            return [max(1, self.lengths[i]) for i in live]
+        self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
+        return [self.lengths[i] for i in live] if best is None else [best] * len(live)
+
+    def _best_length(self, live: list[int]) -> int:
+        """The d <= N the members' measured costs promise the most tokens per second for rows ``live``."""
         rates = [self.rates[i].value for i in live]
 
         def promise(length: int) -> float:
             gained = sum(sum(rate ** k for k in range(length + 1)) for rate in rates)
             return gained / ((length + 1) * self.costs.step + self.costs.block(length + 1))
 
-        best = max(range(self.longest + 1), key=promise)
-        if best == 0 and self.plain_rounds >= PROBE_AFTER:  # plain rounds measure no block: a dear one sticks
-            self.plain_rounds = 0
-            return [max(1, self.lengths[i]) for i in live]
-        self.plain_rounds = self.plain_rounds + 1 if best == 0 else 0
-        return [best] * len(live)
+        return max(range(self.longest + 1), key=promise)
 
     # --- one round ------------------------------------------------------------------------------
     def _rehearse(self, members: list[StandIn], states, pending, room: list[int], proposer: int) -> list[list[Advance]]:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.decoding.speculation_stats import Rate
-from ensemble_bench.decoding.speculative import PROBE_AFTER, Costs, Speculation
+from ensemble_bench.decoding.speculation_stats import Pace, Rate, SteadyPace
+from ensemble_bench.decoding.speculative import PROBE_AFTER, PROBE_MOST, Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
 from ensemble_bench.methods.eva import Eva, EvaParams
@@ -77,7 +77,7 @@ class IdleMachineCosts(Costs):
 def test_member_with_itself_takes_every_draft(same_model):
     alone = outputs(Single([same_model("a")], Single.Params()), LONG)
     method = Gac([same_model("a"), same_model("b")], GacParams(speculative=4), batch_size=2)
-    method.speculation.costs = IdleMachineCosts()
+    method.speculation.costs, method.speculation.pace = IdleMachineCosts(), SteadyPace()
     assert outputs(method, LONG) == alone
     info = method.info()[method.name]  # the method's own statistics
     assert info["speculative_acceptance_rate"] == 1.0
@@ -138,6 +138,8 @@ def test_block_cost_grows_with_width_from_what_was_measured():
 def test_draft_length_follows_acceptance_and_costs():
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
     speculation.lengths = [3, 3]
+    assert speculation._draft_lengths([0, 1]) == [0, 0]  # a plain round first, for the pace
+    speculation.pace.plain[2] = 1.0
     assert speculation._draft_lengths([0, 1]) == [3, 3]  # no cost measured yet: each row's own
     speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
     speculation.rates = [Rate(0, 8), Rate(18, 18)]  # acceptance 0.1 and 0.95
@@ -157,6 +159,7 @@ def test_plain_rounds_chosen_by_the_costs_draft_again_after_a_while():
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
     speculation.costs.step, speculation.costs.blocks = 0.11, {1: 0.24, 3: 0.76}  # measured at batch 1, GSM8K
     speculation.rates, speculation.lengths = [Rate(17, 20)] * 2, [2, 0]  # agreement 0.82; own lengths 2 and 0
+    speculation.pace.plain[2] = 1.0
     chosen = [speculation._draft_lengths([0, 1]) for _ in range(2 * PROBE_AFTER + 2)]
     assert chosen == ([[0, 0]] * PROBE_AFTER + [[2, 1]]) * 2
 
@@ -169,3 +172,58 @@ def test_a_method_whose_hook_the_engine_cannot_call_cannot_speculate(pair):
     with pytest.raises(TypeError, match=refused):
         Unrehearsed(pair(), GacParams(speculative=2))
     assert Unrehearsed(pair(), GacParams()).speculation is None  # every-token decoding asks nothing of it
+
+
+def test_pace_is_wall_seconds_per_token_of_each_row_by_live_rows():
+    pace = Pace()
+    pace.observe(rows=8, drafted=False, seconds=0.8, tokens=8)  # every row one token in 0.8 s
+    pace.observe(rows=8, drafted=True, seconds=1.6, tokens=12)  # 1.5 tokens a row in 1.6 s
+    assert pace.plain[8] == pytest.approx(0.8) and pace.drafting[8] == pytest.approx(1.6 / 1.5)
+    assert pace.drafting_loses(8) and pace.drafting_loses(4)  # at 4 rows, as measured at the nearest: 8
+    assert not Pace(drafting={8: 2.0}).drafting_loses(8)  # no plain round to weigh it against
+    pace.observe(rows=8, drafted=True, seconds=0.1, tokens=16)  # a fast round halves the gap at once
+    assert pace.drafting[8] == pytest.approx((1.6 / 1.5 + 0.05) / 2) and not pace.drafting_loses(8)
+    pace.observe(rows=3, drafted=False, seconds=0.3, tokens=3)  # fewer rows: cheaper plain rounds
+    assert pace.drafting_loses(4) and pace.drafting_loses(3)  # plain as at 3 (0.3 s), drafting as at 8 (0.56 s)
+    assert not pace.drafting_loses(6)  # both as at 8: the larger of two as near
+
+
+def test_drafting_that_loses_on_the_wall_clock_turns_plain_and_probes_ever_more_rarely():
+    """The members' costs promise drafting (a cheap block), but rounds that drafted took longer per token
+    than plain ones (a crop that re-submits rows, bookkeeping): rounds turn plain; a probe that loses
+    again doubles the wait, up to PROBE_MOST; one that wins lets the costs rule again."""
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
+    speculation.rates, speculation.lengths = [Rate(18, 18)] * 2, [3, 0]
+    speculation.paced_rounds, speculation.aftermath = 1, False  # past a batch's first round
+    speculation._paced(2, drafted=False, seconds=1.0, tokens=2)
+    best = speculation._draft_lengths([0, 1])[0]
+    assert best >= 4  # the members' clocks say drafting pays
+    waits = []
+    for _ in range(5):
+        speculation._paced(2, drafted=True, seconds=9.0, tokens=4)  # 4.5 s a token each row, plain 1 s
+        chosen = [speculation._draft_lengths([0, 1]) for _ in range(speculation.probe_after + 1)]
+        assert chosen[:-1] == [[0, 0]] * (len(chosen) - 1) and chosen[-1] == [3, 1]  # the probe: own lengths
+        waits.append(len(chosen) - 1)
+    assert waits == [16, 32, 64, 64, 64] and PROBE_MOST == 64
+    for _ in range(3):  # probes that win pull the pace under the plain rounds'
+        speculation._paced(2, drafted=True, seconds=0.1, tokens=8)
+    assert speculation.probe_after == PROBE_AFTER and speculation._draft_lengths([0, 1]) == [best, best]
+
+
+def test_the_round_after_a_draft_is_paced_as_drafting_and_the_prefills_round_not_at_all():
+    """A rejected draft's crop and re-read (a vLLM row submitted again) happen in the next round: that
+    round's time is the drafting's. A batch's first round is answered by its prefill: no pace."""
+    speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
+    speculation.begin([], [], [])
+    speculation._paced(8, drafted=False, seconds=0.007, tokens=8)  # the prefill's round
+    assert speculation.pace.plain == {} and speculation.pace.drafting == {}
+    speculation._paced(8, drafted=False, seconds=0.45, tokens=8)
+    speculation._paced(8, drafted=True, seconds=2.7, tokens=13)
+    speculation._paced(8, drafted=False, seconds=1.3, tokens=8)  # the re-submitted rows
+    speculation._paced(8, drafted=False, seconds=0.45, tokens=8)
+    assert speculation.pace.drafting[8] == pytest.approx((2.7 * 8 / 13 + 1.3) / 2)
+    assert speculation.pace.plain[8] == pytest.approx(0.45)
+    speculation.begin([], [], [])  # a new batch: its first round is the prefill's again
+    speculation._paced(8, drafted=False, seconds=0.001, tokens=8)
+    assert speculation.pace.plain[8] == pytest.approx(0.45)

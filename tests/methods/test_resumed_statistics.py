@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from ensemble_bench.decoding.speculation_stats import SteadyPace
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest, get_method
 from ensemble_bench.run.sittings import resume_counts, save_counts, snapshot
@@ -61,7 +62,8 @@ def test_two_sittings_report_what_one_reports(pair, case, tmp_path):
         members = pair()
         method = cls(members[:cls.max_members] if cls.max_members else members, params, batch_size=1)
         if getattr(method, "speculation", None) is not None:
-            method.speculation.costs = IdleMachineCosts()  # draft lengths that do not depend on the machine's load
+            # draft lengths that do not depend on the machine's load
+            method.speculation.costs, method.speculation.pace = IdleMachineCosts(), SteadyPace()
         if earlier is not None:
             resume_counts(method.carried(), earlier)
         for request in requests:  # a chunk at a time, as the runner feeds a row (lm.py): records in that order
