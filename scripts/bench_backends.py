@@ -70,18 +70,19 @@ def plain_ms_per_step(member, prompts, tokens: int, repeats: int) -> float:
 
 
 def call_costs(member, prompts, repeats: int) -> dict[str, float]:
-    """ms of one call of a vLLM member in each way it can move rows (lowest of ``repeats``): every row
-    one token in place; every row three tokens in place (three engine steps); one row of the batch
-    given two tokens while the others take one (that row re-submitted with prefix caching); every row
-    cropped by one token and given two (all re-submitted); a block read of four tokens, every
-    position's log-probs kept, as the member's measured costs choose, in one engine step (the rows
-    re-submitted with the block in their prompts) and in four forced steps; a speculative round's
-    crop of two drafted tokens and the next block of four (every row re-submitted)."""
+    """ms of one call of a vLLM member in each way it can move rows (lowest of ``repeats``), each after a
+    prefill and an extend of two tokens (the second a draft of one engine step): every row one token in
+    place; every row three tokens in place; one row of the batch given two tokens while the others take
+    one; every row cropped by one token (the draft: rejected in the step it waits in) and given two; a
+    block read of four tokens, every position's log-probs kept, as the member does it (one drafted
+    step), as without drafted steps (one engine step with the rows re-submitted, the block in their
+    prompts) and in four forced steps; a speculative round's crop of two tokens (past the draft:
+    every row re-submitted) and the next block of four."""
     calls = {"1 token in place": lambda n: [[11]] * n, "3 tokens in place": lambda n: [[11, 12, 13]] * n,
-             "one row 2 tokens, rest 1 (re-submitted)": lambda n: [[11, 12]] + [[11]] * (n - 1),
-             "crop 1 + 2 tokens (all re-submitted)": lambda n: [[11, 12]] * n,
+             "one row 2 tokens, rest 1": lambda n: [[11, 12]] + [[11]] * (n - 1),
+             "crop 1 (a draft) + 2 tokens": lambda n: [[11, 12]] * n,
              "block read of 4": lambda n: [[11, 12, 13, 14]] * n,
-             "block read of 4, one pass": lambda n: [[11, 12, 13, 14]] * n,
+             "block read of 4, one pass (re-submitted)": lambda n: [[11, 12, 13, 14]] * n,
              "block read of 4, one step per token": lambda n: [[11, 12, 13, 14]] * n,
              "crop 2 + block read of 4 (all re-submitted)": lambda n: [[11, 12, 13, 14]] * n}
     costs = {}
@@ -106,19 +107,20 @@ def call_costs(member, prompts, repeats: int) -> dict[str, float]:
 
 @contextlib.contextmanager
 def read_mode(member, name: str):
-    """A block read as the call's name asks: in one engine step (no costs measured yet: a tie, one
-    step), one forced step per token (as without a ``PromptReader``), or as the member's costs choose."""
+    """A block read as the call's name asks: as the member reads it (one drafted step), as a member
+    without drafted steps reads it in one engine step (rows re-submitted; no costs measured yet: a
+    tie, one step), or one forced step per token (as without a ``PromptReader``)."""
     from ensemble_bench.members.vllm_engine import StepCosts
 
-    reader, costs = member.steering.reader, member.step_costs
-    if name.endswith("one pass"):
-        member.step_costs = StepCosts()
+    reader, costs, drafting = member.steering.reader, member.step_costs, member.drafting
+    if "one pass" in name:
+        member.step_costs, member.drafting = StepCosts(), None
     elif name.endswith("one step per token"):
         member.steering.reader = None
     try:
         yield
     finally:
-        member.steering.reader, member.step_costs = reader, costs
+        member.steering.reader, member.step_costs, member.drafting = reader, costs, drafting
 
 
 def speculation_rows(backends: dict, batch_sizes: list[int], tokens: int, draft: int, repeats: int) -> list[dict]:

@@ -3,21 +3,26 @@
 The engine decodes in its own thread and ensbench chooses every token (members/vllm_engine.py). How
 the Member calls map onto it (docs/backends.md):
 - ``prefill``: one request per row; each publishes its distribution after its prompt.
-- ``extend``: rows that append the batch's usual number of tokens (most rows take one) have them
-  forced in place, one engine step each; every other row (more or fewer tokens, or cropped) is
-  finished and submitted again with its prefix and new tokens as the prompt (prefix caching keeps its
-  full KV blocks), timed to publish at the same step as the rest.
-- ``crop`` marks rows for re-submission; ``keep`` finishes the rows that leave.
-- ``extend_scored``: as ``extend``, every row forced token by token after its first token.
+- ``extend``: every live row takes its tokens in place in one engine step (drafted steps: the first
+  token is forced where the row waits, the rest are that step's drafts, which vLLM's speculative
+  decoding computes in one forward pass and the steering forces; more than ``max_drafts`` + 1 tokens
+  take more steps). A row without a live request (cropped past its undecided drafts, new) is submitted
+  again with its prefix and new tokens as the prompt (prefix caching keeps its full KV blocks), timed
+  to publish at the same step as the rest. Without drafted steps (no ``PromptReader``: tensor
+  parallel engines) each token is forced in a step of its own and rows whose token count differs
+  from the batch's are submitted again.
+- ``crop``: a crop inside the drafts of the step a row waits in is a rejection there (its next token
+  is forced where the first cropped draft was); a deeper crop marks the row for re-submission.
+  ``keep`` finishes the rows that leave.
+- ``extend_scored``: as ``extend``; each forced token's log-prob kept (read from the prompt positions
+  for a row submitted again).
 - ``score``: vLLM's prompt log-probs (``prompt_logprobs=0``: each given token's log-prob and rank).
-- ``read_block``: a row submitted again with its block at the end of its prompt is read in the one
-  step that computes it (``PromptReader``: the log-probs after each wanted block token; prefix caching
-  gives back the row's full KV blocks, so the step computes its last partial block and the block).
-  The whole read is one engine step, or, where the member's measured costs (``StepCosts``) say forcing
-  is cheaper, one step per token for the rows that hold a live request (a CPU, where computing the
-  partial block again costs more than the steps). Where the engine cannot be read so
-  (``PromptReader.attach`` gives None), every token is forced in a step of its own. ``read_tree``: not
-  given (``reads_trees`` False: byte_level takes its byte-by-byte loop; docs/backends.md says why).
+- ``read_block``: as ``extend``, the log-probs after each wanted block token kept as its position is
+  computed: for a live row the block is one drafted step; a row submitted again is read in the one
+  step that computes its prompt (``PromptReader``). Without drafted steps, one engine step for the
+  re-submitted rows or one step per token for the rows that hold a live request, whichever the
+  member's measured costs (``StepCosts``) say is cheaper. ``read_tree``: not given (``reads_trees``
+  False: byte_level takes its byte-by-byte loop; docs/backends.md says why).
 - Before each call the rows' KV blocks are counted against the engine's cache (a row vLLM preempted
   would never publish): a batch that outgrows it is a UserError.
 """
@@ -43,6 +48,7 @@ from ensemble_bench.members.vllm_engine import (
     EXTRA_KEY,
     Command,
     ComputedBlocks,
+    DraftedSteps,
     EngineThread,
     PromptReader,
     SteeredRow,
@@ -77,13 +83,21 @@ class VllmMember(TokenizerSide, Member):
         self.stale: list[bool] = []                 # per batch row: cropped since its request published
         self.steering = Steering()
         self.steering.reader = PromptReader.attach(engine)
+        self.drafting = DraftedSteps.attach(engine, self.steering)
         self.computed = ComputedBlocks(self.block_size)  # what its prefix cache may serve
         self.step_costs, self.computing = StepCosts(), 0  # its calls' costs; tokens the current call computes
         self.thread = EngineThread(engine, self.steering)
         self.thread.start()
-        self.resubmitted = 0  # rows finished and submitted again (crops, odd token counts)
+        self.resubmitted = 0  # rows finished and submitted again (crops past a step's drafts, new rows)
+        self.rejected = 0     # rows whose cropped drafts the step they waited in rejected
         self._keys = itertools.count()
         atexit.register(self.close)
+
+    @property
+    def max_drafts(self) -> int:
+        """The most queued tokens a row's engine step takes after the one it forces (drafted steps; a
+        row re-submitted reads its new tokens from its prompt): 0 without a ``PromptReader``."""
+        return self.drafting.max_drafts if self.drafting is not None and self.steering.reader is not None else 0
 
     # --- the engine thread's commands --------------------------------------------------------------
     def _params(self, key: str, prompt_len: int, fresh: bool = False):
@@ -155,13 +169,14 @@ class VllmMember(TokenizerSide, Member):
         return self._extend(tokens, scoring=True)[:2]
 
     def read_block(self, tokens: Sequence[Sequence[int]], at: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """The block in one engine step, or in one step per token with the rows that hold a live request
-        forced in place, whichever the member's measured costs say is cheaper (``_read_steps``); every
-        row not forced in place is submitted again with its block at the end of its prompt, its wanted
-        positions read in the step that computes it (module docstring). Without a ``PromptReader``,
-        one forced step per token, each wanted position's log-probs kept as its step computes them."""
+        """The block as ``extend`` moves it, each wanted position's log-probs kept as it is computed: one
+        drafted step for a live row, the step that computes its prompt for a row submitted again.
+        Without drafted steps: one engine step (every row submitted again) or one step per token with
+        the rows that hold a live request forced in place, whichever the member's measured costs say
+        is cheaper (``_read_steps``); without a ``PromptReader``, one forced step per token."""
         wanted = self.batch.check_block(tokens, at)
-        steps = self._read_steps(tokens) if self.steering.reader is not None and any(tokens) else None
+        steps = self._read_steps(tokens) if self.steering.reader is not None and any(tokens) and not self.max_drafts \
+            else None
         return self._extend(tokens, scoring=False, wanted=wanted, steps=steps)[2]
 
     def _read_steps(self, tokens: Sequence[Sequence[int]]) -> int:
@@ -184,17 +199,23 @@ class VllmMember(TokenizerSide, Member):
     def _extend(self, tokens: Sequence[Sequence[int]], scoring: bool, wanted: list[list[int]] | None = None,
                 steps: int | None = None) -> tuple[torch.Tensor, list[list[float]], list[torch.Tensor]]:
         """Append ``tokens``; every row's next-token log-probs, the scored log-probs (``scoring``) and
-        the block read's distributions at ``wanted`` positions, ``steps`` engine steps (a block read
-        with a ``PromptReader``): rows re-submitted take all their tokens in the prompt. Otherwise
-        scoring and block reads compute every token after a row's first in a step of its own."""
+        the block read's distributions at ``wanted`` positions. Live rows take their tokens in place in
+        ``steps`` engine steps (drafted steps: chunks of up to ``max_drafts`` + 1 tokens a step); other
+        rows are submitted again with all their tokens in the prompt. Without drafted steps, scoring
+        and block reads (``steps`` None) compute every token after a row's first in a step of its own."""
         self.batch.check(tokens)
-        by_token = scoring or (wanted is not None and steps is None)
+        by_token = not self.max_drafts and (scoring or (wanted is not None and steps is None))
         wanted = wanted or [[] for _ in tokens]
         if not any(tokens):  # no row moves: no engine step (a live row given nothing would be forced a token)
             return self.batch.last, [[] for _ in tokens], [self._block(None, 0, []) for _ in tokens]
         self._check_room(tokens, [len(ids) for ids in self.batch.ids])
         steps = self._steps(tokens, by_token) if steps is None else steps
-        forced = [h is not None and not s and len(row) == steps for h, s, row in zip(self.handles, self.stale, tokens)]
+        for r, row in enumerate(tokens):
+            handle = self.handles[r]
+            if handle is not None and handle.rejected and row and row[0] == handle.undecided[-handle.rejected]:
+                self.stale[r] = True  # vLLM's sampler would take the rejected draft back as it is
+        live = [h is not None and not s for h, s in zip(self.handles, self.stale)]
+        forced = [here and self._in_place(len(row), steps) for here, row in zip(live, tokens)]
         held = self.batch.row_ids()
         moved = [r for r, row in enumerate(tokens) if row]
         with self.steering.cond, self.clock.timed("decode", calls=steps), self._costed():
@@ -205,7 +226,9 @@ class VllmMember(TokenizerSide, Member):
                     if (len(held[r]) + len(row)) // self.block_size > len(held[r]) // self.block_size:
                         self.computed.add(held[r] + list(row))  # a KV block filled
                     self.computing += len(row)
+                    self.rejected += handle.rejected > 0
                     handle.queue.extend(row)
+                    handle.chunks = deque(chunk_sizes(len(row), steps)) if self.max_drafts else deque()
                     handle.scoring, handle.first, handle.scored, handle.waiting = scoring, True, [], False
                     handle.wanted, handle.captured, handle.index = frozenset(wanted[r]), [], 0
                     continue
@@ -213,15 +236,29 @@ class VllmMember(TokenizerSide, Member):
                     self._drop(handle)
                     self.handles[r] = None
                 if row:
-                    self.handles[r] = self._resubmit(held[r], row, publish, scoring, by_token, frozenset(wanted[r]))
+                    read = frozenset(range(len(row) - 1)) if scoring and self.max_drafts else frozenset(wanted[r])
+                    self.handles[r] = self._resubmit(held[r], row, publish, scoring, by_token, read)
                     self.stale[r] = False
             dists = self._collect([self.handles[r] for r in moved])
-        scored = [list(self.handles[r].scored) if scoring and r in moved else [] for r in range(len(tokens))]
+        scored = [self._scored(r, tokens[r], forced[r]) if scoring and r in moved else [] for r in range(len(tokens))]
         blocks = [self._block(self.handles[r] if row else None, len(row), wanted[r]) for r, row in enumerate(tokens)]
         self.batch.take(tokens)
         if moved:
             self.batch.set_last(moved, torch.stack(dists))
         return self.batch.last, scored, blocks
+
+    def _in_place(self, count: int, steps: int) -> bool:
+        """Whether a live row given ``count`` tokens publishes after ``steps`` engine steps: one token a
+        step, or with drafted steps a chunk of 1 to ``max_drafts`` + 1 tokens a step."""
+        return steps <= count <= steps * (self.max_drafts + 1) if count else False
+
+    def _scored(self, r: int, row: Sequence[int], forced: bool) -> list[float]:
+        """A scoring call's log-probs of row ``r``'s tokens after its first: kept as they were forced, or
+        (re-submitted with drafted steps) read from the prompt positions its step computed."""
+        handle = self.handles[r]
+        if forced or not self.max_drafts:
+            return list(handle.scored)
+        return [float(dist[token]) for dist, token in zip(handle.captured, row[1:])]
 
     def _block(self, handle: SteeredRow | None, length: int, wanted: list[int]) -> torch.Tensor:
         """A block read's answer for one row: what its steps kept, and the published distribution when
@@ -255,11 +292,14 @@ class VllmMember(TokenizerSide, Member):
                             "need more: raise vllm.kv_cache_gib (gpu_memory_utilization on a GPU), or lower "
                             "batch_size or max_gen_toks")
 
-    @staticmethod
-    def _steps(tokens: Sequence[Sequence[int]], by_token: bool) -> int:
-        """How many tokens a row takes in place (one engine step each): the longest row's count when
-        every token is computed in a step of its own (scoring, block reads: a re-submitted row forces all
-        but its first, so none may force more); else the most common count (re-submitting the fewest)."""
+    def _steps(self, tokens: Sequence[Sequence[int]], by_token: bool) -> int:
+        """The engine steps until the rows forced in place publish. With drafted steps: the fewest that
+        take every row's tokens (one step unless a row has more than ``max_drafts`` + 1). Otherwise one
+        token a step: the longest row's count when every token is computed in a step of its own
+        (scoring, block reads: a re-submitted row forces all but its first, so none may force more);
+        else the most common count (re-submitting the fewest)."""
+        if self.max_drafts:
+            return max((-(-len(row) // (self.max_drafts + 1)) for row in tokens if row), default=0)
         if by_token:
             return max((len(row) for row in tokens), default=0)
         counts = Counter(len(row) for row in tokens if row)
@@ -279,8 +319,16 @@ class VllmMember(TokenizerSide, Member):
         return self._submit(held + list(row), at=publish, in_prompt=back)
 
     def crop(self, lengths: Sequence[int]) -> None:
-        for r, dropped in enumerate(self.batch.crop(lengths)):
-            self.stale[r] = self.stale[r] or dropped > 0
+        """Rows lose their last tokens: drafts still undecided in the step a live row waits in are
+        rejected there (no engine work); a row cropped further is submitted again when it moves."""
+        with self.steering.cond:
+            for r, dropped in enumerate(self.batch.crop(lengths)):
+                handle = self.handles[r]
+                if dropped and not self.stale[r] and handle is not None and handle.waiting \
+                        and handle.rejected + dropped <= len(handle.undecided):
+                    handle.rejected += dropped
+                else:
+                    self.stale[r] = self.stale[r] or dropped > 0
 
     def keep(self, rows: Sequence[int]) -> None:
         rows = [int(r) for r in rows]
@@ -353,6 +401,11 @@ class VllmMember(TokenizerSide, Member):
         with self.steering.cond:
             self.steering.closed = True
             self.steering.cond.notify_all()
+
+
+def chunk_sizes(count: int, steps: int) -> list[int]:
+    """``count`` tokens over ``steps`` engine steps, as evenly as they go (the larger chunks first)."""
+    return [count // steps + (k < count % steps) for k in range(steps)]
 
 
 def room_blocks(tokens: int, block_size: int) -> int:

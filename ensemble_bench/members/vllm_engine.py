@@ -1,19 +1,22 @@
 """An in-process vLLM engine that decodes in its own thread while ensbench chooses every token.
 
-vLLM runs its own decode loop (``LLMEngine.step`` in a thread of its own, ``EngineThread``). A v1
-logits processor (``ForcingProcessor``, selected per request through ``SamplingParams.extra_args``)
-meets every steered row at each step: a row with no tokens queued publishes its next-token log-probs
-(a float32 tensor on the engine's device) and the step waits until the member answers with the
-tokens to append; the processor then forces the first of them (every other logit set to -inf), and
-the next ones at the following steps without asking again. ``Steering`` is the meeting point: a
-condition variable shared by the member's thread and the engine thread.
+vLLM runs its own decode loop (``LLMEngine.step`` in a thread of its own, ``EngineThread``). Every
+steered row meets its member at each step: a row with no tokens queued publishes its next-token
+log-probs (a float32 tensor on the engine's device) and the step waits until the member answers with
+the tokens to append; the step forces the first of them (every other logit set to -inf). The engine
+is built with vLLM's speculative decoding and an n-gram proposer that ``DraftedSteps`` replaces: the
+rest of a row's queued tokens (up to ``num_speculative_tokens``) are the next step's drafts, computed
+in one forward pass and forced there, so a block read or a several-token extend is one step. Drafts
+the member crops while the row waits are rejected in that step. ``DraftedSteps`` meets the model
+runner's sampling; an engine it cannot meet (tensor parallel) takes a v1 logits processor
+(``ForcingProcessor``) and one forced token per step. ``Steering`` is the meeting point: a condition
+variable shared by the member's thread and the engine thread.
 
-A row the engine cannot advance by one forced token per step (a crop, a row that takes nothing this
-step, a row whose tokens outnumber its batch's) is finished and submitted again with its whole prefix
-as the prompt; prefix caching gives back every full KV block it held. A block read submits the row
-with the block at the end of its prompt: the one step that computes the prompt gives the log-probs
-after every block token (``PromptReader``: the step's hidden states at those positions through the
-model's own output head), not only after the last.
+A row the engine cannot advance in place (cropped past its undecided drafts, or new) is finished and
+submitted again with its whole prefix as the prompt; prefix caching gives back every full KV block
+it held. Such a row's block is read in the one step that computes the prompt: the log-probs after
+every block token (``PromptReader``: the step's hidden states at those positions through the model's
+own output head), not only after the last.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ class SteeredRow:
     index: int = 0                 # the call's tokens forced and computed so far, after the first
     in_prompt: tuple = ()          # one-pass block read: positions before the prompt's last token, counted back
                                    # from it, whose next-token log-probs the step computing the prompt keeps
+    chunks: deque = field(default_factory=deque)  # the queue's tokens each later step takes (drafted steps)
+    drafts: int = 0                # queued tokens the next step takes as drafts after the one just forced
+    undecided: list = field(default_factory=list)  # the drafts of the step it waits in: still rejectable
+    rejected: int = 0              # how many of those the member cropped: the step rejects them
 
 
 @dataclass
@@ -86,39 +93,64 @@ class Steering:
         if self.error is not None:
             raise RuntimeError(f"the vLLM engine thread failed: {self.error}") from self.error
 
-    def steer(self, logits: torch.Tensor, rows: list[tuple[int, str]]) -> torch.Tensor:
-        """The engine thread's side of one step (logits: float32 [batch, V], rows: our batch indices)."""
+    def steer(self, logits: torch.Tensor, rows: list[tuple[int, str, Sequence[int]]]) -> torch.Tensor:
+        """The engine thread's side of one step (logits: float32 [positions, V]; rows: each request's
+        batch index, key and logits positions: one, or its drafts' and the one after them). A row that
+        publishes keeps its step's drafts undecided: the member may crop the last ``rejected`` of them,
+        and its next token is then forced where the first of those was (vLLM's rejection sampler takes
+        the drafts before it, rejects that one and gives the forced token instead)."""
+        forced: dict[int, int] = {}
         with self.cond:
-            held = [(i, self.rows.get(key)) for i, key in rows]
-            for i, row in held:
+            held = [(i, positions, self.rows.get(key)) for i, key, positions in rows]
+            for i, positions, row in held:
+                for position in positions[:-1]:  # drafted: the row's queued tokens, forced as they were drafted
+                    forced[position] = self._next_token(row, logits[position], drafted=True)
                 if row is not None and not row.dropped and not row.queue:
                     if row.in_prompt:
                         row.captured.extend(self.reader.log_probs(i, row.in_prompt))
                         row.in_prompt = ()
-                    row.dist = torch.log_softmax(logits[i], dim=-1)
+                    row.dist = torch.log_softmax(logits[positions[-1]], dim=-1)
                     row.waiting = True
-            waits = any(row is not None and row.waiting for _, row in held)
+                    row.undecided = [forced[p] for p in positions[:-1]]
+            waits = any(row is not None and row.waiting for _, _, row in held)
         if waits:
             STEPPING.release()  # other engines may step while this one waits for its member
             with self.cond:
                 self.cond.notify_all()
-                self.cond.wait_for(lambda: self.closed or not any(r is not None and r.waiting for _, r in held))
+                self.cond.wait_for(lambda: self.closed or not any(r is not None and r.waiting for _, _, r in held))
             STEPPING.acquire()
         with self.cond:
-            forced = [(i, self._next_token(row, logits[i])) for i, row in held]
-        index = torch.tensor([i for i, _ in forced], dtype=torch.long, device=logits.device)
-        tokens = torch.tensor([t for _, t in forced], dtype=torch.long, device=logits.device)
+            for _, positions, row in held:
+                answered = positions[-1 - row.rejected] if row is not None else positions[-1]
+                for position in positions[positions.index(answered) + 1:]:  # rejected: vLLM reads no further
+                    forced.pop(position, None)
+                forced[answered] = self._next_token(row, logits[answered])
+                if row is not None:
+                    row.undecided, row.rejected = [], 0
+        index = torch.tensor(list(forced), dtype=torch.long, device=logits.device)
+        tokens = torch.tensor(list(forced.values()), dtype=torch.long, device=logits.device)
         logits[index] = float("-inf")
         logits[index, tokens] = 0.0
         return logits
 
+    def drafts(self, key: str | None) -> list[int]:
+        """The tokens the row ``key`` gives its next step as drafts (its queue's next chunk after the
+        token just forced; vLLM verifies them in that step and the steering forces each)."""
+        row = self.rows.get(key) if key is not None else None
+        if row is None or row.dropped:
+            return []
+        return list(itertools.islice(row.queue, row.drafts))
+
     @staticmethod
-    def _next_token(row: SteeredRow | None, logits: torch.Tensor) -> int:
+    def _next_token(row: SteeredRow | None, logits: torch.Tensor, drafted: bool = False) -> int:
         """The row's next queued token; after the call's first one, ``logits`` follow the call's token
-        ``row.index``: its log-probs are kept when wanted, the forced token's log-prob when scoring."""
+        ``row.index``: its log-probs are kept when wanted, the forced token's log-prob when scoring. A
+        token not ``drafted`` starts the next chunk: the rest of it is the next step's drafts."""
         if row is None or row.dropped or not row.queue:
             return 0  # a row on its way out: its token is never read
         token = row.queue.popleft()
+        if not drafted:
+            row.drafts = row.chunks.popleft() - 1 if row.chunks else 0
         if not row.first and (row.scoring or row.index in row.wanted):
             logprobs = torch.log_softmax(logits, dim=-1)
             if row.index in row.wanted:
@@ -165,7 +197,7 @@ class ForcingProcessor:
                 by_steering.setdefault(steering, []).append((index, key))
         for steering, rows in by_steering.items():
             if steering in STEERINGS:
-                logits = STEERINGS[steering].steer(logits, rows)
+                logits = STEERINGS[steering].steer(logits, [(index, key, [index]) for index, key in rows])
         return logits
 
 
@@ -179,6 +211,7 @@ class PromptReader:
     def __init__(self, runner):
         self.runner = runner
         self.hidden: torch.Tensor | None = None
+        self.padded: list[int] = []  # this step's -1 drafts after each request's tokens (DraftedSteps)
         runner.model.register_forward_hook(self._keep)
 
     def _keep(self, module, args, output) -> None:
@@ -187,7 +220,9 @@ class PromptReader:
     def log_probs(self, row: int, back: Sequence[int]) -> torch.Tensor:
         """float32 log-softmax [len(back), V] after the tokens ``back[j]`` positions before batch row
         ``row``'s last token in this step."""
-        first, last = int(self.runner.query_start_loc.np[row]), int(self.runner.query_start_loc.np[row + 1]) - 1
+        padded = self.padded[row] if row < len(self.padded) else 0
+        first = int(self.runner.query_start_loc.np[row])
+        last = int(self.runner.query_start_loc.np[row + 1]) - 1 - padded
         if last - max(back) < first:  # the member asks vLLM not to read the cache where it could serve them
             raise RuntimeError(f"prompt positions {back} before the last were not computed in this step")
         index = torch.tensor([last - b for b in back], dtype=torch.long, device=self.hidden.device)
@@ -205,9 +240,63 @@ class PromptReader:
         [runner] = engine.collective_rpc(_model_runner)
         readable = (isinstance(getattr(runner, "model", None), torch.nn.Module)
                     and callable(getattr(runner.model, "compute_logits", None))
-                    and hasattr(getattr(runner, "query_start_loc", None), "np")
-                    and getattr(runner, "speculative_config", None) is None)
+                    and hasattr(getattr(runner, "query_start_loc", None), "np"))
         return cls(runner) if readable else None
+
+
+class DraftedSteps:
+    """Several forced tokens of a row in one engine step, through vLLM's speculative decoding: the
+    engine is built with an n-gram proposer whose ``propose`` this replaces (each steered row's drafts
+    are its next queued tokens, ``Steering.drafts``), and the model runner's ``_sample`` meets the
+    steering first, with every position the step computed for a row (its drafts' and the one after
+    them). The steering forces every draft (so vLLM's rejection sampler accepts it) and the token after
+    them, as the logits processor forces one token a step where the engine has no proposer."""
+
+    def __init__(self, runner, steering: Steering):
+        self.runner, self.steering = runner, steering
+        self.max_drafts = runner.speculative_config.num_speculative_tokens
+        self._sample = runner._sample
+        runner._sample = self.sample
+        runner.drafter.propose = self.propose
+
+    def _key(self, request_id: str) -> str | None:
+        steer = (self.runner.requests[request_id].sampling_params.extra_args or {}).get(EXTRA_KEY)
+        return steer[1] if steer and steer[0] == self.steering.id else None
+
+    def sample(self, logits: torch.Tensor, spec_decode_metadata):
+        if self.steering.reader is not None:
+            self.steering.reader.padded = []
+        if spec_decode_metadata is None:
+            spans = [[i] for i in range(logits.shape[0])]
+        else:  # a request's positions: its drafts', then the one after them (vLLM pads some with -1: not ours)
+            drafts = spec_decode_metadata.draft_token_ids.tolist()
+            counts = spec_decode_metadata.num_draft_tokens
+            real = [real_drafts(drafts[end - n:end]) for end, n in zip(itertools.accumulate(counts), counts)]
+            spans = [list(range(bonus - n, bonus - n + r + 1))
+                     for bonus, n, r in zip(spec_decode_metadata.bonus_logits_indices.tolist(), counts, real)]
+            if self.steering.reader is not None:
+                self.steering.reader.padded = [n - r for n, r in zip(counts, real)]
+        request_ids = self.runner.input_batch.req_ids[:len(spans)]
+        rows = [(i, key, spans[i]) for i, request_id in enumerate(request_ids)
+                if (key := self._key(request_id)) is not None]
+        if rows:
+            logits = self.steering.steer(logits, rows)
+        return self._sample(logits, spec_decode_metadata)
+
+    def propose(self, num_speculative_tokens, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        request_ids = self.runner.input_batch.req_ids[:len(sampled_token_ids)]
+        with self.steering.cond:
+            return [self.steering.drafts(self._key(request_id)) if sampled else []
+                    for request_id, sampled in zip(request_ids, sampled_token_ids)]
+
+    @classmethod
+    def attach(cls, engine, steering: Steering) -> DraftedSteps | None:
+        """Drafted steps on ``engine`` (in this process, built by ``engine_arguments`` with its n-gram
+        proposer), or None: one forced token per step, through the logits processor."""
+        if engine.vllm_config.speculative_config is None or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            return None
+        [runner] = engine.collective_rpc(_model_runner)
+        return cls(runner, steering)
 
 
 class StepCosts:
@@ -267,6 +356,12 @@ class ComputedBlocks:
                 break
             served += self.block_size
         return served
+
+
+def real_drafts(drafts: Sequence[int]) -> int:
+    """How many of a request's drafts are tokens: vLLM pads a new request that computes one token with
+    -1 drafts (for CUDA graphs of one shape); the rejection sampler rejects the first of those."""
+    return next((k for k, token in enumerate(drafts) if token < 0), len(drafts))
 
 
 def _model_runner(worker):

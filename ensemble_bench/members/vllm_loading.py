@@ -14,6 +14,7 @@ from ensemble_bench.members.vllm import VllmMember
 from ensemble_bench.members.vllm_engine import processor_class
 
 CPU_KV_CACHE_GIB = 1  # the KV cache of a CPU engine when neither kv_cache_gib nor VLLM_CPU_KVCACHE_SPACE says
+MAX_DRAFTS = 8  # a row's queued tokens one engine step takes after the one it forces (drafted steps)
 CPU_BLOCK_SIZE = 32   # CPU default 128 caches no prefix shorter than 128 tokens
 DEFAULT_WINDOW = 4096  # max_model_len when the recipe gives none: at most the model's own window
 
@@ -27,8 +28,12 @@ def engine_arguments(folder: Path, dtype: str, device: str, args: dict, window: 
                  "max_num_batched_tokens": max_model_len * max_num_seqs,  # a whole batch's prompts in one step
                  "enable_chunked_prefill": False, "enable_prefix_caching": True,
                  "enforce_eager": args.get("enforce_eager", True), "skip_tokenizer_init": True,
-                 "tensor_parallel_size": args.get("tensor_parallel_size", 1),
-                 "logits_processors": [processor_class()]}
+                 "tensor_parallel_size": args.get("tensor_parallel_size", 1), "async_scheduling": False}
+    if arguments["tensor_parallel_size"] == 1:  # drafted steps (vllm_engine.DraftedSteps) meet its runner here
+        arguments["speculative_config"] = {"method": "ngram", "num_speculative_tokens": MAX_DRAFTS,
+                                           "prompt_lookup_min": 1, "prompt_lookup_max": 1}
+    else:
+        arguments["logits_processors"] = [processor_class()]
     if args.get("gpu_memory_utilization") is not None:
         arguments["gpu_memory_utilization"] = args["gpu_memory_utilization"]
     if device == "cpu":
@@ -48,6 +53,26 @@ class TokenizerWarmupFilter(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         return not (record.getMessage() == "Chat template warmup failed" and isinstance(error, ValueError)
                     and "skip_tokenizer_init" in str(error))
+
+
+def register_cpu_kernels_once() -> None:
+    """vLLM's CPU platform registers its kernel overrides (process-wide) again for every engine, and
+    each registration scans every module; once numba is imported (the n-gram proposer of drafted
+    steps imports it) the scan fails on llvmlite's lazy library object ("'_lib_fn_wrapper' object has
+    no attribute 'get'"). A second member's engine registers only what is not registered yet: nothing."""
+    from vllm.triton_utils import dispatcher
+
+    register = dispatcher.register_kernels
+    if getattr(register, "ensbench_once", False):
+        return
+
+    def register_new(overrides):
+        new = {name: impl for name, impl in overrides.items() if name not in dispatcher._registry}
+        if new:
+            register(new)
+
+    register_new.ensbench_once = True
+    dispatcher.register_kernels = register_new
 
 
 @contextlib.contextmanager
@@ -90,6 +115,7 @@ def load_vllm_member(folder: Path, tokenizer, dtype: str, device: str, chat_temp
     except OSError:
         generation = GenerationConfig()
     arguments = engine_arguments(folder, dtype, device, args, max_length_of(config, tokenizer))
+    register_cpu_kernels_once()
     try:
         with without_tokenizer_warmup_warning():
             llm = vllm.LLM(trust_remote_code=trust_remote_code, **arguments)

@@ -22,7 +22,7 @@ from ensemble_bench.decoding.speculation_stats import SteadyPace  # noqa: E402
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
 from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
-from ensemble_bench.members.vllm_engine import STEPPING, StepCosts  # noqa: E402
+from ensemble_bench.members.vllm_engine import STEPPING  # noqa: E402
 from ensemble_bench.methods import GenerationRequest  # noqa: E402
 from ensemble_bench.methods.gac import Gac, GacParams  # noqa: E402
 from ensemble_bench.methods.single import Single  # noqa: E402
@@ -165,16 +165,16 @@ def test_extend_scored_and_score_match_transformers(smollm_vllm, transformers_pa
 @pytest.mark.parametrize("params", [GacParams(speculative=4), GacParams(speculative=4, threshold=0.5)],
                          ids=["plain", "gated"])
 def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
-    """Draft and verify on vLLM members (blocks read one forced step per token, crops re-submitted)
-    gives the every-token tokens; the speculative run did read blocks and reject drafts."""
+    """Draft and verify on vLLM members (blocks read in drafted steps, rejected tails rejected inside
+    vLLM) gives the every-token tokens; the speculative run did reject drafts in place."""
     every = params.model_copy(update={"speculative": 0})
     requests = chat_requests(24)
     expected = texts(Gac([smollm_vllm, qwen_vllm], every, batch_size=4), requests)
     method = Gac([smollm_vllm, qwen_vllm], params, batch_size=4)
     method.speculation.pace = SteadyPace()  # drafts whatever the wall clock says: the test is of drafted rounds
-    before = smollm_vllm.resubmitted + qwen_vllm.resubmitted
+    before = smollm_vllm.rejected + qwen_vllm.rejected
     assert texts(method, requests) == expected
-    assert smollm_vllm.resubmitted + qwen_vllm.resubmitted > before  # crops after rejected drafts
+    assert smollm_vllm.rejected + qwen_vllm.rejected > before  # crops of drafts, rejected in their step
 
 
 @pytest.fixture(scope="module")
@@ -208,15 +208,15 @@ def test_gac_over_vllm_members_in_ray_actors_equals_them_in_process(speculative,
     give in this process; speculative GaC also reads blocks over the wire and crops by re-submission."""
     requests = chat_requests(8)
     expected = texts(Gac([smollm_vllm, qwen_vllm], GacParams(), batch_size=4), requests)
-    before = [in_actor(m, lambda member: member.resubmitted) for m in vllm_actors]
+    before = [in_actor(m, lambda member: member.rejected) for m in vllm_actors]
     method = Gac(vllm_actors, GacParams(speculative=speculative), batch_size=4)
     if speculative:
         method.speculation.pace = SteadyPace()  # drafts whatever the wall clock says
     assert texts(method, requests) == expected
     assert [in_actor(m, lambda member: type(member).__name__) for m in vllm_actors] == ["VllmMember"] * 2
     assert all(in_actor(m, lambda member: os.getpid()) != os.getpid() for m in vllm_actors)
-    if speculative:  # rejected drafts were cropped: rows re-submitted in the actors' engines
-        assert sum(in_actor(m, lambda member: member.resubmitted) for m in vllm_actors) > sum(before)
+    if speculative:  # rejected drafts were cropped: rejected in the actors' engines
+        assert sum(in_actor(m, lambda member: member.rejected) for m in vllm_actors) > sum(before)
 
 
 @pytest.fixture(params=["one pass", "one step per token"])
@@ -249,6 +249,30 @@ def test_read_block_matches_transformers(read_mode, smollm_vllm, transformers_pa
         step = [[30], [31], [32]]
         assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
     assert smollm_vllm.row_ids() == local.row_ids()
+
+
+def test_a_crop_inside_the_last_blocks_drafts_is_a_rejection_in_the_waiting_step(smollm_vllm, transformers_pair):
+    """A speculative round's rejected tail: rows cropped by 3, 1 and 0 of the 4 tokens a block read
+    gave them (the last 3 were drafts of one engine step), then their next tokens. No row is submitted
+    again (vLLM's rejection sampler drops the drafts in the step the rows wait in), and the distributions
+    equal a transformers member's. A row whose next token is the rejected draft itself is submitted again."""
+    local = transformers_pair[0]
+    rows = [smollm_vllm.encode(t) for t in TEXTS]
+    for member in (smollm_vllm, local):
+        member.prefill(rows)
+        member.extend([[11], [12], [13]])
+    resubmitted, rejected = smollm_vllm.resubmitted, smollm_vllm.rejected
+    for cut, step in [([3, 1, 0], [[30], [31], [32]]), ([2, 0, 0], [[23], [33], [34]])]:
+        blocks, at = [[21, 22, 23, 24], [25, 26, 27, 28], [29, 30, 31, 32]], [[0, 1, 2, 3]] * 3
+        for ours, theirs in zip(smollm_vllm.read_block(blocks, at), local.read_block(blocks, at)):
+            assert_close(ours, theirs, OTHER_ENGINE)
+        lengths = [len(r) - c for r, c in zip(local.row_ids(), cut)]
+        smollm_vllm.crop(lengths)
+        local.crop(lengths)
+        assert_close(smollm_vllm.extend(step), local.extend(step), OTHER_ENGINE)
+    assert smollm_vllm.row_ids() == local.row_ids()
+    assert smollm_vllm.rejected == rejected + 2  # the first round's first two rows
+    assert smollm_vllm.resubmitted == resubmitted + 1  # the second round's first row: 23 cropped, 23 given
 
 
 def test_an_extend_that_gives_no_row_a_token_leaves_every_row_as_it_was(smollm_vllm, transformers_pair):
@@ -300,8 +324,7 @@ def assert_block_reading(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("model", ["smollm", "qwen"])
-def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm,
-                                                                             monkeypatch):
+def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(model, smollm_vllm, qwen_vllm):
     """A block of 4 after rows of 29, 27 and 45 held tokens (KV blocks of 32: the first row's block
     crosses a block boundary, the second's ends on one, the third's lies inside the second block):
     one engine step for the whole batch, and at every position the log-probs of 4 forced one-token
@@ -314,12 +337,7 @@ def test_a_block_read_is_one_engine_step_with_the_forced_steps_distributions(mod
     after = member.extend([[40], [41], [42]])
     member.prefill(rows)
     member.extend(first)
-    # The costs this member measured choose one step or four (on a busy CPU, re-computing the rows'
-    # partial KV blocks may cost more than three more steps): here they say a step costs the same
-    # whatever it computes, as on a GPU, so the read is one step (the choice: test_vllm_costs.py).
-    gpu_like = StepCosts()
-    gpu_like.observe(steps=1, tokens=1, seconds=1.0)
-    monkeypatch.setattr(member, "step_costs", gpu_like)
+    assert member.max_drafts >= 3  # a drafted step: the first token forced where the rows wait, 3 drafts
     steps = member.steering.steps
     read = member.read_block(blocks, [[0, 1, 2, 3]] * 3)
     assert member.steering.steps - steps == 1

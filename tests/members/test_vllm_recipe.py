@@ -113,3 +113,17 @@ def test_engine_start_drops_only_the_tokenizer_warmup_record():
         assert not renderer.filter(warmup)
         assert renderer.filter(other)
     assert renderer.filter(warmup)
+
+
+def test_a_single_process_engine_is_built_for_drafted_steps(tmp_path):
+    """The engine arguments of a member whose model runs in this process: vLLM's n-gram speculative
+    decoding (its proposer is replaced by the steering's), synchronous scheduling (drafts are taken
+    after each step), no custom logits processor (vLLM refuses one beside speculative decoding)."""
+    from ensemble_bench.members.vllm_loading import MAX_DRAFTS, engine_arguments
+
+    arguments = engine_arguments(tmp_path, "float32", "cpu", {}, window=2048)
+    assert arguments["speculative_config"] == {"method": "ngram", "num_speculative_tokens": MAX_DRAFTS,
+                                               "prompt_lookup_min": 1, "prompt_lookup_max": 1}
+    assert arguments["async_scheduling"] is False
+    assert "logits_processors" not in arguments
+    assert arguments["block_size"] == 32 and arguments["max_num_batched_tokens"] == 2048 * 8
