@@ -14,7 +14,7 @@ from ensemble_bench.decoding.stand_ins import StandIn
 from ensemble_bench.decoding.stats import per_request
 
 DECAY = 0.8  # weight of the past in a row's acceptance rate and in the measured costs
-PACE_DECAY = 0.5  # weight of the past in a round's wall time per token (a probe must be able to turn it)
+PACE_DECAY = 0.8  # weight of the past in the wall time and tokens summed per round (Pace)
 BLOCK_SLOPE = 0.1  # a block's extra cost per token over one token, until two widths are measured (CPU: 0.05-0.2)
 
 
@@ -75,21 +75,37 @@ class Costs:
 
 
 @dataclass
-class Pace:
-    """Wall seconds per token of each row, by the number of live rows: a round's seconds over the
-    tokens each row advanced on average, for rounds that drafted and for plain rounds, each averaged
-    with PACE_DECAY. The members' clocks (``Costs``) leave out what a round spends besides forward
-    passes (a crop re-submitting a vLLM row, the rehearsal and the replay); this is what the user waits for."""
+class Spent:
+    """Wall seconds and tokens per row, each summed over rounds with PACE_DECAY on the past."""
 
-    drafting: dict[int, float] = field(default_factory=dict)
-    plain: dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    tokens: float = 0.0
+
+    def add(self, seconds: float, tokens: float) -> None:
+        self.seconds = PACE_DECAY * self.seconds + seconds
+        self.tokens = PACE_DECAY * self.tokens + tokens
+
+    @property
+    def per_token(self) -> float:
+        return self.seconds / self.tokens
+
+
+@dataclass
+class Pace:
+    """Wall seconds per token of each row, by the number of live rows, for rounds that drafted and for
+    plain rounds: the rounds' seconds over the tokens a row advanced in them on average, both summed
+    with PACE_DECAY on the past (``Spent``). A ratio of sums, not an average of each round's ratio: a
+    rejected draft's round (one token in a long round) weighs as one token, not as a whole round. The
+    members' clocks (``Costs``) leave out what a round spends besides forward passes (a crop
+    re-submitting a vLLM row, the rehearsal and the replay); this is what the user waits for."""
+
+    drafting: dict[int, Spent] = field(default_factory=dict)
+    plain: dict[int, Spent] = field(default_factory=dict)
 
     def observe(self, rows: int, drafted: bool, seconds: float, tokens: int) -> None:
         """A round of ``rows`` live rows that advanced ``tokens`` in all in ``seconds``."""
         paces = self.drafting if drafted else self.plain
-        pace = seconds * rows / tokens
-        old = paces.get(rows)
-        paces[rows] = pace if old is None else PACE_DECAY * old + (1 - PACE_DECAY) * pace
+        paces.setdefault(rows, Spent()).add(seconds, tokens / rows)
 
     def drafting_loses(self, rows: int) -> bool:
         """Whether rounds that drafted took longer per token than plain ones, each at this many live rows
@@ -105,15 +121,15 @@ class SteadyPace(Pace):
     says (``make bench-speculative-check`` compares drafted outputs; tests)."""
 
     def __init__(self):
-        super().__init__(plain={1: 0.0})
+        super().__init__(plain={1: Spent(0.0, 1.0)})
 
     def drafting_loses(self, rows: int) -> bool:
         return False
 
 
-def nearest(paces: dict[int, float], rows: int) -> float:
-    """The pace at ``rows`` live rows, or at the nearest number measured (the larger of two as near)."""
-    return paces[min(paces, key=lambda measured: (abs(measured - rows), -measured))]
+def nearest(paces: dict[int, Spent], rows: int) -> float:
+    """The seconds per token at ``rows`` live rows, or at the nearest number measured (the larger of two as near)."""
+    return paces[min(paces, key=lambda measured: (abs(measured - rows), -measured))].per_token
 
 
 @dataclass

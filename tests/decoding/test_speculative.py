@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.decoding.speculation_stats import Pace, Rate, SteadyPace
+from ensemble_bench.decoding.speculation_stats import Pace, Rate, Spent, SteadyPace, nearest
 from ensemble_bench.decoding.speculative import PROBE_AFTER, PROBE_MOST, Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
@@ -139,7 +139,7 @@ def test_draft_length_follows_acceptance_and_costs():
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
     speculation.lengths = [3, 3]
     assert speculation._draft_lengths([0, 1]) == [0, 0]  # a plain round first, for the pace
-    speculation.pace.plain[2] = 1.0
+    speculation.pace.plain[2] = Spent(1.0, 1.0)
     assert speculation._draft_lengths([0, 1]) == [3, 3]  # no cost measured yet: each row's own
     speculation.costs.step, speculation.costs.blocks = 0.1, {1: 0.2, 9: 0.3}
     speculation.rates = [Rate(0, 8), Rate(18, 18)]  # acceptance 0.1 and 0.95
@@ -159,7 +159,7 @@ def test_plain_rounds_chosen_by_the_costs_draft_again_after_a_while():
     speculation = Speculation(SimpleNamespace(members=[None, None]), longest=8, proposer=0)
     speculation.costs.step, speculation.costs.blocks = 0.11, {1: 0.24, 3: 0.76}  # measured at batch 1, GSM8K
     speculation.rates, speculation.lengths = [Rate(17, 20)] * 2, [2, 0]  # agreement 0.82; own lengths 2 and 0
-    speculation.pace.plain[2] = 1.0
+    speculation.pace.plain[2] = Spent(1.0, 1.0)
     chosen = [speculation._draft_lengths([0, 1]) for _ in range(2 * PROBE_AFTER + 2)]
     assert chosen == ([[0, 0]] * PROBE_AFTER + [[2, 1]]) * 2
 
@@ -178,14 +178,30 @@ def test_pace_is_wall_seconds_per_token_of_each_row_by_live_rows():
     pace = Pace()
     pace.observe(rows=8, drafted=False, seconds=0.8, tokens=8)  # every row one token in 0.8 s
     pace.observe(rows=8, drafted=True, seconds=1.6, tokens=12)  # 1.5 tokens a row in 1.6 s
-    assert pace.plain[8] == pytest.approx(0.8) and pace.drafting[8] == pytest.approx(1.6 / 1.5)
+    assert nearest(pace.plain, 8) == pytest.approx(0.8) and nearest(pace.drafting, 8) == pytest.approx(1.6 / 1.5)
     assert pace.drafting_loses(8) and pace.drafting_loses(4)  # at 4 rows, as measured at the nearest: 8
-    assert not Pace(drafting={8: 2.0}).drafting_loses(8)  # no plain round to weigh it against
-    pace.observe(rows=8, drafted=True, seconds=0.1, tokens=16)  # a fast round halves the gap at once
-    assert pace.drafting[8] == pytest.approx((1.6 / 1.5 + 0.05) / 2) and not pace.drafting_loses(8)
+    assert not Pace(drafting={8: Spent(2.0, 1.0)}).drafting_loses(8)  # no plain round to weigh it against
+    pace.observe(rows=8, drafted=True, seconds=0.1, tokens=16)  # a fast round turns it at once
+    assert nearest(pace.drafting, 8) == pytest.approx((0.8 * 1.6 + 0.1) / (0.8 * 1.5 + 2))
+    assert not pace.drafting_loses(8)
     pace.observe(rows=3, drafted=False, seconds=0.3, tokens=3)  # fewer rows: cheaper plain rounds
-    assert pace.drafting_loses(4) and pace.drafting_loses(3)  # plain as at 3 (0.3 s), drafting as at 8 (0.56 s)
+    assert pace.drafting_loses(4) and pace.drafting_loses(3)  # plain as at 3 (0.3 s), drafting as at 8 (0.43 s)
     assert not pace.drafting_loses(6)  # both as at 8: the larger of two as near
+
+
+def test_pace_weighs_a_rejected_round_by_its_tokens_not_as_a_whole_round():
+    """Rounds that drafted 4 tokens in 0.45 s, then one whose draft was refused (1 token in 0.6 s):
+    0.18 s a token in all, so drafting still wins against plain rounds at 0.24 s; an average of each
+    round's seconds per token (0.5 weight on the past) gives 0.36 and would call it lost."""
+    pace = Pace()
+    pace.observe(rows=1, drafted=False, seconds=0.24, tokens=1)
+    for seconds, tokens in ((0.45, 4), (0.45, 4), (0.6, 1)):
+        pace.observe(rows=1, drafted=True, seconds=seconds, tokens=tokens)
+    assert nearest(pace.drafting, 1) == pytest.approx((0.64 * 0.45 + 0.8 * 0.45 + 0.6) / (0.64 * 4 + 0.8 * 4 + 1))
+    assert not pace.drafting_loses(1)
+    for _ in range(3):  # refused again and again: now it loses
+        pace.observe(rows=1, drafted=True, seconds=0.6, tokens=1)
+    assert pace.drafting_loses(1)
 
 
 def test_drafting_that_loses_on_the_wall_clock_turns_plain_and_probes_ever_more_rarely():
@@ -206,7 +222,7 @@ def test_drafting_that_loses_on_the_wall_clock_turns_plain_and_probes_ever_more_
         assert chosen[:-1] == [[0, 0]] * (len(chosen) - 1) and chosen[-1] == [3, 1]  # the probe: own lengths
         waits.append(len(chosen) - 1)
     assert waits == [16, 32, 64, 64, 64] and PROBE_MOST == 64
-    for _ in range(3):  # probes that win pull the pace under the plain rounds'
+    for _ in range(4):  # probes that win pull the pace under the plain rounds' (three do not outweigh five losses)
         speculation._paced(2, drafted=True, seconds=0.1, tokens=8)
     assert speculation.probe_after == PROBE_AFTER and speculation._draft_lengths([0, 1]) == [best, best]
 
@@ -222,8 +238,8 @@ def test_the_round_after_a_draft_is_paced_as_drafting_and_the_prefills_round_not
     speculation._paced(8, drafted=True, seconds=2.7, tokens=13)
     speculation._paced(8, drafted=False, seconds=1.3, tokens=8)  # the re-submitted rows
     speculation._paced(8, drafted=False, seconds=0.45, tokens=8)
-    assert speculation.pace.drafting[8] == pytest.approx((2.7 * 8 / 13 + 1.3) / 2)
-    assert speculation.pace.plain[8] == pytest.approx(0.45)
+    assert nearest(speculation.pace.drafting, 8) == pytest.approx((0.8 * 2.7 + 1.3) / (0.8 * 13 / 8 + 1))
+    assert nearest(speculation.pace.plain, 8) == pytest.approx(0.45)
     speculation.begin([], [], [])  # a new batch: its first round is the prefill's again
     speculation._paced(8, drafted=False, seconds=0.001, tokens=8)
-    assert speculation.pace.plain[8] == pytest.approx(0.45)
+    assert nearest(speculation.pace.plain, 8) == pytest.approx(0.45)
