@@ -127,6 +127,20 @@ class SteadyPace(Pace):
         return False
 
 
+class SteadyCosts(Costs):
+    """Costs fixed as an idle machine measures them (a proposer step a tenth of a one-token block, a
+    block 10% dearer per token) and never re-measured: with ``SteadyPace``, the rounds draft the same
+    lengths whatever the machine's load (tests of drafted rounds: a loaded CI machine, or members in
+    Ray actors whose clocks include the wire, can otherwise price drafting out)."""
+
+    def __init__(self):
+        super().__init__(step=0.01, blocks={1: 0.1})
+
+    @contextmanager
+    def timing(self, *members: StandIn, name: str) -> Iterator[None]:
+        yield
+
+
 def nearest(paces: dict[int, Spent], rows: int) -> float:
     """The seconds per token at ``rows`` live rows, or at the nearest number measured (the larger of two as near)."""
     return paces[min(paces, key=lambda measured: (abs(measured - rows), -measured))].per_token

@@ -2,12 +2,11 @@
 outputs of the same method and settings, on tiny models whose members disagree often (many
 rejected drafts) and on a member ensembled with itself (every draft taken)."""
 
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 
-from ensemble_bench.decoding.speculation_stats import Pace, Rate, Spent, SteadyPace, nearest
+from ensemble_bench.decoding.speculation_stats import Pace, Rate, Spent, SteadyCosts, SteadyPace, nearest
 from ensemble_bench.decoding.speculative import PROBE_AFTER, PROBE_MOST, Costs, Speculation
 from ensemble_bench.errors import UserError
 from ensemble_bench.methods.deepen import Deepen, DeepenParams
@@ -62,22 +61,10 @@ def test_speculative_gac_every_batch_size_and_auto(pair, batch_size):
     assert method.info()[method.name]["speculative_proposer"] == "auto"
 
 
-class IdleMachineCosts(Costs):
-    """Costs fixed as an idle machine measures them (a proposer step a tenth of a one-token block, a
-    block 10% dearer per token): the draft lengths they give do not depend on the machine's load."""
-
-    def __init__(self):
-        super().__init__(step=0.01, blocks={1: 0.1})
-
-    @contextmanager
-    def timing(self, *members, name):
-        yield
-
-
 def test_member_with_itself_takes_every_draft(same_model):
     alone = outputs(Single([same_model("a")], Single.Params()), LONG)
     method = Gac([same_model("a"), same_model("b")], GacParams(speculative=4), batch_size=2)
-    method.speculation.costs, method.speculation.pace = IdleMachineCosts(), SteadyPace()
+    method.speculation.costs, method.speculation.pace = SteadyCosts(), SteadyPace()
     assert outputs(method, LONG) == alone
     info = method.info()[method.name]  # the method's own statistics
     assert info["speculative_acceptance_rate"] == 1.0

@@ -18,7 +18,7 @@ import textwrap  # noqa: E402
 
 import torch  # noqa: E402
 
-from ensemble_bench.decoding.speculation_stats import SteadyPace  # noqa: E402
+from ensemble_bench.decoding.speculation_stats import SteadyCosts, SteadyPace  # noqa: E402
 from ensemble_bench.decoding.stopping import cut_at_until  # noqa: E402
 from ensemble_bench.errors import UserError  # noqa: E402
 from ensemble_bench.members import Prompt, load_member  # noqa: E402
@@ -171,7 +171,7 @@ def test_speculative_gac_equals_every_token_gac(params, smollm_vllm, qwen_vllm):
     requests = chat_requests(24)
     expected = texts(Gac([smollm_vllm, qwen_vllm], every, batch_size=4), requests)
     method = Gac([smollm_vllm, qwen_vllm], params, batch_size=4)
-    method.speculation.pace = SteadyPace()  # drafts whatever the wall clock says: the test is of drafted rounds
+    method.speculation.costs, method.speculation.pace = SteadyCosts(), SteadyPace()  # the test is of drafted rounds
     before = smollm_vllm.rejected + qwen_vllm.rejected
     assert texts(method, requests) == expected
     assert smollm_vllm.rejected + qwen_vllm.rejected > before  # crops of drafts, rejected in their step
@@ -211,7 +211,7 @@ def test_gac_over_vllm_members_in_ray_actors_equals_them_in_process(speculative,
     before = [in_actor(m, lambda member: member.rejected) for m in vllm_actors]
     method = Gac(vllm_actors, GacParams(speculative=speculative), batch_size=4)
     if speculative:
-        method.speculation.pace = SteadyPace()  # drafts whatever the wall clock says
+        method.speculation.costs, method.speculation.pace = SteadyCosts(), SteadyPace()  # drafts whatever the load
     assert texts(method, requests) == expected
     assert [in_actor(m, lambda member: type(member).__name__) for m in vllm_actors] == ["VllmMember"] * 2
     assert all(in_actor(m, lambda member: os.getpid()) != os.getpid() for m in vllm_actors)

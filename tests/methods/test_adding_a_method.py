@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ensemble_bench.decoding.speculation_stats import SteadyPace
+from ensemble_bench.decoding.speculation_stats import SteadyCosts, SteadyPace
 from ensemble_bench.members import LocalMember
 from ensemble_bench.methods import METHODS, get_method, register_method
 from ensemble_bench.methods.single import Single
@@ -122,7 +122,7 @@ def test_the_token_level_example_decodes_speculatively_with_its_every_token_outp
         members = [LocalMember(bpe_model, bpe_tokenizer, name="bpe"), LocalMember(sp_model, sp_tokenizer, name="sp")]
         plain = cls(members, cls.Params(), batch_size=2)
         drafted = cls(members, cls.Params(speculative=3, proposer=1), batch_size=2)
-        drafted.speculation.pace = SteadyPace()  # drafts whatever the wall clock says
+        drafted.speculation.costs, drafted.speculation.pace = SteadyCosts(), SteadyPace()  # drafts whatever the load
         assert isinstance(drafted, Speculable) and drafted.speculation is not None
         assert outputs(drafted) == outputs(plain)
         own = drafted.info()[drafted.name]

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble_bench.decoding.speculation_stats import SteadyPace
+from ensemble_bench.decoding.speculation_stats import SteadyCosts, SteadyPace
 from ensemble_bench.members import Prompt
 from ensemble_bench.methods import METHODS, LoglikelihoodRequest, get_method
 from ensemble_bench.run.sittings import resume_counts, save_counts, snapshot
-from tests.decoding.test_speculative import IdleMachineCosts
 from tests.tiny import CORPUS, REQUESTS, outputs
 from tests.tolerances import FLOAT64_SUMS
 
@@ -63,7 +62,7 @@ def test_two_sittings_report_what_one_reports(pair, case, tmp_path):
         method = cls(members[:cls.max_members] if cls.max_members else members, params, batch_size=1)
         if getattr(method, "speculation", None) is not None:
             # draft lengths that do not depend on the machine's load
-            method.speculation.costs, method.speculation.pace = IdleMachineCosts(), SteadyPace()
+            method.speculation.costs, method.speculation.pace = SteadyCosts(), SteadyPace()
         if earlier is not None:
             resume_counts(method.carried(), earlier)
         for request in requests:  # a chunk at a time, as the runner feeds a row (lm.py): records in that order
