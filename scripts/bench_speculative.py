@@ -346,7 +346,7 @@ def run_check(members, prompts: list[str], draft: int, tokens: int,
     """(None when speculative GaC, plain and gated, gives every-token GaC's outputs byte for byte on
     every prompt and batch size, else one line naming the first prompt that differs; the acceptance
     rate of each speculative run)."""
-    from ensemble_bench.decoding.speculation_stats import SteadyPace
+    from ensemble_bench.decoding.speculation_stats import SteadyCosts, SteadyPace
 
     requests = requests_of(prompts, Task("check", (), tokens))
     accepted = []
@@ -354,7 +354,8 @@ def run_check(members, prompts: list[str], draft: int, tokens: int,
         for batch in batch_sizes:
             every = outputs(build("gac", members, params, batch), requests)
             method = build("gac", members, {**params, "speculative": draft}, batch)
-            method.speculation.pace = SteadyPace()  # draft whatever the clock says: the check compares drafts
+            # draft whatever the clock and the machine's load say: the check compares drafts
+            method.speculation.costs, method.speculation.pace = SteadyCosts(), SteadyPace()
             fast = outputs(method, requests)
             accepted.append(method.info().get(method.name, {}).get("speculative_acceptance_rate") or 0.0)
             for i, (a, b) in enumerate(zip(every, fast)):
